@@ -1,0 +1,5 @@
+"""Attention backends behind one interface: `torch` (anywhere, the reference) and `flashinfer` (GPU)."""
+
+from .base import BACKENDS, AttentionBackend, create_backend
+
+__all__ = ["BACKENDS", "AttentionBackend", "create_backend"]

@@ -1,0 +1,50 @@
+"""The attention-backend interface and its registry."""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from ..core import Batch
+    from ..kvcache.pool import KVPool
+    from ..scheduler.table import TableManager
+
+
+class AttentionBackend(ABC):
+    """Paged attention over the token-granular page table.
+
+    `prepare` runs once per batch, before the forward, and leaves what the kernels need in
+    `batch.attn_metadata`; `forward` runs once per layer: it stores the new K/V at
+    `batch.out_loc` and attends each request's queries to its tokens ``[0, device_len)``.
+    """
+
+    def __init__(self, pool: KVPool, table: TableManager, num_heads: int, head_dim: int) -> None:
+        self.pool, self.table = pool, table
+        self.num_heads, self.head_dim = num_heads, head_dim
+
+    @abstractmethod
+    def prepare(self, batch: Batch) -> None: ...
+
+    @abstractmethod
+    def forward(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch
+    ) -> torch.Tensor:
+        """q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim] -> [tokens, heads, head_dim]."""
+
+
+# name -> "module:Class", imported on first use (flashinfer only exists on GPU machines)
+BACKENDS = {
+    "torch": "workbench.attention.torch_backend:TorchBackend",
+    "flashinfer": "workbench.attention.flashinfer_backend:FlashInferBackend",
+}
+
+
+def create_backend(name: str, **kwargs) -> AttentionBackend:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; expected one of {sorted(BACKENDS)}")
+    module, cls = BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module), cls)(**kwargs)

@@ -1,0 +1,87 @@
+"""The reference backend: plain torch SDPA reading K/V through the page table. Runs anywhere.
+
+Prefill attends request by request (each with its own causal offset, `cached_len`); decode
+gathers every request's K/V into one padded batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..core import Batch
+from .base import AttentionBackend
+
+
+@dataclass
+class TorchMetadata:
+    q_lens: list[int]
+    cached_lens: list[int]
+    kv_slots: list[torch.Tensor] | None  # prefill: each request's slots [0, device_len)
+    padded_slots: torch.Tensor | None  # decode: [batch, max_kv_len]
+    padded_mask: torch.Tensor | None  # decode: [batch, 1, 1, max_kv_len], None if no padding
+
+
+class TorchBackend(AttentionBackend):
+    def prepare(self, batch: Batch) -> None:
+        rows = self.table.page_table_host
+        reqs = batch.reqs
+        kv_lens = [r.device_len for r in reqs]
+        meta = TorchMetadata(
+            [r.extend_len for r in reqs], [r.cached_len for r in reqs], None, None, None
+        )
+        device = self.pool.buffer.device
+        if batch.is_prefill:
+            meta.kv_slots = [
+                torch.from_numpy(rows[r.table_idx, : r.device_len].astype(np.int64)).to(device)
+                for r in reqs
+            ]
+        else:
+            width = max(kv_lens)
+            slots = np.full((len(reqs), width), self.pool.dummy_slot, dtype=np.int64)
+            for i, r in enumerate(reqs):
+                slots[i, : r.device_len] = rows[r.table_idx, : r.device_len]
+            meta.padded_slots = torch.from_numpy(slots).to(device)
+            if min(kv_lens) != width:
+                valid = np.arange(width)[None, :] < np.asarray(kv_lens)[:, None]
+                meta.padded_mask = torch.from_numpy(valid)[:, None, None, :].to(device)
+        batch.attn_metadata = meta
+
+    def forward(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch
+    ) -> torch.Tensor:
+        self.pool.store(layer_id, batch.out_loc, k, v)
+        k_cache, v_cache = self.pool.k(layer_id), self.pool.v(layer_id)
+        meta: TorchMetadata = batch.attn_metadata
+        if meta.padded_slots is not None:  # decode: one query per request
+            keys = _heads_first(k_cache[meta.padded_slots], self.num_heads)
+            values = _heads_first(v_cache[meta.padded_slots], self.num_heads)
+            out = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, meta.padded_mask)
+            return out[:, :, 0, :]
+        outs, start = [], 0
+        for q_len, cached_len, slots in zip(meta.q_lens, meta.cached_lens, meta.kv_slots):
+            query = q[start : start + q_len].transpose(0, 1)[None]
+            keys = _heads_first(k_cache[slots][None], self.num_heads)
+            values = _heads_first(v_cache[slots][None], self.num_heads)
+            if cached_len == 0:
+                out = F.scaled_dot_product_attention(query, keys, values, is_causal=q_len > 1)
+            else:  # query i sits at position cached_len + i and sees keys [0, cached_len + i]
+                mask = torch.ones(q_len, cached_len + q_len, dtype=torch.bool, device=q.device)
+                mask = mask.tril(diagonal=cached_len)
+                out = F.scaled_dot_product_attention(query, keys, values, mask)
+            outs.append(out[0].transpose(0, 1))
+            start += q_len
+        return torch.cat(outs)
+
+
+def _heads_first(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[batch, len, kv_heads, dim] -> [batch, heads, len, dim], each KV head repeated for its group."""
+    b, n, kv_heads, d = x.shape
+    x = x.permute(0, 2, 1, 3)
+    if kv_heads == num_heads:
+        return x
+    group = num_heads // kv_heads
+    return x[:, :, None].expand(b, kv_heads, group, n, d).reshape(b, num_heads, n, d)

@@ -1,0 +1,76 @@
+"""EngineConfig: every knob of the engine in one frozen dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+
+CacheKind = Literal["naive", "radix"]
+Policy = Literal["prefill_first"]
+
+CACHE_KINDS = ("naive", "radix")
+POLICIES = ("prefill_first",)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What to run and how. Built once by `LLM` / `Workbench`; `resolved()` fills the `None`s."""
+
+    model: str = "smollm2"
+    device: str | None = None  # None: cuda when present, else cpu
+    dtype: str | torch.dtype | None = None  # None: float32 on cpu, bfloat16 on cuda
+    page_size: int = 1
+    max_extend_tokens: int = 8192  # token budget of one prefill batch
+    cache: CacheKind = "naive"
+    max_running_reqs: int = 256  # request slots (rows of the page table)
+    num_pages: int | None = None  # None: sized from memory
+    max_seq_len: int | None = None  # None: the model's context, capped by `max_seq_len_cap`
+    attention: str | None = None  # backend name; None: "torch"
+    policy: Policy = "prefill_first"
+    seed: int = 0  # dummy weights and unseeded sampling
+    # NOTE: a cap, so a 40k-context model does not get a 40k-wide page table on a laptop.
+    max_seq_len_cap: int = 8192
+    kv_memory_gb: float = 1.0  # KV budget on cpu when num_pages is None
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1 or self.page_size & (self.page_size - 1):
+            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
+        if self.max_extend_tokens < 1:
+            raise ValueError(f"max_extend_tokens must be >= 1, got {self.max_extend_tokens}")
+        if self.max_running_reqs < 1:
+            raise ValueError(f"max_running_reqs must be >= 1, got {self.max_running_reqs}")
+        if self.cache not in CACHE_KINDS:
+            raise ValueError(f"cache must be one of {CACHE_KINDS}, got {self.cache!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device is None:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype is None:
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        if isinstance(self.dtype, torch.dtype):
+            return self.dtype
+        name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(
+            self.dtype, self.dtype
+        )
+        dtype = getattr(torch, str(name), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"unknown dtype {self.dtype!r}")
+        return dtype
+
+    @property
+    def attention_backend(self) -> str:
+        return self.attention or "torch"
+
+    def with_(self, **changes) -> EngineConfig:
+        return replace(self, **changes)

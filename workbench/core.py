@@ -1,0 +1,146 @@
+"""The ledger: SamplingParams, Req (one request's progress) and Batch (one forward's worth of it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from .kvcache.base import CacheHandle
+
+Phase = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request. `temperature=0` (the default) is greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = -1  # -1: no top-k
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    seed: int | None = None  # same seed, same tokens, whatever else is in the batch
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(eq=False)
+class Req:
+    """One admitted request: a slot in the page table, a prefix-cache handle and three lengths.
+
+    Invariant: ``0 <= cached_len < device_len <= max_device_len``.
+    - ``cached_len``: tokens whose KV is in the pool.
+    - ``device_len``: tokens the device knows about (computed, or computed by the batch in flight).
+    - ``max_device_len``: prompt + max_tokens.
+    """
+
+    uid: int
+    token_ids: list[int]  # host view: prompt, then each sampled token once it reached the host
+    prompt_len: int
+    table_idx: int
+    cached_len: int
+    sampling: SamplingParams
+    cache_handle: CacheHandle
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
+    device_len: int = field(init=False)  # set here, then moved by complete_one()
+    max_device_len: int = field(init=False)
+    finish_reason: str | None = field(
+        default=None, init=False
+    )  # "stop" | "length", by the scheduler
+
+    def __post_init__(self) -> None:
+        self.device_len = len(self.token_ids)
+        self.max_device_len = self.prompt_len + self.sampling.max_tokens
+        assert 0 <= self.cached_len < self.device_len <= self.max_device_len, self
+
+    @property
+    def extend_len(self) -> int:
+        return self.device_len - self.cached_len
+
+    @property
+    def remain_len(self) -> int:
+        return self.max_device_len - self.device_len
+
+    @property
+    def output_len(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def can_decode(self) -> bool:
+        return self.finish_reason is None and self.remain_len > 0
+
+    def complete_one(self) -> None:
+        """Device side, right after the forward: what was computed is cached, one more slot opens."""
+        self.cached_len = self.device_len
+        self.device_len += 1
+
+    def append_host(self, token: int) -> None:
+        """Host side, once the sampled token has arrived."""
+        self.token_ids.append(token)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(uid={self.uid}, table_idx={self.table_idx}, "
+            f"cached_len={self.cached_len}, device_len={self.device_len}, "
+            f"max_device_len={self.max_device_len})"
+        )
+
+
+class ChunkedReq(Req):
+    """A request whose prompt is only partly computed: never sampled, never decoded.
+
+    It returns to the head of the queue and continues with the slot and cache handle it holds.
+    """
+
+    def append_host(self, token: int) -> None:
+        raise RuntimeError("a ChunkedReq must not be sampled")
+
+    @property
+    def can_decode(self) -> bool:
+        return False
+
+
+@dataclass
+class Batch:
+    """The requests of one forward. Created by a manager, filled in by the scheduler and backend."""
+
+    reqs: list[Req]
+    phase: Phase
+    # filled by Scheduler.prepare_batch
+    input_ids: torch.Tensor = field(init=False)  # [num_tokens] on the device
+    positions: torch.Tensor = field(init=False)  # [num_tokens]
+    out_loc: torch.Tensor = field(init=False)  # [num_tokens] KV slot each new token is written to
+    sample_idx: torch.Tensor = field(init=False)  # rows of the hidden states that get logits
+    # filled by the attention backend's prepare()
+    attn_metadata: Any = field(init=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.phase == "prefill"
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.extend_len for r in self.reqs)
+
+    @property
+    def sampled_reqs(self) -> list[Req]:
+        return [r for r in self.reqs if not isinstance(r, ChunkedReq)]

@@ -1,0 +1,92 @@
+"""Sampling: greedy, temperature, top-k, top-p, and a per-request seed.
+
+Sampling draws ``argmax(p / E)`` with ``E ~ Exp(1)`` per token (the exponential race, an exact draw
+from ``p``). A seeded request's noise comes from its own generator keyed by (seed, output index),
+so its tokens do not depend on what else shares the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core import Req
+
+
+@dataclass
+class SamplingArgs:
+    all_greedy: bool
+    greedy: torch.Tensor | None = None  # [batch] bool
+    temperatures: torch.Tensor | None = None  # [batch], 1 where greedy
+    top_k: torch.Tensor | None = None  # [batch] int64, vocab size where off; None if all off
+    top_p: torch.Tensor | None = None  # [batch]; None if all off
+    seeded: list[tuple[int, int]] | None = None  # (row, generator key)
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device, seed: int) -> None:
+        self.vocab_size, self.device = vocab_size, device
+        self.generator = torch.Generator(device).manual_seed(seed)
+
+    def prepare(self, reqs: list[Req]) -> SamplingArgs:
+        params = [r.sampling for r in reqs]
+        if all(p.is_greedy for p in params):
+            return SamplingArgs(all_greedy=True)
+        dev = self.device
+        args = SamplingArgs(
+            all_greedy=False,
+            greedy=torch.tensor([p.is_greedy for p in params], device=dev),
+            temperatures=torch.tensor(
+                [1.0 if p.is_greedy else p.temperature for p in params], device=dev
+            ),
+        )
+        if any(p.top_k > 0 for p in params):
+            ks = [p.top_k if p.top_k > 0 else self.vocab_size for p in params]
+            args.top_k = torch.tensor(ks, device=dev)
+        if any(p.top_p < 1.0 for p in params):
+            args.top_p = torch.tensor([p.top_p for p in params], device=dev)
+        # NOTE: keyed by the index of the token being sampled, which the device side knows
+        # (device_len was advanced by complete_one), so it also holds under overlap scheduling.
+        args.seeded = [
+            (i, _mix(r.sampling.seed, r.device_len - 1 - r.prompt_len))
+            for i, r in enumerate(reqs)
+            if r.sampling.seed is not None and not r.sampling.is_greedy
+        ]
+        return args
+
+    def sample(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
+        """logits: [batch, vocab] float32 -> token ids [batch] int32."""
+        greedy_tokens = logits.argmax(-1)
+        if args.all_greedy:
+            return greedy_tokens.to(torch.int32)
+        logits = logits / args.temperatures[:, None]
+        if args.top_k is not None or args.top_p is not None:
+            logits = _mask_top_k_top_p(logits, args.top_k, args.top_p)
+        probs = torch.softmax(logits, dim=-1)
+        noise = torch.rand(probs.shape, generator=self.generator, device=probs.device)
+        for row, key in args.seeded:
+            gen = torch.Generator(probs.device).manual_seed(key)
+            noise[row] = torch.rand(probs.shape[1], generator=gen, device=probs.device)
+        sampled = (probs / -torch.log(noise)).argmax(-1)
+        return torch.where(args.greedy, greedy_tokens, sampled).to(torch.int32)
+
+
+def _mask_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        drop |= rank >= top_k[:, None]
+    if top_p is not None:
+        probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+        # keep the smallest head of the distribution whose mass reaches top_p (at least one token)
+        drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def _mix(seed: int, index: int) -> int:
+    return (seed * 0x9E3779B1 + index * 0x85EBCA77 + 1) % (2**63 - 1)

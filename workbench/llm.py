@@ -1,0 +1,161 @@
+"""Offline generation: `LLM(...).generate(prompts, sampling)` on top of the scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .config import EngineConfig
+from .core import Req, SamplingParams
+from .engine.engine import Engine
+from .scheduler.cache import ceil_page
+from .scheduler.scheduler import Scheduler, StepOutcome
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    """A model behind the scheduler, for offline batch generation.
+
+    ``LLM("smollm2").generate(["Hello"], SamplingParams(max_tokens=8))`` returns one dict per
+    prompt, in input order, with ``token_ids``, ``text``, ``finish_reason``, ``prompt_tokens``,
+    ``completion_tokens`` and ``cached_tokens``.
+    """
+
+    def __init__(
+        self,
+        model: str = "smollm2",
+        device: str | None = None,
+        dtype: Any = None,
+        page_size: int = 1,
+        max_extend_tokens: int = 8192,
+        cache: str = "naive",
+        max_running_reqs: int = 256,
+        num_pages: int | None = None,
+        **engine_options: Any,
+    ) -> None:
+        self.config = EngineConfig(
+            model=model,
+            device=device,
+            dtype=dtype,
+            page_size=page_size,
+            max_extend_tokens=max_extend_tokens,
+            cache=cache,
+            max_running_reqs=max_running_reqs,
+            num_pages=num_pages,
+            **engine_options,
+        )
+        self.config.torch_dtype  # noqa: B018 (validates the dtype before anything is loaded)
+        self.engine = Engine(self.config)
+        self.tokenizer = _load_tokenizer(self.engine.model_dir)
+        self.scheduler = Scheduler(self.engine)
+
+    # -- requests ---------------------------------------------------------------------------
+    def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
+        """Token ids of a prompt (a string, or ids checked against the vocabulary)."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError(f"prompt {index} is empty")
+            return self.tokenizer(prompt).input_ids
+        ids = list(prompt)
+        vocab = self.engine.model_config.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"prompt {index} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}"
+            )
+        return ids
+
+    def check_request(self, token_ids: list[int], sampling: SamplingParams, index: int = 0) -> None:
+        """Raise ValueError if this request could never run; takes no resources."""
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError(
+                f"sampling for prompt {index} must be a SamplingParams, got {sampling!r}"
+            )
+        if not token_ids:
+            raise ValueError(f"prompt {index} is empty")
+        total = len(token_ids) + sampling.max_tokens
+        if total > self.engine.max_seq_len:
+            raise ValueError(
+                f"prompt {index} has {len(token_ids)} tokens; with max_tokens={sampling.max_tokens} "
+                f"that is {total}, longer than the context of {self.engine.max_seq_len} tokens"
+            )
+        need = ceil_page(total, self.config.page_size)
+        capacity = self.scheduler.cache.total_size
+        if need > capacity:
+            raise ValueError(
+                f"prompt {index} needs {need} KV slots (prompt {len(token_ids)} + max_tokens "
+                f"{sampling.max_tokens}), more than the KV pool can ever hold ({capacity}); "
+                "raise num_pages or lower max_tokens"
+            )
+
+    def add_requests(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling: SamplingParams | Sequence[SamplingParams] | None,
+    ) -> list[int]:
+        """Validate every prompt, then queue them all (nothing is queued if one is bad)."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and len(prompts) > 0 and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            return []
+        if sampling is None:
+            sampling = SamplingParams()
+        params = (
+            [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
+        )
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        requests = []
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            ids = self.encode(prompt, i)
+            self.check_request(ids, sp, i)
+            requests.append((ids, sp))
+        return [self.scheduler.add_request(ids, sp) for ids, sp in requests]
+
+    # -- generation -------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        on_step: Callable[[StepOutcome], None] | None = None,
+    ) -> list[dict]:
+        """Generate for every prompt; one dict per prompt, in input order."""
+        uids = self.add_requests(prompts, sampling)
+        pending = set(uids)
+        while pending:
+            outcome = self.scheduler.step()
+            if outcome is None:
+                break
+            if on_step is not None:
+                on_step(outcome)
+            pending.difference_update(r.uid for r in outcome.finished)
+        return [self.output(self.scheduler.finished.pop(uid)) for uid in uids]
+
+    def output(self, req: Req) -> dict:
+        ids = req.token_ids[req.prompt_len :]
+        return {
+            "uid": req.uid,
+            "token_ids": ids,
+            "text": self.decode(ids),
+            "finish_reason": req.finish_reason,
+            "prompt_tokens": req.prompt_len,
+            "completion_tokens": len(ids),
+            "cached_tokens": req.cached_tokens,
+        }
+
+    def decode(self, token_ids: list[int]) -> str:
+        known = len(self.tokenizer)
+        return self.tokenizer.decode([t for t in token_ids if t < known], skip_special_tokens=True)
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+
+
+def _load_tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)

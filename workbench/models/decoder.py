@@ -1,0 +1,73 @@
+"""One decoder for Llama (SmolLM2), Qwen2 (attention bias) and Qwen3 (q/k norm).
+
+The forward takes a flat batch: every token of every request on one axis, with its absolute
+position; attention reads each request's earlier tokens from the KV pool through the context.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..layers.attention import AttentionLayer
+from ..layers.embedding import LMHead
+from ..layers.mlp import GatedMLP
+from ..layers.norm import RMSNorm
+from ..layers.rotary import Rotary
+from .config import ModelConfig
+
+if TYPE_CHECKING:
+    from ..engine.context import ForwardContext
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: Rotary) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = AttentionLayer(
+            layer_id,
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            rotary,
+            qkv_bias=cfg.qkv_bias,
+            qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
+        )
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        rotary = Rotary(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = LMHead(
+            cfg.vocab_size, cfg.hidden_size, self.embed_tokens if cfg.tie_word_embeddings else None
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+        sample_idx: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits (float32) for the rows `sample_idx` of the flat batch."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, ctx)
+        # NOTE: norm and LM head only where a token is sampled; both are per-position.
+        return self.lm_head(self.norm(x[sample_idx])).float()

@@ -1,0 +1,146 @@
+"""Building the decoder and filling it: Hugging Face safetensors (q/k/v and gate/up merged) or
+seeded dummy weights; and the way back to Hugging Face names, so transformers can load ours."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .decoder import Decoder
+
+# (our parameter, its slice index) <- Hugging Face name; merged projections are stacked in this order
+_MERGED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def build_model(
+    cfg: ModelConfig,
+    max_positions: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    weights_dir: Path | None,
+    seed: int = 0,
+) -> Decoder:
+    """A Decoder on `device` in `dtype`, with weights from `weights_dir` or seeded dummy ones."""
+    # NOTE: the rotary tables are built in float32 whatever the default dtype (explicit dtypes).
+    with torch.device(device), _default_dtype(dtype):
+        model = Decoder(cfg, max_positions)
+    if weights_dir is not None and any(Path(weights_dir).glob("*.safetensors")):
+        load_safetensors(model, Path(weights_dir))
+    else:
+        init_dummy(model, seed)
+    model.eval().requires_grad_(False)
+    return model
+
+
+def _slices(model: Decoder, param: str, index: int) -> tuple[int, int]:
+    layer = model.cfg
+    if param == "qkv_proj":
+        q, kv = layer.num_heads * layer.head_dim, layer.num_kv_heads * layer.head_dim
+        return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)][index]
+    i = layer.intermediate_size
+    return [(0, i), (i, 2 * i)][index]
+
+
+def _target(
+    model: Decoder, params: dict[str, torch.Tensor], hf_name: str
+) -> tuple[str, tuple[int, int] | None] | None:
+    """Our parameter name (and row range, for merged projections) for a Hugging Face name."""
+    name = hf_name.removeprefix("model.")
+    if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
+        return None  # the embedding is the head
+    m = re.match(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)_proj\.(weight|bias)$", name)
+    rows = None
+    if m and f"{m[3]}_proj" in _MERGED:
+        merged, index = _MERGED[f"{m[3]}_proj"]
+        name = f"layers.{m[1]}.{m[2]}.{merged}.{m[4]}"
+        rows = _slices(model, merged, index)
+    if name not in params:
+        raise KeyError(f"checkpoint tensor {hf_name!r} has no place in {model.cfg.architecture}")
+    return name, rows
+
+
+def load_safetensors(model: Decoder, path: Path) -> None:
+    from safetensors import safe_open
+
+    filled: set[str] = set()
+    params = dict(model.named_parameters())
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for hf_name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                target = _target(model, params, hf_name)
+                if target is None:
+                    continue
+                name, rows = target
+                dst = params[name].data if rows is None else params[name].data[rows[0] : rows[1]]
+                dst.copy_(f.get_tensor(hf_name).to(dst.dtype))
+                filled.add(name if rows is None else f"{name}[{rows[0]}]")
+    expected = _expected_fills(model)
+    missing = expected - filled
+    if missing:
+        raise ValueError(f"checkpoint in {path} lacks {sorted(missing)[:5]} ...")
+
+
+def _expected_fills(model: Decoder) -> set[str]:
+    out = set()
+    for n, _ in model.named_parameters():
+        last = n.rsplit(".", 2)[-2]
+        if last in ("qkv_proj", "gate_up_proj"):
+            count = 3 if last == "qkv_proj" else 2
+            out |= {f"{n}[{_slices(model, last, i)[0]}]" for i in range(count)}
+        else:
+            out.add(n)
+    return out
+
+
+@torch.no_grad()
+def init_dummy(model: Decoder, seed: int) -> None:
+    """Seeded random weights (normal, std 0.02; norm weights one): same seed and device, same model."""
+    gen: dict[torch.device, torch.Generator] = {}
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+            continue
+        g = gen.setdefault(param.device, torch.Generator(param.device).manual_seed(seed))
+        param.normal_(0.0, 0.02, generator=g)
+
+
+def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
+    """Our weights under Hugging Face names (merged projections split again)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        if name.startswith("lm_head."):
+            if not model.cfg.tie_word_embeddings:
+                out["lm_head.weight"] = param.detach()
+            continue
+        m = re.match(
+            r"layers\.(\d+)\.(self_attn|mlp)\.(qkv_proj|gate_up_proj)\.(weight|bias)$", name
+        )
+        if m is None:
+            out[f"model.{name}"] = param.detach()
+            continue
+        parts = ("q", "k", "v") if m[3] == "qkv_proj" else ("gate", "up")
+        for index, part in enumerate(parts):
+            lo, hi = _slices(model, m[3], index)
+            out[f"model.layers.{m[1]}.{m[2]}.{part}_proj.{m[4]}"] = param.detach()[lo:hi]
+    return out

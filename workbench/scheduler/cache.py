@@ -1,0 +1,120 @@
+"""The cache manager: free pages, the prefix cache over them, and the accounting between them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kvcache.base import CacheHandle, MatchResult, PrefixCache
+
+
+def ceil_page(n: int, page_size: int) -> int:
+    return -(-n // page_size) * page_size
+
+
+def floor_page(n: int, page_size: int) -> int:
+    return n // page_size * page_size
+
+
+class CacheManager:
+    """Owns every KV page: each is free, held by the prefix cache, or in use by a request."""
+
+    def __init__(self, num_pages: int, page_size: int, prefix_cache: PrefixCache) -> None:
+        self.num_pages, self.page_size = num_pages, page_size
+        self.prefix_cache = prefix_cache
+        # a stack of free page ids; the top is the end
+        self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
+        self._free_count = num_pages
+
+    # -- sizes, in tokens -------------------------------------------------------------------
+    @property
+    def total_size(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def free_size(self) -> int:
+        return self._free_count * self.page_size
+
+    @property
+    def evictable_size(self) -> int:
+        return self.prefix_cache.evictable_size
+
+    @property
+    def available_size(self) -> int:
+        """What a new request may count on: free now, or free once unlocked prefixes are evicted."""
+        return self.free_size + self.evictable_size
+
+    @property
+    def in_use_size(self) -> int:
+        return self.total_size - self.free_size - self.prefix_cache.size
+
+    # -- prefix matching --------------------------------------------------------------------
+    def match(self, token_ids: list[int]) -> MatchResult:
+        # NOTE: leave at least one prompt token to compute: its logits give the first output token.
+        return self.prefix_cache.match(token_ids[: len(token_ids) - 1])
+
+    def lock(self, handle: CacheHandle) -> None:
+        self.prefix_cache.lock(handle)
+
+    def unlock(self, handle: CacheHandle) -> None:
+        self.prefix_cache.unlock(handle)
+
+    # -- pages ------------------------------------------------------------------------------
+    def allocate_pages(self, count: int) -> np.ndarray:
+        """`count` page ids, evicting unlocked prefixes if the free list is short."""
+        if count > self._free_count:
+            self._put_back(self.prefix_cache.evict((count - self._free_count) * self.page_size))
+        if count > self._free_count:
+            raise RuntimeError(
+                f"KV pool exhausted: need {count} pages, {self._free_count} free "
+                "(admission should have prevented this)"
+            )
+        self._free_count -= count
+        return self._free[self._free_count : self._free_count + count].copy()
+
+    def free_slots(self, slots: np.ndarray) -> None:
+        """Give back whole pages, named by their token slots (`len(slots)` a multiple of a page)."""
+        self._put_back(slots)
+
+    def _put_back(self, slots: np.ndarray) -> None:
+        if len(slots) == 0:
+            return
+        ps = self.page_size
+        assert len(slots) % ps == 0 and np.all(slots[::ps] % ps == 0), "freeing a partial page"
+        pages = slots[::ps] // ps
+        self._free[self._free_count : self._free_count + len(pages)] = pages
+        self._free_count += len(pages)
+
+    def release(
+        self, token_ids: list[int], kv_len: int, row_slots: np.ndarray, handle: CacheHandle
+    ):
+        """A request is done with its KV: offer the full pages to the prefix cache, free the rest.
+
+        `row_slots` is the request's page-table row up to its allocated end.
+        """
+        ps = self.page_size
+        insert_len = floor_page(kv_len, ps)
+        kept_len = self.prefix_cache.insert(token_ids[:insert_len], row_slots[:insert_len])
+        # NOTE: [0, handle.cached_len) came from the cache itself; what follows up to kept_len
+        # duplicates pages the cache already holds, so it is ours to free.
+        self.free_slots(row_slots[handle.cached_len : kept_len])
+        self.free_slots(row_slots[insert_len : ceil_page(kv_len, ps)])
+        self.unlock(handle)
+
+    # -- checks -----------------------------------------------------------------------------
+    def check_integrity(self, in_use_slots: np.ndarray | None = None) -> None:
+        """Every page is exactly one of free, cached or in use; nothing leaked or freed twice."""
+        ps = self.page_size
+        free = self._free[: self._free_count]
+        cached = self.prefix_cache.slots()
+        used = np.zeros(0, np.int32) if in_use_slots is None else in_use_slots
+        assert len(cached) % ps == 0 and len(used) % ps == 0
+        pages = np.concatenate([free, cached[::ps] // ps, used[::ps] // ps])
+        counts = np.bincount(pages, minlength=self.num_pages)
+        if len(counts) > self.num_pages or np.any(counts != 1):
+            twice = np.flatnonzero(counts > 1)[:8].tolist()
+            lost = np.flatnonzero(counts == 0)[:8].tolist()
+            raise AssertionError(
+                f"KV pool integrity: {self.num_pages} pages, {len(free)} free + "
+                f"{len(cached) // ps} cached + {len(used) // ps} in use; "
+                f"owned twice: {twice}; owned by nobody (leaked): {lost}"
+            )

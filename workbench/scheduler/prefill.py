@@ -1,0 +1,149 @@
+"""Prefill admission: the token budget, the reserved space and the five checks.
+
+A `PrefillAdder` is built fresh for every prefill batch. A waiting request is admitted only if
+(1) the batch still has token budget, (2) a request slot is free, (3) after matching its prefix,
+its whole future (``extend_len + max_tokens``, in pages) plus the space reserved for requests
+already running fits in free-plus-evictable KV, (4) the same holds again after locking the matched
+prefix (locking makes it unevictable), and then (5) its chunk is ``min(budget left, prompt left)``.
+The queue is FIFO and stops at the first request that does not fit. Each refusal has a name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ..core import ChunkedReq, Req, SamplingParams
+from ..kvcache.base import CacheHandle
+from .cache import CacheManager, ceil_page
+from .table import TableManager
+
+# Why a waiting request was not admitted this step.
+NO_TOKEN_BUDGET = "no_token_budget"
+NO_SLOT = "no_slot"
+KV_FULL = "kv_full"
+KV_FULL_AFTER_LOCK = "kv_full_after_lock"
+QUEUED_BEHIND = "queued_behind"  # FIFO: a request ahead of it was refused
+REASONS = (NO_TOKEN_BUDGET, NO_SLOT, KV_FULL, KV_FULL_AFTER_LOCK, QUEUED_BEHIND)
+
+
+@dataclass(eq=False)
+class PendingReq:
+    """A waiting request: no slot, no cache handle (unless a chunk of it already ran)."""
+
+    uid: int
+    token_ids: list[int]  # the prompt
+    sampling: SamplingParams
+    chunked: ChunkedReq | None = None  # set while its prompt is being prefilled in chunks
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.token_ids)
+
+
+class Admission(NamedTuple):
+    uid: int
+    admitted: bool
+    reason: str | None  # None when admitted
+    extend_len: int  # tokens of its prompt computed by this batch (0 when refused)
+    cached_len: int  # prompt tokens already in the KV pool before this batch
+
+
+def kv_tokens_needed(prompt_len: int, max_tokens: int, cached_len: int, page_size: int) -> int:
+    """KV slots a request may still allocate after `cached_len` tokens (conservative by one)."""
+    return ceil_page(prompt_len + max_tokens, page_size) - ceil_page(cached_len, page_size)
+
+
+@dataclass
+class PrefillAdder:
+    token_budget: int
+    reserved_size: int  # KV tokens the running requests will still allocate
+    cache: CacheManager
+    table: TableManager
+
+    def try_add_one(self, pending: PendingReq) -> Req | str:
+        """The admitted request, or the name of the check that refused it."""
+        if self.token_budget <= 0:
+            return NO_TOKEN_BUDGET
+        if pending.chunked is not None:  # holds its slot and handle: no checks again
+            chunked = pending.chunked
+            return self._add(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)
+        if self.table.available_size == 0:
+            return NO_SLOT
+        match = self.cache.match(pending.token_ids)
+        cached_len = match.handle.cached_len
+        need = kv_tokens_needed(
+            pending.prompt_len, pending.sampling.max_tokens, cached_len, self.cache.page_size
+        )
+        if need + self.reserved_size > self.cache.available_size:
+            return KV_FULL
+        self.cache.lock(match.handle)
+        if need + self.reserved_size > self.cache.available_size:
+            self.cache.unlock(match.handle)
+            return KV_FULL_AFTER_LOCK
+        row = self.table.allocate()
+        if cached_len > 0:
+            self.table.write_row(row, 0, match.slots)
+        req = self._add(pending, match.handle, row, cached_len)
+        req.cached_tokens = cached_len
+        return req
+
+    def _add(self, pending: PendingReq, handle: CacheHandle, row: int, cached_len: int) -> Req:
+        left = pending.prompt_len - cached_len
+        chunk = min(self.token_budget, left)
+        self.token_budget -= chunk
+        self.reserved_size += kv_tokens_needed(
+            pending.prompt_len, pending.sampling.max_tokens, cached_len, self.cache.page_size
+        )
+        self.table.write_tokens(row, cached_len, pending.token_ids[cached_len : cached_len + chunk])
+        cls = ChunkedReq if chunk < left else Req
+        req = cls(
+            uid=pending.uid,
+            token_ids=pending.token_ids[: cached_len + chunk],
+            prompt_len=pending.prompt_len,
+            table_idx=row,
+            cached_len=cached_len,
+            sampling=pending.sampling,
+            cache_handle=handle,
+        )
+        if pending.chunked is not None:
+            req.cached_tokens = pending.chunked.cached_tokens
+        return req
+
+
+@dataclass
+class PrefillManager:
+    """The waiting queue, and the prefill batches taken from its head."""
+
+    queue: list[PendingReq] = field(default_factory=list)
+
+    def add(self, pending: PendingReq) -> None:
+        self.queue.append(pending)
+
+    def schedule(self, adder: PrefillAdder) -> tuple[list[Req], list[Admission]]:
+        """Admit from the head of the queue until a request does not fit."""
+        reqs: list[Req] = []
+        decisions: list[Admission] = []
+        refused: str | None = None
+        for pending in self.queue:
+            if refused is not None:
+                decisions.append(Admission(pending.uid, False, QUEUED_BEHIND, 0, 0))
+                continue
+            cached_before = pending.chunked.cached_len if pending.chunked else 0
+            result = adder.try_add_one(pending)
+            if isinstance(result, str):
+                refused = result
+                decisions.append(Admission(pending.uid, False, result, 0, cached_before))
+                continue
+            reqs.append(result)
+            decisions.append(
+                Admission(pending.uid, True, None, result.extend_len, result.cached_len)
+            )
+        # NOTE: unfinished chunks go back to the head of the queue, keeping their resources.
+        chunked = []
+        for pending, req in zip(self.queue, reqs):
+            if isinstance(req, ChunkedReq):
+                pending.chunked = req
+                chunked.append(pending)
+        self.queue = chunked + self.queue[len(reqs) :]
+        return reqs, decisions

@@ -1,0 +1,182 @@
+"""The scheduler loop: choose a batch, prepare it, run it, sample, and process the results."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..core import Batch, ChunkedReq, Req, SamplingParams
+from ..engine.engine import Engine
+from ..kvcache import create_prefix_cache
+from .cache import CacheManager, ceil_page
+from .decode import DecodeManager
+from .prefill import Admission, PendingReq, PrefillAdder, PrefillManager
+
+
+class StepOutcome(NamedTuple):
+    """What one scheduler step did (the raw material of the workbench's records)."""
+
+    index: int
+    batch: Batch
+    admissions: list[Admission]
+    tokens: list[int]  # one per sampled request, in `batch.sampled_reqs` order
+    finished: list[Req]
+
+
+class Scheduler:
+    def __init__(self, engine: Engine) -> None:
+        cfg = engine.config
+        self.engine, self.config = engine, cfg
+        self.table = engine.table
+        self.page_size = cfg.page_size
+        self.cache = CacheManager(
+            engine.num_pages, cfg.page_size, create_prefix_cache(cfg.cache, cfg.page_size)
+        )
+        self.prefill = PrefillManager()
+        self.decode = DecodeManager(cfg.page_size)
+        self.eos_ids = frozenset(engine.model_config.eos_token_ids)
+        self.finished: dict[int, Req] = {}  # uid -> request, until the caller collects it
+        self.step_index = 0
+        self._next_uid = 0
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, token_ids: list[int], sampling: SamplingParams) -> int:
+        """Queue a validated request; resources are taken only when it is admitted."""
+        uid = self._next_uid
+        self._next_uid += 1
+        self.prefill.add(PendingReq(uid, list(token_ids), sampling))
+        return uid
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.prefill.queue and not self.decode.running
+
+    @property
+    def live_reqs(self) -> list[Req]:
+        """Requests holding resources: running, or mid-way through a chunked prefill."""
+        chunked = [p.chunked for p in self.prefill.queue if p.chunked is not None]
+        return [*chunked, *self.decode.running]
+
+    # -- one step ---------------------------------------------------------------------------
+    def step(self) -> StepOutcome | None:
+        batch, admissions = self.schedule_next_batch()
+        if batch is None:
+            if self.prefill.queue:
+                head = self.prefill.queue[0]
+                raise RuntimeError(
+                    f"request {head.uid} can never be admitted ({admissions[0].reason}); "
+                    "it should have been rejected when it was added"
+                )
+            return None
+        self.prepare_batch(batch)
+        logits = self.engine.forward(batch)
+        for req in batch.reqs:
+            req.complete_one()
+        tokens = self.sample(batch, logits)
+        finished = self.process_results(batch, tokens)
+        self.step_index += 1
+        return StepOutcome(self.step_index - 1, batch, admissions, tokens, finished)
+
+    def schedule_next_batch(self) -> tuple[Batch | None, list[Admission]]:
+        """Prefill first: a prefill batch if anything can be admitted, else a decode batch."""
+        admissions: list[Admission] = []
+        if self.prefill.queue:
+            adder = PrefillAdder(
+                token_budget=self.config.max_extend_tokens,
+                reserved_size=self.decode.reserved_size,
+                cache=self.cache,
+                table=self.table,
+            )
+            reqs, admissions = self.prefill.schedule(adder)
+            if reqs:
+                return Batch(reqs, "prefill"), admissions
+        if self.decode.running:
+            return Batch(list(self.decode.running), "decode"), admissions
+        return None, admissions
+
+    def prepare_batch(self, batch: Batch) -> None:
+        """Allocate KV pages for the new tokens, then build positions, inputs and out_loc."""
+        ps, reqs, device = self.page_size, batch.reqs, self.engine.device
+        first = np.array([ceil_page(r.cached_len, ps) for r in reqs])  # allocated before this batch
+        end = np.array([ceil_page(r.device_len, ps) for r in reqs])
+        new_pages = (end - first) // ps
+        if new_pages.sum() > 0:
+            pages = self.cache.allocate_pages(int(new_pages.sum()))
+            slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
+            rows = np.repeat([r.table_idx for r in reqs], new_pages * ps)
+            cols = np.concatenate([np.arange(a, b) for a, b in zip(first, end)])
+            self.table.write_slots(rows, cols, slots)
+
+        extend = np.array([r.extend_len for r in reqs])
+        positions = np.concatenate([np.arange(r.cached_len, r.device_len) for r in reqs])
+        token_rows = np.repeat([r.table_idx for r in reqs], extend)
+        out_loc = self.table.page_table_host[token_rows, positions]
+        sampled = [not isinstance(r, ChunkedReq) for r in reqs]
+        sample_idx = (np.cumsum(extend) - 1)[np.array(sampled, dtype=bool)]
+
+        def to_device(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(
+                device, non_blocking=True
+            )
+
+        rows_t, positions_t = to_device(token_rows), to_device(positions)
+        batch.positions = positions_t
+        batch.input_ids = self.table.token_pool[rows_t, positions_t]
+        batch.out_loc = to_device(out_loc)
+        batch.sample_idx = to_device(sample_idx)
+        self.engine.backend.prepare(batch)
+
+    def sample(self, batch: Batch, logits: torch.Tensor) -> list[int]:
+        """Sample the next token of every request that finished its prompt, and write it into
+        the token pool at its position, where the next decode step reads it."""
+        reqs = batch.sampled_reqs
+        if not reqs:
+            return []
+        sampler = self.engine.sampler
+        tokens = sampler.sample(logits, sampler.prepare(reqs))
+        device = self.engine.device
+        rows = torch.tensor([r.table_idx for r in reqs], device=device)
+        cols = torch.tensor([r.device_len - 1 for r in reqs], device=device)
+        self.table.token_pool[rows, cols] = tokens
+        return tokens.tolist()
+
+    def process_results(self, batch: Batch, tokens: list[int]) -> list[Req]:
+        finished = []
+        for req, token in zip(batch.sampled_reqs, tokens):
+            req.append_host(token)
+            if token in self.eos_ids and not req.sampling.ignore_eos:
+                req.finish_reason = "stop"
+            elif req.remain_len == 0:
+                req.finish_reason = "length"
+            if req.finish_reason is not None:
+                self.free_req(req)
+                self.finished[req.uid] = req
+                finished.append(req)
+        self.decode.filter_reqs(batch.reqs)
+        return finished
+
+    def free_req(self, req: Req) -> None:
+        row_slots = self.table.page_table_host[
+            req.table_idx, : ceil_page(req.cached_len, self.page_size)
+        ]
+        self.cache.release(req.token_ids, req.cached_len, row_slots.copy(), req.cache_handle)
+        self.table.free(req.table_idx)
+
+    # -- checks -----------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """KV pool accounting: every page free, cached, or used by exactly one live request."""
+        used = [
+            self.table.page_table_host[
+                r.table_idx, r.cache_handle.cached_len : ceil_page(r.cached_len, self.page_size)
+            ]
+            for r in self.live_reqs
+        ]
+        self.cache.check_integrity(np.concatenate(used) if used else None)
+        rows = {r.table_idx for r in self.live_reqs}
+        assert len(rows) == len(self.live_reqs), "two live requests share a request slot"
+        assert self.table.available_size + len(rows) == self.table.max_running_reqs, (
+            f"request slots: {self.table.available_size} free + {len(rows)} live "
+            f"!= {self.table.max_running_reqs}"
+        )

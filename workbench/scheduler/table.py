@@ -1,0 +1,67 @@
+"""Request slots, the page table and the token pool.
+
+Both tables are ``[max_running_reqs + 1, max_seq_len]`` int32. The page table is token-granular
+whatever the page size: entry ``[row, pos]`` is the KV slot of token ``pos`` of the request in
+``row`` (a page is a run of ``page_size`` consecutive slots). The token pool holds input ids on the
+device, so a decode step reads its inputs without a trip through the host. The last row belongs
+to the dummy request that pads CUDA-graph batches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class TableManager:
+    def __init__(self, max_running_reqs: int, max_seq_len: int, device: torch.device) -> None:
+        rows = max_running_reqs + 1
+        self.max_running_reqs, self.max_seq_len = max_running_reqs, max_seq_len
+        self.dummy_row = max_running_reqs
+        self.device = device
+        # NOTE: the host copy is the bookkeeping truth (allocation, freeing, records); the device
+        # copy feeds kernels. On the CPU they are one and the same memory.
+        self.page_table_host = np.zeros((rows, max_seq_len), dtype=np.int32)
+        if device.type == "cpu":
+            self.page_table = torch.from_numpy(self.page_table_host)
+        else:
+            self.page_table = torch.zeros((rows, max_seq_len), dtype=torch.int32, device=device)
+        # NOTE: zeros, so the dummy row reads valid token ids.
+        self.token_pool = torch.zeros((rows, max_seq_len), dtype=torch.int32, device=device)
+        self._free_rows = list(range(max_running_reqs - 1, -1, -1))
+
+    @property
+    def available_size(self) -> int:
+        return len(self._free_rows)
+
+    def allocate(self) -> int:
+        return self._free_rows.pop()
+
+    def free(self, row: int) -> None:
+        assert row not in self._free_rows, f"request slot {row} freed twice"
+        self._free_rows.append(row)
+
+    def write_tokens(self, row: int, start: int, token_ids: list[int]) -> None:
+        src = torch.tensor(token_ids, dtype=torch.int32)
+        self.token_pool[row, start : start + len(token_ids)].copy_(src, non_blocking=True)
+
+    def write_row(self, row: int, start: int, slots: np.ndarray) -> None:
+        """Point ``[row, start : start + len(slots)]`` at KV slots, on the host and the device."""
+        self.page_table_host[row, start : start + len(slots)] = slots
+        if self.device.type != "cpu":
+            src = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int32))
+            self.page_table[row, start : start + len(slots)].copy_(src, non_blocking=True)
+
+    def write_slots(self, rows: np.ndarray, cols: np.ndarray, slots: np.ndarray) -> None:
+        """Point page-table entries at KV slots, on the host and on the device."""
+        self.page_table_host[rows, cols] = slots
+        if self.device.type != "cpu":
+            idx = torch.from_numpy(np.stack([rows, cols]).astype(np.int64))
+            val = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int32))
+            self.page_table.index_put_(
+                (
+                    idx[0].to(self.device, non_blocking=True),
+                    idx[1].to(self.device, non_blocking=True),
+                ),
+                val.to(self.device, non_blocking=True),
+            )
