@@ -1,4 +1,4 @@
-"""The ledger: SamplingParams, Req (one request's progress) and Batch (one forward's worth of it)."""
+"""The ledger: SamplingParams, Req (one request's progress), Batch (one forward's requests)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class Req:
         return self.finish_reason is None and self.remain_len > 0
 
     def complete_one(self) -> None:
-        """Device side, right after the forward: what was computed is cached, one more slot opens."""
+        """Device side, right after the forward: what was computed is cached; one more opens."""
         self.cached_len = self.device_len
         self.device_len += 1
 

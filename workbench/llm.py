@@ -77,8 +77,9 @@ class LLM:
         total = len(token_ids) + sampling.max_tokens
         if total > self.engine.max_seq_len:
             raise ValueError(
-                f"prompt {index} has {len(token_ids)} tokens; with max_tokens={sampling.max_tokens} "
-                f"that is {total}, longer than the context of {self.engine.max_seq_len} tokens"
+                f"prompt {index} has {len(token_ids)} tokens; with "
+                f"max_tokens={sampling.max_tokens} that is {total}, longer than the context "
+                f"of {self.engine.max_seq_len} tokens"
             )
         need = ceil_page(total, self.config.page_size)
         capacity = self.scheduler.cache.total_size

@@ -1,4 +1,4 @@
-"""Attention backends behind one interface: `torch` (anywhere, the reference) and `flashinfer` (GPU)."""
+"""Attention backends behind one interface: `torch` (the reference), `flashinfer` (GPU)."""
 
 from .base import BACKENDS, AttentionBackend, create_backend
 

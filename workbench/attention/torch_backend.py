@@ -78,7 +78,7 @@ class TorchBackend(AttentionBackend):
 
 
 def _heads_first(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[batch, len, kv_heads, dim] -> [batch, heads, len, dim], each KV head repeated for its group."""
+    """[batch, len, kv_heads, dim] -> [batch, heads, len, dim], a KV head repeated per group."""
     b, n, kv_heads, d = x.shape
     x = x.permute(0, 2, 1, 3)
     if kv_heads == num_heads:

@@ -1,4 +1,4 @@
-"""The attention layer: merged QKV projection, optional q/k norm, RoPE, the backend, output projection."""
+"""The attention layer: merged QKV projection, optional q/k norm, RoPE, backend, output proj."""
 
 from __future__ import annotations
 

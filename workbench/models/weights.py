@@ -13,7 +13,7 @@ import torch
 from .config import ModelConfig
 from .decoder import Decoder
 
-# (our parameter, its slice index) <- Hugging Face name; merged projections are stacked in this order
+# Hugging Face name -> (our merged parameter, its part); parts are stacked in this order
 _MERGED = {
     "q_proj": ("qkv_proj", 0),
     "k_proj": ("qkv_proj", 1),
@@ -115,7 +115,7 @@ def _expected_fills(model: Decoder) -> set[str]:
 
 @torch.no_grad()
 def init_dummy(model: Decoder, seed: int) -> None:
-    """Seeded random weights (normal, std 0.02; norm weights one): same seed and device, same model."""
+    """Seeded random weights (normal, std 0.02; norms 1): same seed and device, same model."""
     gen: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):

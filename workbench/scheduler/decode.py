@@ -15,7 +15,7 @@ class DecodeManager:
         self.running: dict[Req, None] = {}
 
     def filter_reqs(self, reqs: Iterable[Req]) -> None:
-        """Add the requests of a finished batch, and drop every request that can no longer decode."""
+        """Add a finished batch's requests; drop every request that can no longer decode."""
         for req in reqs:
             self.running[req] = None
         self.running = {req: None for req in self.running if req.can_decode}
