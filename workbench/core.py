@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
@@ -115,6 +115,35 @@ class ChunkedReq(Req):
         return False
 
 
+class ReqView(NamedTuple):
+    """One request's ledger as a batch launched it (a CPU snapshot, safe to keep)."""
+
+    uid: int
+    kind: str  # "chunk" | "prefill" | "decode"
+    table_idx: int
+    cached_len: int
+    device_len: int
+    max_device_len: int
+    extend_len: int
+    cached_tokens: int
+
+    @classmethod
+    def of(cls, req: Req, phase: Phase) -> ReqView:
+        kind = (
+            "decode" if phase == "decode" else "chunk" if isinstance(req, ChunkedReq) else "prefill"
+        )
+        return cls(
+            req.uid,
+            kind,
+            req.table_idx,
+            req.cached_len,
+            req.device_len,
+            req.max_device_len,
+            req.extend_len,
+            req.cached_tokens,
+        )
+
+
 @dataclass
 class Batch:
     """The requests of one forward. Created by a manager, filled in by the scheduler and backend."""
@@ -140,6 +169,9 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         return sum(r.extend_len for r in self.reqs)
+
+    def views(self) -> list[ReqView]:
+        return [ReqView.of(r, self.phase) for r in self.reqs]
 
     @property
     def sampled_reqs(self) -> list[Req]:

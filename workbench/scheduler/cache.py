@@ -24,6 +24,7 @@ class CacheManager:
         # a stack of free page ids; the top is the end
         self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
         self._free_count = num_pages
+        self._is_free = np.ones(num_pages, dtype=bool)  # catches a double free when it happens
 
     # -- sizes, in tokens -------------------------------------------------------------------
     @property
@@ -62,25 +63,28 @@ class CacheManager:
     def allocate_pages(self, count: int) -> np.ndarray:
         """`count` page ids, evicting unlocked prefixes if the free list is short."""
         if count > self._free_count:
-            self._put_back(self.prefix_cache.evict((count - self._free_count) * self.page_size))
+            self.free_slots(self.prefix_cache.evict((count - self._free_count) * self.page_size))
         if count > self._free_count:
             raise RuntimeError(
                 f"KV pool exhausted: need {count} pages, {self._free_count} free "
                 "(admission should have prevented this)"
             )
         self._free_count -= count
-        return self._free[self._free_count : self._free_count + count].copy()
+        pages = self._free[self._free_count : self._free_count + count].copy()
+        self._is_free[pages] = False
+        return pages
 
     def free_slots(self, slots: np.ndarray) -> None:
         """Give back whole pages, named by their token slots (`len(slots)` a multiple of a page)."""
-        self._put_back(slots)
-
-    def _put_back(self, slots: np.ndarray) -> None:
         if len(slots) == 0:
             return
         ps = self.page_size
         assert len(slots) % ps == 0 and np.all(slots[::ps] % ps == 0), "freeing a partial page"
         pages = slots[::ps] // ps
+        if self._is_free[pages].any() or len(np.unique(pages)) != len(pages):
+            twice = pages[self._is_free[pages]][:8].tolist()
+            raise AssertionError(f"KV pages freed twice: {twice}")
+        self._is_free[pages] = True
         self._free[self._free_count : self._free_count + len(pages)] = pages
         self._free_count += len(pages)
 

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..core import Batch, ChunkedReq, Req, SamplingParams
+from ..core import Batch, ChunkedReq, Req, ReqView, SamplingParams
 from ..engine.engine import Engine
 from ..kvcache import create_prefix_cache
 from .cache import CacheManager, ceil_page
@@ -20,6 +20,7 @@ class StepOutcome(NamedTuple):
 
     index: int
     batch: Batch
+    rows: list[ReqView]  # the batch's ledgers as launched (before the forward moved them)
     admissions: list[Admission]
     tokens: list[int]  # one per sampled request, in `batch.sampled_reqs` order
     finished: list[Req]
@@ -71,13 +72,14 @@ class Scheduler:
                 )
             return None
         self.prepare_batch(batch)
+        rows = batch.views()
         logits = self.engine.forward(batch)
         for req in batch.reqs:
             req.complete_one()
         tokens = self.sample(batch, logits)
         finished = self.process_results(batch, tokens)
         self.step_index += 1
-        return StepOutcome(self.step_index - 1, batch, admissions, tokens, finished)
+        return StepOutcome(self.step_index - 1, batch, rows, admissions, tokens, finished)
 
     def schedule_next_batch(self) -> tuple[Batch | None, list[Admission]]:
         """Prefill first: a prefill batch if anything can be admitted, else a decode batch."""

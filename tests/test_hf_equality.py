@@ -1,0 +1,43 @@
+"""Greedy output equals Hugging Face `generate` token for token in float32, for every setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import LLM, SamplingParams
+
+from .conftest import PROMPTS, greedy, hf_greedy, run
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("max_extend_tokens", [1, 3, 16, 8192])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "smollm2"])
+def test_greedy_matches_hf(model, max_extend_tokens, page_size):
+    max_new = 12 if model == "smollm2" else 20
+    llm = LLM(model, max_extend_tokens=max_extend_tokens, page_size=page_size, max_running_reqs=8)
+    ids = [llm.encode(p) for p in PROMPTS]
+    outputs, _ = run(llm, ids, greedy(max_new))
+    assert [o["token_ids"] for o in outputs] == hf_greedy(model, ids, max_new)
+
+
+def test_eos_stops_like_hf():
+    """Without ignore_eos, generation stops at the end-of-sequence token, as HF does, and
+    the token is part of the output."""
+    llm = LLM("smollm2", max_running_reqs=4)
+    chats = [
+        [{"role": "user", "content": "Write a haiku about the sea."}],
+        [{"role": "user", "content": "Say hello."}],
+    ]
+    texts = [
+        llm.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+        for c in chats
+    ]
+    prompts = [llm.encode(t) for t in texts]
+    outputs, _ = run(llm, prompts, SamplingParams(max_tokens=60))
+    refs = hf_greedy("smollm2", prompts, 60, ignore_eos=False)
+    assert [o["token_ids"] for o in outputs] == refs
+    stopped = [o for o in outputs if o["finish_reason"] == "stop"]
+    assert stopped, "expected at least one chat answer to end on EOS within 60 tokens"
+    for o in stopped:
+        assert o["token_ids"][-1] in llm.engine.model_config.eos_token_ids
+        assert o["completion_tokens"] < 60

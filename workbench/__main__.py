@@ -1,0 +1,27 @@
+"""Command line: ``python -m workbench demo | bench``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="SmolLM2 on a handful of prompts, one line per step")
+    demo.add_argument("--model", default="smollm2")
+    demo.add_argument("--device", default=None)
+    demo.add_argument("--max-extend-tokens", type=int, default=48)
+    demo.add_argument("--page-size", type=int, default=1)
+    demo.add_argument("--cache", default="naive")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from .demo import run_demo
+
+        run_demo(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
