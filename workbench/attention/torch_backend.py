@@ -57,31 +57,24 @@ class TorchBackend(AttentionBackend):
         k_cache, v_cache = self.pool.k(layer_id), self.pool.v(layer_id)
         meta: TorchMetadata = batch.attn_metadata
         if meta.padded_slots is not None:  # decode: one query per request
-            keys = _heads_first(k_cache[meta.padded_slots], self.num_heads)
-            values = _heads_first(v_cache[meta.padded_slots], self.num_heads)
-            out = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, meta.padded_mask)
+            keys = k_cache[meta.padded_slots].transpose(1, 2)
+            values = v_cache[meta.padded_slots].transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                q[:, :, None, :], keys, values, meta.padded_mask, enable_gqa=True
+            )
             return out[:, :, 0, :]
         outs, start = [], 0
         for q_len, cached_len, slots in zip(meta.q_lens, meta.cached_lens, meta.kv_slots):
             query = q[start : start + q_len].transpose(0, 1)[None]
-            keys = _heads_first(k_cache[slots][None], self.num_heads)
-            values = _heads_first(v_cache[slots][None], self.num_heads)
-            if cached_len == 0:
-                out = F.scaled_dot_product_attention(query, keys, values, is_causal=q_len > 1)
-            else:  # query i sits at position cached_len + i and sees keys [0, cached_len + i]
+            keys = k_cache[slots].transpose(0, 1)[None]
+            values = v_cache[slots].transpose(0, 1)[None]
+            mask = None
+            if cached_len > 0:  # query i sits at position cached_len + i: keys [0, cached_len + i]
                 mask = torch.ones(q_len, cached_len + q_len, dtype=torch.bool, device=q.device)
                 mask = mask.tril(diagonal=cached_len)
-                out = F.scaled_dot_product_attention(query, keys, values, mask)
+            out = F.scaled_dot_product_attention(
+                query, keys, values, mask, is_causal=mask is None and q_len > 1, enable_gqa=True
+            )
             outs.append(out[0].transpose(0, 1))
             start += q_len
         return torch.cat(outs)
-
-
-def _heads_first(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[batch, len, kv_heads, dim] -> [batch, heads, len, dim], a KV head repeated per group."""
-    b, n, kv_heads, d = x.shape
-    x = x.permute(0, 2, 1, 3)
-    if kv_heads == num_heads:
-        return x
-    group = num_heads // kv_heads
-    return x[:, :, None].expand(b, kv_heads, group, n, d).reshape(b, num_heads, n, d)

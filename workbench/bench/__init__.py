@@ -1,0 +1,1 @@
+"""Benchmarks: workloads, throughput and latency figures, sweeps, roofline."""
