@@ -17,12 +17,18 @@ def llm() -> LLM:
     return LLM("tiny-llama", max_seq_len=64, num_pages=40, max_running_reqs=4)
 
 
-def assert_untouched(llm: LLM) -> None:
-    """Nothing queued, no slot or page taken."""
-    assert llm.scheduler.is_idle
-    assert llm.scheduler.table.available_size == llm.config.max_running_reqs
-    assert llm.scheduler.cache.free_size == llm.scheduler.cache.total_size
-    llm.check_integrity()
+def state(llm: LLM) -> tuple:
+    """Everything a request could take: queue, running set, slots, free and cached KV."""
+    sched = llm.scheduler
+    cache = sched.cache
+    return (
+        len(sched.prefill.queue),
+        len(sched.decode.running),
+        sched.table.available_size,
+        cache.free_size,
+        cache.prefix_cache.size,
+        cache.in_use_size,
+    )
 
 
 def assert_still_serves(llm: LLM) -> None:
@@ -46,9 +52,11 @@ def assert_still_serves(llm: LLM) -> None:
     ],
 )
 def test_bad_request_is_refused_before_taking_anything(llm, prompts, sampling, message):
+    before = state(llm)
     with pytest.raises(ValueError, match=message):
         llm.generate(prompts, sampling)
-    assert_untouched(llm)
+    assert state(llm) == before
+    llm.check_integrity()
     assert_still_serves(llm)
 
 

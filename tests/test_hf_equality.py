@@ -9,15 +9,31 @@ from workbench import LLM, SamplingParams
 from .conftest import PROMPTS, greedy, hf_greedy, run
 
 
+@pytest.mark.parametrize("cache", ["naive", "radix"])
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("max_extend_tokens", [1, 3, 16, 8192])
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "smollm2"])
-def test_greedy_matches_hf(model, max_extend_tokens, page_size):
-    max_new = 12 if model == "smollm2" else 20
-    llm = LLM(model, max_extend_tokens=max_extend_tokens, page_size=page_size, max_running_reqs=8)
+def test_greedy_matches_hf(model, max_extend_tokens, page_size, cache):
+    """Prompts of different lengths in one batch, two of them sharing a prefix; with the radix
+    cache the same prompts run a second time, now served mostly from the cache."""
+    max_new = 10 if model == "smollm2" else 16
+    llm = LLM(
+        model,
+        max_extend_tokens=max_extend_tokens,
+        page_size=page_size,
+        cache=cache,
+        max_running_reqs=8,
+    )
     ids = [llm.encode(p) for p in PROMPTS]
-    outputs, _ = run(llm, ids, greedy(max_new))
-    assert [o["token_ids"] for o in outputs] == hf_greedy(model, ids, max_new)
+    ids += [ids[3] + llm.encode(" and came back"), ids[3][:-2] + llm.encode(" at noon")]
+    expected = hf_greedy(model, ids, max_new)
+    for _ in range(2 if cache == "radix" else 1):
+        outputs, _ = run(llm, ids, greedy(max_new))
+        assert [o["token_ids"] for o in outputs] == expected
+    if cache == "radix":
+        assert all(
+            o["cached_tokens"] >= (o["prompt_tokens"] - 1) // page_size * page_size for o in outputs
+        )
 
 
 def test_eos_stops_like_hf():

@@ -23,7 +23,7 @@ class EngineConfig:
     dtype: str | torch.dtype | None = None  # None: float32 on cpu, bfloat16 on cuda
     page_size: int = 1
     max_extend_tokens: int = 8192  # token budget of one prefill batch
-    cache: CacheKind = "naive"
+    cache: CacheKind = "radix"
     max_running_reqs: int = 256  # request slots (rows of the page table)
     num_pages: int | None = None  # None: sized from memory
     max_seq_len: int | None = None  # None: the model's context, capped by `max_seq_len_cap`
@@ -33,6 +33,9 @@ class EngineConfig:
     # NOTE: a cap, so a 40k-context model does not get a 40k-wide page table on a laptop.
     max_seq_len_cap: int = 8192
     kv_memory_gb: float = 1.0  # KV budget on cpu when num_pages is None
+    # A waiting request that shares at least this many uncached prompt tokens with a request
+    # admitted in the same batch waits for that request's prefix to be cached (0: never waits).
+    share_threshold: int = 32
 
     def __post_init__(self) -> None:
         if self.page_size < 1 or self.page_size & (self.page_size - 1):

@@ -29,7 +29,7 @@ class LLM:
         dtype: Any = None,
         page_size: int = 1,
         max_extend_tokens: int = 8192,
-        cache: str = "naive",
+        cache: str = "radix",
         max_running_reqs: int = 256,
         num_pages: int | None = None,
         **engine_options: Any,

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
+
 from .base import CacheHandle, MatchResult, PrefixCache
-from .naive import NaiveCache
 from .pool import KVPool
 
-CACHES = {"naive": NaiveCache}
+# name -> "module:Class"
+CACHES = {
+    "naive": "workbench.kvcache.naive:NaiveCache",
+    "radix": "workbench.kvcache.radix:RadixCache",
+}
 
 
 def create_prefix_cache(kind: str, page_size: int) -> PrefixCache:
-    if kind == "radix":
-        from .radix import RadixCache
-
-        return RadixCache(page_size)
     if kind not in CACHES:
-        raise ValueError(f"unknown cache {kind!r}; expected one of {sorted(CACHES) + ['radix']}")
-    return CACHES[kind](page_size)
+        raise ValueError(f"unknown cache {kind!r}; expected one of {sorted(CACHES)}")
+    module, cls = CACHES[kind].split(":")
+    return getattr(importlib.import_module(module), cls)(page_size)
 
 
-__all__ = ["CacheHandle", "KVPool", "MatchResult", "PrefixCache", "create_prefix_cache"]
+__all__ = ["CACHES", "CacheHandle", "KVPool", "MatchResult", "PrefixCache", "create_prefix_cache"]

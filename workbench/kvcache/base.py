@@ -23,6 +23,8 @@ class MatchResult(NamedTuple):
 class PrefixCache(ABC):
     """Token-keyed cache of KV slots. All lengths are in tokens and multiples of `page_size`."""
 
+    shares = True  # False for a cache that never hits: nothing to insert while a request runs
+
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
 

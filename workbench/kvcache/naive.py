@@ -10,6 +10,8 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 
 
 class NaiveCache(PrefixCache):
+    shares = False
+
     def match(self, token_ids: list[int]) -> MatchResult:
         return MatchResult(CacheHandle(), _EMPTY)
 

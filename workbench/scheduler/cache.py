@@ -48,6 +48,10 @@ class CacheManager:
     def in_use_size(self) -> int:
         return self.total_size - self.free_size - self.prefix_cache.size
 
+    @property
+    def shares(self) -> bool:
+        return self.prefix_cache.shares
+
     # -- prefix matching --------------------------------------------------------------------
     def match(self, token_ids: list[int]) -> MatchResult:
         # NOTE: leave at least one prompt token to compute: its logits give the first output token.
@@ -63,7 +67,7 @@ class CacheManager:
     def allocate_pages(self, count: int) -> np.ndarray:
         """`count` page ids, evicting unlocked prefixes if the free list is short."""
         if count > self._free_count:
-            self.free_slots(self.prefix_cache.evict((count - self._free_count) * self.page_size))
+            self.evict((count - self._free_count) * self.page_size)
         if count > self._free_count:
             raise RuntimeError(
                 f"KV pool exhausted: need {count} pages, {self._free_count} free "
@@ -73,6 +77,13 @@ class CacheManager:
         pages = self._free[self._free_count : self._free_count + count].copy()
         self._is_free[pages] = False
         return pages
+
+    def evict(self, num_tokens: int) -> int:
+        """Move at least `num_tokens` of unlocked cached KV to the free list (fewer if there is not
+        that much); returns the tokens freed."""
+        slots = self.prefix_cache.evict(num_tokens)
+        self.free_slots(slots)
+        return len(slots)
 
     def free_slots(self, slots: np.ndarray) -> None:
         """Give back whole pages, named by their token slots (`len(slots)` a multiple of a page)."""
@@ -103,6 +114,30 @@ class CacheManager:
         self.free_slots(row_slots[handle.cached_len : kept_len])
         self.free_slots(row_slots[insert_len : ceil_page(kv_len, ps)])
         self.unlock(handle)
+
+    def free_pages_among(self, slots: np.ndarray) -> np.ndarray:
+        pages = np.unique(slots // self.page_size)
+        return pages[self._is_free[pages]]
+
+    def cache_running(
+        self, token_ids: list[int], kv_len: int, row_slots: np.ndarray, handle: CacheHandle
+    ) -> tuple[CacheHandle, np.ndarray]:
+        """A running request offers the full pages of its first `kv_len` tokens to the cache.
+
+        Returns its new (locked) handle and the slots that now hold those pages. Where the cache
+        already held some of the tokens, those slots are the cache's and the request's own copies
+        have been freed: the caller must point its page-table row at the returned slots.
+        """
+        insert_len = floor_page(kv_len, self.page_size)
+        if insert_len <= handle.cached_len:
+            return handle, row_slots[: handle.cached_len]
+        kept_len = self.prefix_cache.insert(token_ids[:insert_len], row_slots[:insert_len])
+        match = self.prefix_cache.match(token_ids[:insert_len])
+        assert match.handle.cached_len == insert_len, "an inserted prefix must match in full"
+        self.free_slots(row_slots[handle.cached_len : kept_len])  # our duplicates
+        self.lock(match.handle)
+        self.unlock(handle)
+        return match.handle, match.slots
 
     # -- checks -----------------------------------------------------------------------------
     def check_integrity(self, in_use_slots: np.ndarray | None = None) -> None:

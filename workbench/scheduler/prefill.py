@@ -6,6 +6,11 @@ its whole future (``extend_len + max_tokens``, in pages) plus the space reserved
 already running fits in free-plus-evictable KV, (4) the same holds again after locking the matched
 prefix (locking makes it unevictable), and then (5) its chunk is ``min(budget left, prompt left)``.
 The queue is FIFO and stops at the first request that does not fit. Each refusal has a name.
+
+With a sharing prefix cache, one more rule: a request whose prompt shares at least
+`share_threshold` uncached tokens with a request already admitted to this batch waits
+(`wait_for_prefix`) instead of computing the same prefix again; the requests behind it are still
+considered. Once the first request's prefix is in the cache, the waiting one matches it.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from ..core import ChunkedReq, Req, SamplingParams
 from ..kvcache.base import CacheHandle
-from .cache import CacheManager, ceil_page
+from .cache import CacheManager, ceil_page, floor_page
 from .table import TableManager
 
 # Why a waiting request was not admitted this step.
@@ -24,7 +31,8 @@ NO_SLOT = "no_slot"
 KV_FULL = "kv_full"
 KV_FULL_AFTER_LOCK = "kv_full_after_lock"
 QUEUED_BEHIND = "queued_behind"  # FIFO: a request ahead of it was refused
-REASONS = (NO_TOKEN_BUDGET, NO_SLOT, KV_FULL, KV_FULL_AFTER_LOCK, QUEUED_BEHIND)
+WAIT_FOR_PREFIX = "wait_for_prefix"  # shares an uncached prefix with a request in this batch
+REASONS = (NO_TOKEN_BUDGET, NO_SLOT, KV_FULL, KV_FULL_AFTER_LOCK, QUEUED_BEHIND, WAIT_FOR_PREFIX)
 
 
 @dataclass(eq=False)
@@ -60,6 +68,8 @@ class PrefillAdder:
     reserved_size: int  # KV tokens the running requests will still allocate
     cache: CacheManager
     table: TableManager
+    share_threshold: int = 0  # 0: never wait for a prefix being computed in this batch
+    batch_prompts: list[np.ndarray] = field(default_factory=list)  # prompts admitted so far
 
     def try_add_one(self, pending: PendingReq) -> Req | str:
         """The admitted request, or the name of the check that refused it."""
@@ -72,6 +82,11 @@ class PrefillAdder:
             return NO_SLOT
         match = self.cache.match(pending.token_ids)
         cached_len = match.handle.cached_len
+        if (
+            self.share_threshold
+            and self._shared_in_batch(pending) - cached_len >= self.share_threshold
+        ):
+            return WAIT_FOR_PREFIX
         need = kv_tokens_needed(
             pending.prompt_len, pending.sampling.max_tokens, cached_len, self.cache.page_size
         )
@@ -88,7 +103,19 @@ class PrefillAdder:
         req.cached_tokens = cached_len
         return req
 
+    def _shared_in_batch(self, pending: PendingReq) -> int:
+        """Longest prompt prefix (whole pages) shared with a request admitted to this batch."""
+        ids = np.asarray(pending.token_ids[:-1], dtype=np.int32)
+        best = 0
+        for other in self.batch_prompts:
+            n = min(len(ids), len(other))
+            diff = np.flatnonzero(ids[:n] != other[:n])
+            best = max(best, int(diff[0]) if len(diff) else n)
+        return floor_page(best, self.cache.page_size)
+
     def _add(self, pending: PendingReq, handle: CacheHandle, row: int, cached_len: int) -> Req:
+        if self.share_threshold:
+            self.batch_prompts.append(np.asarray(pending.token_ids, dtype=np.int32))
         left = pending.prompt_len - cached_len
         chunk = min(self.token_budget, left)
         self.token_budget -= chunk
@@ -122,8 +149,8 @@ class PrefillManager:
 
     def schedule(self, adder: PrefillAdder) -> tuple[list[Req], list[Admission]]:
         """Admit from the head of the queue until a request does not fit."""
-        reqs: list[Req] = []
         decisions: list[Admission] = []
+        admitted: dict[PendingReq, Req] = {}
         refused: str | None = None
         for pending in self.queue:
             if refused is not None:
@@ -132,18 +159,19 @@ class PrefillManager:
             cached_before = pending.chunked.cached_len if pending.chunked else 0
             result = adder.try_add_one(pending)
             if isinstance(result, str):
-                refused = result
+                if result != WAIT_FOR_PREFIX:  # waiting for a prefix does not block the queue
+                    refused = result
                 decisions.append(Admission(pending.uid, False, result, 0, cached_before))
                 continue
-            reqs.append(result)
+            admitted[pending] = result
             decisions.append(
                 Admission(pending.uid, True, None, result.extend_len, result.cached_len)
             )
         # NOTE: unfinished chunks go back to the head of the queue, keeping their resources.
         chunked = []
-        for pending, req in zip(self.queue, reqs):
+        for pending, req in admitted.items():
             if isinstance(req, ChunkedReq):
                 pending.chunked = req
                 chunked.append(pending)
-        self.queue = chunked + self.queue[len(reqs) :]
-        return reqs, decisions
+        self.queue = chunked + [p for p in self.queue if p not in admitted]
+        return list(admitted.values()), decisions

@@ -90,6 +90,7 @@ class Scheduler:
                 reserved_size=self.decode.reserved_size,
                 cache=self.cache,
                 table=self.table,
+                share_threshold=self.config.share_threshold if self.cache.shares else 0,
             )
             reqs, admissions = self.prefill.schedule(adder)
             if reqs:
@@ -156,8 +157,29 @@ class Scheduler:
                 self.free_req(req)
                 self.finished[req.uid] = req
                 finished.append(req)
+        if batch.is_prefill and self.cache.shares:
+            for req in batch.reqs:
+                if req.finish_reason is None:
+                    self.cache_prefix(req)
         self.decode.filter_reqs(batch.reqs)
         return finished
+
+    def cache_prefix(self, req: Req) -> None:
+        """Share the full pages of a prompt computed so far, while its request keeps running.
+
+        Where the cache already held some of those tokens (another request computed them too),
+        the request's row is pointed at the cache's slots: its own copies were freed.
+        """
+        row = self.table.page_table_host[req.table_idx]
+        n = ceil_page(req.cached_len, self.page_size)
+        handle, slots = self.cache.cache_running(
+            req.token_ids, req.cached_len, row[:n].copy(), req.cache_handle
+        )
+        req.cache_handle = handle
+        changed = np.flatnonzero(row[: len(slots)] != slots)
+        if len(changed):
+            lo, hi = int(changed[0]), int(changed[-1]) + 1
+            self.table.write_row(req.table_idx, lo, slots[lo:hi])
 
     def free_req(self, req: Req) -> None:
         row_slots = self.table.page_table_host[
@@ -176,6 +198,12 @@ class Scheduler:
             for r in self.live_reqs
         ]
         self.cache.check_integrity(np.concatenate(used) if used else None)
+        for r in self.live_reqs:  # a live row never points at a free page
+            slots = self.table.page_table_host[
+                r.table_idx, : ceil_page(r.cached_len, self.page_size)
+            ]
+            stale = self.cache.free_pages_among(slots)
+            assert not len(stale), f"request {r.uid}'s page table points at free pages {stale[:8]}"
         rows = {r.table_idx for r in self.live_reqs}
         assert len(rows) == len(self.live_reqs), "two live requests share a request slot"
         assert self.table.available_size + len(rows) == self.table.max_running_reqs, (

@@ -1,0 +1,204 @@
+"""The radix prefix cache: a tree keyed by token ids (whole pages), ref-counted locks, LRU eviction.
+
+Every node holds a run of tokens and the KV slots that hold them; the path from the root to a node
+spells a cached prefix. A request locks the path it uses (``ref_count`` on every node up to the
+root), so a locked node's ancestors are locked too: the unlocked nodes form whole subtrees, all of
+which can be evicted leaf first. Sizes are kept incrementally: ``evictable_size`` is the tokens of
+unlocked nodes, ``protected_size`` those of locked ones.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import numpy as np
+
+from .base import CacheHandle, MatchResult, PrefixCache
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+class RadixNode:
+    __slots__ = ("key", "value", "parent", "children", "ref_count", "last_access", "depth")
+
+    def __init__(self, key: np.ndarray, value: np.ndarray, parent: RadixNode | None) -> None:
+        self.key = key  # token ids
+        self.value = value  # KV slots, one per token
+        self.parent = parent
+        self.children: dict[tuple[int, ...], RadixNode] = {}
+        self.ref_count = 0
+        self.last_access = 0
+        self.depth = (parent.depth if parent is not None else 0) + len(key)  # tokens to this end
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+class RadixHandle(CacheHandle):
+    """The node where a match ended; ``cached_len`` is its depth."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: RadixNode) -> None:
+        self.node = node
+
+    @property
+    def cached_len(self) -> int:  # type: ignore[override]
+        return self.node.depth
+
+
+class RadixCache(PrefixCache):
+    def __init__(self, page_size: int) -> None:
+        super().__init__(page_size)
+        self.root = RadixNode(_EMPTY, _EMPTY, None)
+        self.root.ref_count = 1  # never evicted
+        self._clock = itertools.count(1)
+        self._evictable = 0
+        self._protected = 0
+
+    # -- lookup -----------------------------------------------------------------------------
+    def _child_key(self, ids: np.ndarray) -> tuple[int, ...]:
+        return tuple(ids[: self.page_size].tolist())
+
+    def _common_len(self, key: np.ndarray, ids: np.ndarray) -> int:
+        """Length of the common prefix of two token runs, rounded down to whole pages."""
+        n = min(len(key), len(ids))
+        diff = np.flatnonzero(key[:n] != ids[:n])
+        common = int(diff[0]) if len(diff) else n
+        return common // self.page_size * self.page_size
+
+    def _walk(self, ids: np.ndarray) -> tuple[RadixNode, int]:
+        """Follow `ids` down the tree, splitting a node where the match ends inside it.
+        Returns the deepest node matched and how many tokens matched."""
+        node, pos, now = self.root, 0, next(self._clock)
+        node.last_access = now
+        while len(ids) - pos >= self.page_size:
+            child = node.children.get(self._child_key(ids[pos:]))
+            if child is None:
+                break
+            common = self._common_len(child.key, ids[pos:])
+            if common < len(child.key):  # the match ends inside: the lookup after this one fails
+                child = self._split(child, common)
+            child.last_access = now
+            node, pos = child, pos + common
+        return node, pos
+
+    def _split(self, node: RadixNode, at: int) -> RadixNode:
+        """Cut `node` after `at` tokens; returns the new upper part (same locks, same sizes)."""
+        upper = RadixNode(node.key[:at], node.value[:at], node.parent)
+        upper.ref_count, upper.last_access = node.ref_count, node.last_access
+        node.parent.children[self._child_key(upper.key)] = upper
+        node.key, node.value, node.parent = node.key[at:], node.value[at:], upper
+        upper.children[self._child_key(node.key)] = node
+        return upper
+
+    def match(self, token_ids: list[int]) -> MatchResult:
+        ids = np.asarray(token_ids, dtype=np.int32)
+        node, matched = self._walk(ids)
+        return MatchResult(RadixHandle(node), self._path_slots(node, matched))
+
+    def _path_slots(self, node: RadixNode, length: int) -> np.ndarray:
+        parts = []
+        while node is not self.root:
+            parts.append(node.value)
+            node = node.parent
+        slots = np.concatenate(parts[::-1]) if parts else _EMPTY
+        assert len(slots) == length
+        return slots
+
+    # -- locks ------------------------------------------------------------------------------
+    def lock(self, handle: CacheHandle) -> None:
+        node = handle.node
+        while node is not self.root:
+            if node.ref_count == 0:
+                self._evictable -= len(node.key)
+                self._protected += len(node.key)
+            node.ref_count += 1
+            node = node.parent
+
+    def unlock(self, handle: CacheHandle) -> None:
+        node = handle.node
+        while node is not self.root:
+            assert node.ref_count > 0, "unlocking a path that is not locked"
+            node.ref_count -= 1
+            if node.ref_count == 0:
+                self._protected -= len(node.key)
+                self._evictable += len(node.key)
+            node = node.parent
+
+    # -- insert and evict -------------------------------------------------------------------
+    def insert(self, token_ids: list[int], slots: np.ndarray) -> int:
+        ids = np.asarray(token_ids, dtype=np.int32)
+        assert len(ids) == len(slots) and len(ids) % self.page_size == 0
+        node, matched = self._walk(ids)
+        if matched < len(ids):
+            value = np.asarray(slots[matched:], dtype=np.int32).copy()
+            leaf = RadixNode(ids[matched:].copy(), value, node)
+            leaf.last_access = next(self._clock)
+            node.children[self._child_key(leaf.key)] = leaf
+            self._evictable += len(leaf.key)
+        return matched
+
+    def evict(self, num_tokens: int) -> np.ndarray:
+        heap = [(n.last_access, id(n), n) for n in self._nodes() if n.is_leaf and n.ref_count == 0]
+        heapq.heapify(heap)
+        freed, count = [], 0
+        while heap and count < num_tokens:
+            _, _, node = heapq.heappop(heap)
+            need = -(-(num_tokens - count) // self.page_size) * self.page_size
+            if len(node.key) > need:  # keep the head of a long leaf; evict only its tail
+                self._split(node, len(node.key) - need)
+            parent = node.parent
+            del parent.children[self._child_key(node.key)]
+            freed.append(node.value)
+            count += len(node.value)
+            self._evictable -= len(node.key)
+            if parent is not self.root and parent.is_leaf and parent.ref_count == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return np.concatenate(freed) if freed else _EMPTY
+
+    # -- sizes and checks -------------------------------------------------------------------
+    def _nodes(self) -> list[RadixNode]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node is not self.root:
+                out.append(node)
+        return out
+
+    @property
+    def size(self) -> int:
+        return self._evictable + self._protected
+
+    @property
+    def evictable_size(self) -> int:
+        return self._evictable
+
+    @property
+    def protected_size(self) -> int:
+        return self._protected
+
+    def slots(self) -> np.ndarray:
+        values = [n.value for n in self._nodes()]
+        return np.concatenate(values) if values else _EMPTY
+
+    def check_invariants(self) -> None:
+        """Tree facts the incremental sizes rely on (for tests)."""
+        evictable = protected = 0
+        for node in self._nodes():
+            assert node.ref_count >= 0 and len(node.key) == len(node.value) > 0
+            assert len(node.key) % self.page_size == 0
+            assert node.depth == node.parent.depth + len(node.key)
+            assert node.parent.children[self._child_key(node.key)] is node
+            assert node.ref_count <= node.parent.ref_count or node.parent is self.root
+            if node.ref_count == 0:
+                evictable += len(node.key)
+            else:
+                protected += len(node.key)
+        assert (evictable, protected) == (self._evictable, self._protected), (
+            f"sizes drifted: counted {evictable} evictable, {protected} protected; "
+            f"kept {self._evictable}, {self._protected}"
+        )
