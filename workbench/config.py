@@ -27,9 +27,13 @@ class EngineConfig:
     max_running_reqs: int = 256  # request slots (rows of the page table)
     num_pages: int | None = None  # None: sized from memory
     max_seq_len: int | None = None  # None: the model's context, capped by `max_seq_len_cap`
-    attention: str | None = None  # backend name; None: "torch"
+    attention: str | None = None  # backend name; None: "flashinfer" on cuda, else "torch"
     policy: Policy = "prefill_first"
     seed: int = 0  # dummy weights and unseeded sampling
+    overlap: bool | None = None  # None: on for cuda, off on cpu (where it cannot overlap)
+    cuda_graph: bool = True  # capture decode batches (cuda only)
+    cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
+    memory_ratio: float = 0.9  # share of free GPU memory (after weights) given to the KV pool
     # NOTE: a cap, so a 40k-context model does not get a 40k-wide page table on a laptop.
     max_seq_len_cap: int = 8192
     kv_memory_gb: float = 1.0  # KV budget on cpu when num_pages is None
@@ -48,6 +52,8 @@ class EngineConfig:
             raise ValueError(f"cache must be one of {CACHE_KINDS}, got {self.cache!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if not 0.0 < self.memory_ratio <= 1.0:
+            raise ValueError(f"memory_ratio must be in (0, 1], got {self.memory_ratio}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
 
@@ -73,7 +79,17 @@ class EngineConfig:
 
     @property
     def attention_backend(self) -> str:
-        return self.attention or "torch"
+        if self.attention is not None:
+            return self.attention
+        return "flashinfer" if self.torch_device.type == "cuda" else "torch"
+
+    @property
+    def overlap_enabled(self) -> bool:
+        return self.torch_device.type == "cuda" if self.overlap is None else self.overlap
+
+    @property
+    def cuda_graph_enabled(self) -> bool:
+        return self.cuda_graph and self.torch_device.type == "cuda"
 
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)

@@ -134,6 +134,10 @@ class LLM:
             if on_step is not None:
                 on_step(outcome)
             pending.difference_update(r.uid for r in outcome.finished)
+        # overlap: a batch launched after the last one we needed may still be in flight
+        outcome = self.scheduler.flush()
+        if outcome is not None and on_step is not None:
+            on_step(outcome)
         return [self.output(self.scheduler.finished.pop(uid)) for uid in uids]
 
     def output(self, req: Req) -> dict:

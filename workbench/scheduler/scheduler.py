@@ -1,8 +1,21 @@
-"""The scheduler loop: choose a batch, prepare it, run it, sample, and process the results."""
+"""The scheduler loop: choose a batch, prepare it, launch it, sample, and process the results.
+
+A step is split in two halves. `launch` schedules a batch, prepares it, runs the forward and the
+sampler (on a GPU these are only enqueued), and moves each request's device-side ledger
+(`complete_one`). `collect` waits for the sampled tokens and processes them on the host: append,
+finish on EOS or `max_tokens`, free. Without overlap a step is `collect(launch())`. With overlap the
+next batch is launched before the previous one is collected, so the CPU prepares step N+1 while
+the GPU runs step N. Two consequences, both handled here:
+
+- a request that hits EOS in batch N is usually in batch N+1 already: that batch's token for it is
+  dropped, and its slot and KV pages are freed only when batch N+1 is collected;
+- a request that reaches `max_tokens` is known at launch (its `remain_len` is 0), so it is never
+  scheduled past its last token.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,7 +28,8 @@ from .decode import DecodeManager
 from .prefill import Admission, PendingReq, PrefillAdder, PrefillManager
 
 
-class StepOutcome(NamedTuple):
+@dataclass(frozen=True)
+class StepOutcome:
     """What one scheduler step did (the raw material of the workbench's records)."""
 
     index: int
@@ -23,7 +37,19 @@ class StepOutcome(NamedTuple):
     rows: list[ReqView]  # the batch's ledgers as launched (before the forward moved them)
     admissions: list[Admission]
     tokens: list[int]  # one per sampled request, in `batch.sampled_reqs` order
-    finished: list[Req]
+    finished: list[Req]  # requests whose last token came from this batch
+
+
+@dataclass
+class InFlight:
+    """A launched batch whose tokens have not been processed yet."""
+
+    index: int
+    batch: Batch
+    rows: list[ReqView]
+    admissions: list[Admission]
+    tokens: torch.Tensor  # host copy of the sampled tokens (filled asynchronously on a GPU)
+    done: torch.cuda.Event | None  # recorded after the copy; None on the CPU
 
 
 class Scheduler:
@@ -32,6 +58,7 @@ class Scheduler:
         self.engine, self.config = engine, cfg
         self.table = engine.table
         self.page_size = cfg.page_size
+        self.overlap = cfg.overlap_enabled
         self.cache = CacheManager(
             engine.num_pages, cfg.page_size, create_prefix_cache(cfg.cache, cfg.page_size)
         )
@@ -39,6 +66,7 @@ class Scheduler:
         self.decode = DecodeManager(cfg.page_size)
         self.eos_ids = frozenset(engine.model_config.eos_token_ids)
         self.finished: dict[int, Req] = {}  # uid -> request, until the caller collects it
+        self.in_flight: InFlight | None = None  # overlap: the batch launched but not collected
         self.step_index = 0
         self._next_uid = 0
 
@@ -52,7 +80,7 @@ class Scheduler:
 
     @property
     def is_idle(self) -> bool:
-        return not self.prefill.queue and not self.decode.running
+        return not self.prefill.queue and not self.decode.running and self.in_flight is None
 
     @property
     def live_reqs(self) -> list[Req]:
@@ -62,9 +90,31 @@ class Scheduler:
 
     # -- one step ---------------------------------------------------------------------------
     def step(self) -> StepOutcome | None:
+        """Run one batch to completion and return what it did; None when there is nothing to do.
+
+        With overlap, the batch after it is already launched when this returns.
+        """
+        if not self.overlap:
+            launched = self.launch()
+            return None if launched is None else self.collect(launched)
+        if self.in_flight is None:
+            self.in_flight = self.launch()
+            if self.in_flight is None:
+                return None
+        current, self.in_flight = self.in_flight, self.launch()
+        return self.collect(current)
+
+    def flush(self) -> StepOutcome | None:
+        """Collect the batch in flight (overlap) without launching another."""
+        if self.in_flight is None:
+            return None
+        current, self.in_flight = self.in_flight, None
+        return self.collect(current)
+
+    def launch(self) -> InFlight | None:
         batch, admissions = self.schedule_next_batch()
         if batch is None:
-            if self.prefill.queue:
+            if self.prefill.queue and not self.decode.running and self.in_flight is None:
                 head = self.prefill.queue[0]
                 raise RuntimeError(
                     f"request {head.uid} can never be admitted ({admissions[0].reason}); "
@@ -76,10 +126,16 @@ class Scheduler:
         logits = self.engine.forward(batch)
         for req in batch.reqs:
             req.complete_one()
-        tokens = self.sample(batch, logits)
-        finished = self.process_results(batch, tokens)
+        tokens, done = self.sample(batch, logits)
+        if batch.is_prefill and self.cache.shares:
+            # NOTE: safe before the forward has run: any batch that reads these pages is
+            # launched later on the same stream. Doing it now (not at collect) also hands the
+            # new handle to a chunk's continuation, which is scheduled before this is collected.
+            for req in batch.reqs:
+                self.cache_prefix(req)
+        self.decode.filter_reqs(batch.reqs)
         self.step_index += 1
-        return StepOutcome(self.step_index - 1, batch, rows, admissions, tokens, finished)
+        return InFlight(self.step_index - 1, batch, rows, admissions, tokens, done)
 
     def schedule_next_batch(self) -> tuple[Batch | None, list[Admission]]:
         """Prefill first: a prefill batch if anything can be admitted, else a decode batch."""
@@ -131,38 +187,56 @@ class Scheduler:
         batch.sample_idx = to_device(sample_idx)
         self.engine.backend.prepare(batch)
 
-    def sample(self, batch: Batch, logits: torch.Tensor) -> list[int]:
-        """Sample the next token of every request that finished its prompt, and write it into
-        the token pool at its position, where the next decode step reads it."""
+    def sample(
+        self, batch: Batch, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """Sample the next token of every request that finished its prompt and write it into the
+        token pool, where the next decode step reads it; start copying the tokens to the host."""
         reqs = batch.sampled_reqs
         if not reqs:
-            return []
-        sampler = self.engine.sampler
+            return torch.zeros(0, dtype=torch.int32), None
+        sampler, device = self.engine.sampler, self.engine.device
         tokens = sampler.sample(logits, sampler.prepare(reqs))
-        device = self.engine.device
         rows = torch.tensor([r.table_idx for r in reqs], device=device)
         cols = torch.tensor([r.device_len - 1 for r in reqs], device=device)
         self.table.token_pool[rows, cols] = tokens
-        return tokens.tolist()
+        if device.type != "cuda":
+            return tokens, None
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return host, done
 
-    def process_results(self, batch: Batch, tokens: list[int]) -> list[Req]:
-        finished = []
+    def collect(self, launched: InFlight) -> StepOutcome:
+        """Process a launched batch's tokens: append, finish, free what nothing uses any more."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        tokens = launched.tokens.tolist()
+        batch, finished = launched.batch, []
         for req, token in zip(batch.sampled_reqs, tokens):
+            if req.finish_reason is not None:
+                continue  # overlap: it finished in the batch before; this token is past its end
             req.append_host(token)
             if token in self.eos_ids and not req.sampling.ignore_eos:
                 req.finish_reason = "stop"
-            elif req.remain_len == 0:
+            # NOTE: the host's count, not remain_len: with overlap the device side is already a
+            # step ahead, and remain_len would end the request one token early.
+            elif len(req.token_ids) == req.max_device_len:
                 req.finish_reason = "length"
             if req.finish_reason is not None:
-                self.free_req(req)
+                self.decode.running.pop(req, None)
                 self.finished[req.uid] = req
                 finished.append(req)
-        if batch.is_prefill and self.cache.shares:
-            for req in batch.reqs:
-                if req.finish_reason is None:
-                    self.cache_prefix(req)
-        self.decode.filter_reqs(batch.reqs)
-        return finished
+        # NOTE: a finished request in the batch launched after this one still uses its slot
+        # and pages; that batch's collect frees them.
+        still_used = set(self.in_flight.batch.reqs) if self.in_flight is not None else set()
+        for req in batch.sampled_reqs:
+            if req.finish_reason is not None and req not in still_used:
+                self.free_req(req)
+        return StepOutcome(
+            launched.index, batch, launched.rows, launched.admissions, tokens, finished
+        )
 
     def cache_prefix(self, req: Req) -> None:
         """Share the full pages of a prompt computed so far, while its request keeps running.
@@ -191,6 +265,7 @@ class Scheduler:
     # -- checks -----------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """KV pool accounting: every page free, cached, or used by exactly one live request."""
+        assert self.in_flight is None, "check integrity between steps, with nothing in flight"
         used = [
             self.table.page_table_host[
                 r.table_idx, r.cache_handle.cached_len : ceil_page(r.cached_len, self.page_size)
