@@ -15,11 +15,19 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-extend-tokens", type=int, default=48)
     demo.add_argument("--page-size", type=int, default=1)
     demo.add_argument("--cache", default="naive")
+    bench = sub.add_parser("bench", help="offline throughput benchmark")
+    from .bench.throughput import add_arguments
+
+    add_arguments(bench)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run_demo
 
         run_demo(args)
+    elif args.command == "bench":
+        from .bench.throughput import main as run_bench
+
+        run_bench(args)
     return 0
 
 

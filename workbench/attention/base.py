@@ -22,6 +22,8 @@ class AttentionBackend(ABC):
     `batch.out_loc` and attends each request's queries to its tokens ``[0, device_len)``.
     """
 
+    supports_cuda_graph = False  # True: has graph_metadata() and prepare_replay()
+
     def __init__(self, pool: KVPool, table: TableManager, num_heads: int, head_dim: int) -> None:
         self.pool, self.table = pool, table
         self.num_heads, self.head_dim = num_heads, head_dim

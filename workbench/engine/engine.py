@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..attention import create_backend
@@ -12,6 +13,7 @@ from ..models import ModelConfig, resolve
 from ..models.weights import build_model
 from ..scheduler.table import TableManager
 from .context import ForwardContext
+from .graph import GraphRunner
 from .sampler import Sampler
 
 
@@ -24,6 +26,7 @@ class Engine:
         self.max_seq_len = config.max_seq_len or min(
             cfg.max_position_embeddings, config.max_seq_len_cap
         )
+        self._check_fits()
         self.model = build_model(
             cfg, self.max_seq_len, self.device, self.dtype, self.model_dir, seed=config.seed
         )
@@ -45,14 +48,34 @@ class Engine:
             num_heads=cfg.num_heads,
             head_dim=cfg.head_dim,
         )
+        # padded (dummy) requests read the dummy slot, never a live request's KV
+        self.table.write_row(
+            self.table.dummy_row, 0, np.full(self.max_seq_len, self.pool.dummy_slot, np.int32)
+        )
         self.ctx = ForwardContext(self.backend)
         self.sampler = Sampler(cfg.vocab_size, self.device, config.seed)
+        self.graphs: GraphRunner | None = None
+        if config.cuda_graph_enabled and self.backend.supports_cuda_graph:
+            max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
+            self.graphs = GraphRunner(self, max_bs)
+
+    def _check_fits(self) -> None:
+        if self.device.type != "cuda":
+            return
+        need = self.model_config.num_params() * self.dtype.itemsize
+        free, _ = torch.cuda.mem_get_info(self.device)
+        if need > free:
+            raise ValueError(
+                f"model {self.config.model!r} needs {need / 2**30:.1f} GiB for its weights in "
+                f"{self.dtype}; the GPU has {free / 2**30:.1f} GiB free"
+            )
 
     def _pages_from_memory(self) -> int:
         per_token = self.model_config.kv_bytes_per_token(self.dtype.itemsize)
         if self.device.type == "cuda":
+            # NOTE: what memory_ratio leaves over is for activations, CUDA graphs and workspaces.
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = free * 0.9
+            budget = free * self.config.memory_ratio
         else:
             budget = self.config.kv_memory_gb * 2**30
         pages = int(budget // (per_token * self.config.page_size))
@@ -60,9 +83,18 @@ class Engine:
             raise ValueError("no memory left for the KV cache after loading the model")
         return pages
 
+    def prepare(self, batch: Batch) -> None:
+        """Attention metadata for a batch whose inputs the scheduler has filled in."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            self.graphs.prepare(batch)
+        else:
+            self.backend.prepare(batch)
+
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [sampled requests, vocab] in float32."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.replay(batch)
         self.ctx.batch = batch
         try:
             return self.model(batch.input_ids, batch.positions, self.ctx, batch.sample_idx)

@@ -64,11 +64,10 @@ class Sampler:
         if args.top_k is not None or args.top_p is not None:
             logits = _mask_top_k_top_p(logits, args.top_k, args.top_p)
         probs = torch.softmax(logits, dim=-1)
-        noise = torch.rand(probs.shape, generator=self.generator, device=probs.device)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for row, key in args.seeded:
-            gen = torch.Generator(probs.device).manual_seed(key)
-            noise[row] = torch.rand(probs.shape[1], generator=gen, device=probs.device)
-        sampled = (probs / -torch.log(noise)).argmax(-1)
+            noise[row].exponential_(generator=torch.Generator(probs.device).manual_seed(key))
+        sampled = (probs / noise).argmax(-1)
         return torch.where(args.greedy, greedy_tokens, sampled).to(torch.int32)
 
 

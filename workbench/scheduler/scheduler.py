@@ -185,7 +185,7 @@ class Scheduler:
         batch.input_ids = self.table.token_pool[rows_t, positions_t]
         batch.out_loc = to_device(out_loc)
         batch.sample_idx = to_device(sample_idx)
-        self.engine.backend.prepare(batch)
+        self.engine.prepare(batch)
 
     def sample(
         self, batch: Batch, logits: torch.Tensor

@@ -1,0 +1,188 @@
+"""The GPU engine on real hardware: FlashInfer attention, CUDA graphs, overlap, bf16.
+
+Run on the GPU machine (`pytest -m gpu`); skipped without CUDA. Numbers are printed (run with -s)
+so the closing notes can quote them.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from workbench import LLM, SamplingParams
+from workbench.models import resolve
+from workbench.models.weights import to_hf_state_dict
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+MODEL = "dummy:qwen3-0.6b"
+PAGES = 40_000  # explicit (4.6 GB each), so several engines fit side by side
+
+
+def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10000) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def make_llm(**options) -> LLM:
+    options.setdefault("num_pages", PAGES)
+    options.setdefault("max_running_reqs", 64)
+    options.setdefault("cuda_graph_max_bs", 64)
+    return LLM(MODEL, **options)
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return make_llm()
+
+
+@pytest.fixture(scope="module")
+def hf(llm):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(resolve(MODEL))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()
+    missing, unexpected = model.load_state_dict(to_hf_state_dict(llm.engine.model), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    model.tie_weights()
+    return model
+
+
+def test_prefill_logits_close_to_transformers(llm, hf):
+    """Same dummy weights in both, bf16 on the GPU: last-position logits of 32 prompts."""
+    prompts = random_prompts(32, 16, 256, seed=1)
+    captured = []
+    hook = llm.engine.model.register_forward_hook(lambda m, i, out: captured.append(out.clone()))
+    try:
+        llm.generate(prompts, SamplingParams(max_tokens=1))
+    finally:
+        hook.remove()
+    ours = torch.cat(captured)  # one prefill batch, rows in prompt order
+    with torch.inference_mode():
+        ref = torch.stack(
+            [hf(torch.tensor([p], device="cuda")).logits[0, -1].float() for p in prompts]
+        )
+    err = (ours - ref).abs()
+    scale = ref.abs().max().item()
+    cos = torch.nn.functional.cosine_similarity(ours, ref, dim=-1).min().item()
+    top1 = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    print(
+        f"\nprefill logits vs transformers (bf16, 32 prompts): max abs err {err.max():.4f}, "
+        f"mean abs err {err.mean():.5f}, max |logit| {scale:.3f}, min cosine {cos:.6f}, "
+        f"top-1 agreement {top1:.0%}"
+    )
+    assert err.max().item() <= 0.05 * scale  # stated tolerance: 5% of the largest logit
+    assert cos > 0.999
+
+
+def test_greedy_match_rate_against_transformers(llm, hf):
+    prompts = random_prompts(32, 16, 256, seed=2)
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True))
+    full, prefix = 0, []
+    for prompt, out in zip(prompts, outputs):
+        with torch.inference_mode():
+            ref = hf.generate(
+                torch.tensor([prompt], device="cuda"),
+                max_new_tokens=32,
+                min_new_tokens=32,
+                do_sample=False,
+            )[0, len(prompt) :].tolist()
+        same = next((i for i, (a, b) in enumerate(zip(ref, out["token_ids"])) if a != b), 32)
+        prefix.append(same)
+        full += same == 32
+    rate = full / len(prompts)
+    tokens = sum(prefix) / (32 * len(prompts))
+    print(
+        f"\ngreedy vs transformers (bf16, 32 prompts x 32 tokens): {full}/32 prompts identical "
+        f"({rate:.0%}); tokens before first divergence {tokens:.1%}"
+    )
+    llm.check_integrity()
+    assert rate > 0.5
+
+
+@pytest.fixture(scope="module")
+def variants():
+    return {
+        (overlap, graphs): make_llm(overlap=overlap, cuda_graph=graphs)
+        for overlap in (False, True)
+        for graphs in (False, True)
+    }
+
+
+def test_overlap_and_cuda_graphs_give_identical_outputs(variants):
+    prompts = random_prompts(48, 8, 300, seed=3)
+    rng = random.Random(4)
+    params = [
+        SamplingParams(max_tokens=rng.randint(1, 80), ignore_eos=True)
+        if i % 2
+        else SamplingParams(
+            max_tokens=rng.randint(1, 80), temperature=0.8, top_p=0.9, seed=i, ignore_eos=True
+        )
+        for i in range(len(prompts))
+    ]
+    results = {}
+    for key, engine in variants.items():
+        outputs = engine.generate(prompts, params)
+        engine.check_integrity()
+        assert [o["completion_tokens"] for o in outputs] == [p.max_tokens for p in params]
+        results[key] = [o["token_ids"] for o in outputs]
+    base = results[(False, False)]
+    for key, tokens in results.items():
+        same = sum(a == b for a, b in zip(base, tokens))
+        print(f"\noverlap={key[0]} cuda_graph={key[1]}: {same}/{len(base)} requests identical")
+    for key, tokens in results.items():
+        assert tokens == base, f"overlap={key[0]} cuda_graph={key[1]} differs"
+
+
+def test_eos_and_max_tokens_with_overlap_and_graphs(variants):
+    engine = variants[(True, True)]
+    prompts = random_prompts(24, 8, 64, seed=5)
+    probe = engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    # make a token that greedy decoding emits mid-way the end-of-sequence token
+    eos = probe[0]["token_ids"][5]
+    saved = engine.scheduler.eos_ids
+    engine.scheduler.eos_ids = frozenset({eos})
+    try:
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=12))
+    finally:
+        engine.scheduler.eos_ids = saved
+    engine.check_integrity()
+    for before, after in zip(probe, outputs):
+        ids = before["token_ids"]
+        cut = ids.index(eos) + 1 if eos in ids else len(ids)
+        assert after["token_ids"] == ids[:cut]
+        assert after["finish_reason"] == ("stop" if eos in ids else "length")
+    assert outputs[0]["completion_tokens"] <= 6
+
+
+def test_memory_sizing_uses_free_memory():
+    free_before, total = torch.cuda.mem_get_info()
+    engine = LLM(MODEL, memory_ratio=0.5, max_running_reqs=8, cuda_graph_max_bs=8).engine
+    kv = engine.pool.nbytes
+    weights = engine.model_config.num_params() * 2
+    print(
+        f"\nmemory: {free_before / 2**30:.1f} GiB free before, weights {weights / 2**30:.2f} GiB, "
+        f"KV pool {kv / 2**30:.1f} GiB ({engine.num_pages} pages) at memory_ratio 0.5"
+    )
+    assert 0.4 * (free_before - weights) < kv < 0.55 * (free_before - weights)
+    del engine
+
+
+def test_a_model_that_does_not_fit_is_refused(tmp_path):
+    import json
+    import shutil
+
+    src = resolve("dummy:qwen3-8b")
+    config = json.loads((src / "config.json").read_text())
+    config["num_hidden_layers"] = 2000  # about 400B parameters
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for f in src.iterdir():
+        if f.name != "config.json":
+            shutil.copy(f, tmp_path / f.name)
+    with pytest.raises(ValueError, match="needs .* GiB for its weights"):
+        LLM(str(tmp_path), num_pages=16, max_running_reqs=4)

@@ -1,0 +1,151 @@
+"""FlashInfer attention on the GPU: batched paged prefill and decode over the page table.
+
+The page table is token-granular, so FlashInfer always sees pages of one token: a request's
+KV "pages" are its token slots ``page_table[row, :device_len]``. Those index lists are gathered
+on the device (no trip through the host); only the small ``indptr`` arrays are built on the host,
+which FlashInfer's planner wants there anyway.
+
+CUDA graphs: one decode wrapper per captured batch size, with fixed buffers. Before each replay
+the wrapper is planned again for the real batch, padded with dummy requests that read and write
+the pool's dummy slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core import Batch
+from .base import AttentionBackend
+
+WORKSPACE_BYTES = 256 * 2**20
+
+
+@dataclass
+class FlashInferMetadata:
+    wrapper: Any  # the planned flashinfer wrapper whose run() this batch uses
+    out_loc: torch.Tensor  # where each new token's K/V goes
+
+
+class FlashInferBackend(AttentionBackend):
+    supports_cuda_graph = True
+
+    def __init__(self, pool, table, num_heads: int, head_dim: int) -> None:
+        import flashinfer
+
+        super().__init__(pool, table, num_heads, head_dim)
+        self.flashinfer = flashinfer
+        self.device = pool.buffer.device
+        self.dtype = pool.buffer.dtype
+        self.num_kv_heads = pool.buffer.shape[3]
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        # NOTE: tensor-core decode pays off from a GQA group of 4 query heads per KV head.
+        self.use_tensor_cores = num_heads // self.num_kv_heads >= 4
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend="fa2"
+        )
+        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend="fa2"
+        )
+        self.graph_wrappers: dict[int, Any] = {}
+        self._graph_indices: torch.Tensor | None = None  # shared by the graph wrappers
+        # NOTE: plan() fills a pinned host buffer and copies it to the device asynchronously;
+        # planning again before that copy ran would overwrite the earlier batch's metadata
+        # (with overlap the CPU is a step ahead). Each plan waits for the previous one's copy.
+        self._plan_done = torch.cuda.Event()
+        self._plan_done.record()
+
+    # -- metadata ---------------------------------------------------------------------------
+    def _kv_indices(self, rows: list[int], kv_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host indptr and device indices of the requests' token slots ``[0, kv_len)``."""
+        lens = np.asarray(kv_lens, dtype=np.int64)
+        indptr = np.zeros(len(lens) + 1, dtype=np.int32)
+        np.cumsum(lens, out=indptr[1:])
+        total = int(indptr[-1])
+        to_device = dict(device=self.device, non_blocking=True)
+        lens_d = torch.from_numpy(lens).to(**to_device)
+        rows_d = torch.tensor(rows, dtype=torch.int64).to(**to_device)
+        starts_d = torch.from_numpy(indptr[:-1].astype(np.int64)).to(**to_device)
+        owner = torch.repeat_interleave(
+            torch.arange(len(lens), device=self.device), lens_d, output_size=total
+        )
+        pos = torch.arange(total, device=self.device) - starts_d[owner]
+        return torch.from_numpy(indptr), self.table.page_table[rows_d[owner], pos]
+
+    def _plan(self, wrapper: Any, qo_indptr: torch.Tensor | None, indptr, indices) -> None:
+        self._plan_done.synchronize()
+        ones = torch.ones(len(indptr) - 1, dtype=torch.int32)
+        common = dict(q_data_type=self.dtype, kv_data_type=self.dtype)
+        if qo_indptr is None:
+            wrapper.plan(
+                indptr, indices, ones, self.num_heads, self.num_kv_heads, self.head_dim, 1, **common
+            )
+        else:
+            wrapper.plan(
+                qo_indptr,
+                indptr,
+                indices,
+                ones,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                1,
+                causal=True,
+                **common,
+            )
+        self._plan_done.record()
+
+    def prepare(self, batch: Batch) -> None:
+        reqs = batch.reqs
+        indptr, indices = self._kv_indices(
+            [r.table_idx for r in reqs], [r.device_len for r in reqs]
+        )
+        if batch.is_prefill:
+            qo = np.zeros(len(reqs) + 1, dtype=np.int32)
+            np.cumsum([r.extend_len for r in reqs], out=qo[1:])
+            self._plan(self.prefill_wrapper, torch.from_numpy(qo), indptr, indices)
+            batch.attn_metadata = FlashInferMetadata(self.prefill_wrapper, batch.out_loc)
+        else:
+            self._plan(self.decode_wrapper, None, indptr, indices)
+            batch.attn_metadata = FlashInferMetadata(self.decode_wrapper, batch.out_loc)
+
+    # -- CUDA graphs ------------------------------------------------------------------------
+    def graph_metadata(self, bs: int, out_loc: torch.Tensor) -> FlashInferMetadata:
+        """A wrapper for decode batches of exactly `bs` requests, planned with dummy requests."""
+        if self._graph_indices is None:
+            cap = self.table.max_running_reqs * self.table.max_seq_len + bs
+            self._graph_indices = torch.zeros(cap, dtype=torch.int32, device=self.device)
+        wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=self.use_tensor_cores,
+            paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
+            paged_kv_indices_buffer=self._graph_indices,
+            paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=self.device),
+            backend="fa2",
+        )
+        self.graph_wrappers[bs] = wrapper
+        indptr, indices = self._kv_indices([self.table.dummy_row] * bs, [1] * bs)
+        self._plan(wrapper, None, indptr, indices)
+        return FlashInferMetadata(wrapper, out_loc)
+
+    def prepare_replay(self, batch: Batch, bs: int) -> None:
+        """Plan the `bs` graph wrapper for this batch, padded with dummy requests."""
+        pad = bs - batch.size
+        rows = [r.table_idx for r in batch.reqs] + [self.table.dummy_row] * pad
+        lens = [r.device_len for r in batch.reqs] + [1] * pad
+        indptr, indices = self._kv_indices(rows, lens)
+        self._plan(self.graph_wrappers[bs], None, indptr, indices)
+
+    # -- the kernel -------------------------------------------------------------------------
+    def forward(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch
+    ) -> torch.Tensor:
+        meta: FlashInferMetadata = batch.attn_metadata
+        self.pool.store(layer_id, meta.out_loc, k, v)
+        kv = (self.pool.k(layer_id).unsqueeze(1), self.pool.v(layer_id).unsqueeze(1))
+        return meta.wrapper.run(q, kv)

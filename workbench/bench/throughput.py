@@ -1,0 +1,138 @@
+"""`python -m workbench bench`: the offline throughput benchmark.
+
+256 requests of random token ids (below 10,000), prompt and output lengths uniform in [100, 1024],
+seed 0, temperature 0.6, EOS ignored; one warm-up generate on other prompts, then one timed
+generate. Prints output tokens, seconds, output tokens/s, the roofline bound for the workload and
+the median decode step time at the largest batch against its bound. `--json` prints one object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from ..core import SamplingParams
+from ..llm import LLM
+from .roofline import DEVICES, decode_step_bound, workload_bound
+from .workload import random_workload
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    gpu = torch.cuda.is_available()
+    p.add_argument("--model", default="dummy:qwen3-0.6b" if gpu else "tiny-qwen3")
+    p.add_argument("--num-requests", type=int, default=256 if gpu else 16)
+    p.add_argument("--input-len", type=int, nargs=2, default=[100, 1024] if gpu else [16, 128])
+    p.add_argument("--output-len", type=int, nargs=2, default=[100, 1024] if gpu else [16, 64])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--max-extend-tokens", type=int, default=8192, help="chunk size (token budget)")
+    p.add_argument("--max-running-reqs", type=int, default=256)
+    p.add_argument("--cache", default="radix")
+    p.add_argument("--device-spec", default="h200", choices=sorted(DEVICES))
+    p.add_argument("--json", action="store_true")
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    llm = LLM(
+        args.model,
+        page_size=args.page_size,
+        max_extend_tokens=args.max_extend_tokens,
+        max_running_reqs=args.max_running_reqs,
+        cache=args.cache,
+        overlap=args.overlap,
+        cuda_graph=args.cuda_graph,
+    )
+    engine = llm.engine
+    work = random_workload(args.num_requests, args.input_len, args.output_len, args.seed)
+    params = [
+        SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True)
+        for n in work.output_lens
+    ]
+    warm = random_workload(min(32, args.num_requests), args.input_len, (8, 16), args.seed + 1)
+    llm.generate(warm.prompts, SamplingParams(max_tokens=16, temperature=args.temperature))
+
+    steps: list[tuple[float, str, int, int]] = []  # (time, phase, batch size, KV tokens read)
+
+    def on_step(outcome) -> None:
+        kv = sum(r.device_len for r in outcome.rows)
+        steps.append((time.perf_counter(), outcome.batch.phase, len(outcome.rows), kv))
+
+    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    outputs = llm.generate(work.prompts, params, on_step=on_step)
+    sync()
+    seconds = time.perf_counter() - start
+    llm.check_integrity()
+
+    tokens = sum(o["completion_tokens"] for o in outputs)
+    spec = DEVICES[args.device_spec]
+    bound = workload_bound(engine.model_config, work.prompt_lens, work.output_lens, spec)
+    # decode step time at the largest batch: gaps between consecutive decode steps of that size
+    top = max((s[2] for s in steps if s[1] == "decode"), default=0)
+    gaps = [
+        (b[0] - a[0], b[3])
+        for a, b in zip(steps, steps[1:])
+        if a[1] == b[1] == "decode" and a[2] == b[2] == top
+    ]
+    step_ms = statistics.median(g for g, _ in gaps) * 1e3 if gaps else float("nan")
+    step_kv = int(statistics.median(kv for _, kv in gaps)) if gaps else 0
+    step_bound_ms = decode_step_bound(engine.model_config, top, step_kv, spec) * 1e3 if gaps else 0
+    return dict(
+        model=args.model,
+        device=torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
+        dtype=str(engine.dtype).removeprefix("torch."),
+        overlap=llm.scheduler.overlap,
+        cuda_graph=engine.graphs is not None,
+        page_size=args.page_size,
+        max_extend_tokens=args.max_extend_tokens,
+        num_requests=args.num_requests,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        output_tokens=tokens,
+        seconds=round(seconds, 3),
+        output_tokens_per_s=round(tokens / seconds, 1),
+        steps=len(steps),
+        roofline_tokens_per_s=round(bound.tokens_per_second, 1),
+        roofline_fraction=round(bound.seconds / seconds, 3),
+        decode_batch=top,
+        decode_step_ms=round(step_ms, 3),
+        decode_step_kv_tokens=step_kv,
+        decode_step_bound_ms=round(step_bound_ms, 3),
+    )
+
+
+def print_result(r: dict) -> None:
+    print(
+        f"workbench bench: {r['model']} on {r['device']} ({r['dtype']}), overlap "
+        f"{'on' if r['overlap'] else 'off'}, cuda graphs {'on' if r['cuda_graph'] else 'off'}, "
+        f"page size {r['page_size']}, chunk {r['max_extend_tokens']}"
+    )
+    print(
+        f"requests {r['num_requests']}, input {r['input_len'][0]}-{r['input_len'][1]}, "
+        f"output {r['output_len'][0]}-{r['output_len'][1]}, {r['steps']} steps"
+    )
+    print(
+        f"output tokens {r['output_tokens']} | seconds {r['seconds']:.2f} | "
+        f"output tokens/s {r['output_tokens_per_s']:,.0f}"
+    )
+    print(
+        f"roofline bound {r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "
+        f"{r['roofline_fraction']:.0%}; decode step at batch {r['decode_batch']} "
+        f"({r['decode_step_kv_tokens']} KV tokens): {r['decode_step_ms']:.2f} ms, "
+        f"bound {r['decode_step_bound_ms']:.2f} ms"
+    )
+
+
+def main(args: argparse.Namespace) -> None:
+    result = run_bench(args)
+    print(json.dumps(result) if args.json else "", end="\n" if args.json else "")
+    if not args.json:
+        print_result(result)
