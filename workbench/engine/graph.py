@@ -36,7 +36,6 @@ class GraphRunner:
         self.metadata: dict[int, object] = {}
         self._capture_all()
 
-    @torch.inference_mode()
     def _capture_all(self) -> None:
         engine = self.engine
         pool = torch.cuda.graph_pool_handle()
@@ -45,15 +44,18 @@ class GraphRunner:
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):  # largest first, so smaller ones reuse its memory
                 batch = Batch([], "decode")
+                # NOTE: outside inference mode: the wrapper's buffers are updated in place by
+                # every later plan(), which runs outside it.
                 batch.attn_metadata = engine.backend.graph_metadata(bs, self.out_loc[:bs])
                 self.metadata[bs] = batch.attn_metadata
                 args = (self.input_ids[:bs], self.positions[:bs], engine.ctx, self.sample_idx[:bs])
                 engine.ctx.batch = batch
-                for _ in range(2):  # warm up (lazy initialisation must not happen in capture)
-                    engine.model(*args)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self.logits[bs] = engine.model(*args)
+                with torch.inference_mode():
+                    for _ in range(2):  # warm up: no lazy initialisation inside the capture
+                        engine.model(*args)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self.logits[bs] = engine.model(*args)
                 self.graphs[bs] = graph
                 engine.ctx.batch = None
         torch.cuda.current_stream().wait_stream(stream)
