@@ -32,6 +32,7 @@ class EngineConfig:
     seed: int = 0  # dummy weights and unseeded sampling
     overlap: bool | None = None  # None: on for cuda, off on cpu (where it cannot overlap)
     cuda_graph: bool = True  # capture decode batches (cuda only)
+    fused_kernels: bool | None = None  # FlashInfer norm / rope / SiLU-and-mul; None: on for cuda
     cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
     memory_ratio: float = 0.9  # share of free GPU memory (after weights) given to the KV pool
     # NOTE: a cap, so a 40k-context model does not get a 40k-wide page table on a laptop.
@@ -90,6 +91,12 @@ class EngineConfig:
     @property
     def cuda_graph_enabled(self) -> bool:
         return self.cuda_graph and self.torch_device.type == "cuda"
+
+    @property
+    def fused_kernels_enabled(self) -> bool:
+        if self.fused_kernels is None:
+            return self.torch_device.type == "cuda"
+        return self.fused_kernels
 
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)

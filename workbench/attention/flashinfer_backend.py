@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..core import Batch
+from ..engine.transfer import host_tensor, to_device
 from .base import AttentionBackend
 
 WORKSPACE_BYTES = 256 * 2**20
@@ -60,41 +61,34 @@ class FlashInferBackend(AttentionBackend):
 
     # -- metadata ---------------------------------------------------------------------------
     def _kv_indices(self, rows: list[int], kv_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Host indptr and device indices of the requests' token slots ``[0, kv_len)``."""
+        """Pinned host indptr and device indices of the requests' token slots ``[0, kv_len)``."""
         lens = np.asarray(kv_lens, dtype=np.int64)
-        indptr = np.zeros(len(lens) + 1, dtype=np.int32)
+        indptr = np.zeros(len(lens) + 1, dtype=np.int64)
         np.cumsum(lens, out=indptr[1:])
         total = int(indptr[-1])
-        to_device = dict(device=self.device, non_blocking=True)
-        lens_d = torch.from_numpy(lens).to(**to_device)
-        rows_d = torch.tensor(rows, dtype=torch.int64).to(**to_device)
-        starts_d = torch.from_numpy(indptr[:-1].astype(np.int64)).to(**to_device)
+        lens_d, rows_d = to_device(lens, self.device), to_device(rows, self.device)
+        starts_d = to_device(indptr[:-1], self.device)
         owner = torch.repeat_interleave(
             torch.arange(len(lens), device=self.device), lens_d, output_size=total
         )
         pos = torch.arange(total, device=self.device) - starts_d[owner]
-        return torch.from_numpy(indptr), self.table.page_table[rows_d[owner], pos]
+        indices = self.table.page_table[rows_d[owner], pos]
+        return host_tensor(indptr, torch.int32, pinned=True), indices
 
     def _plan(self, wrapper: Any, qo_indptr: torch.Tensor | None, indptr, indices) -> None:
+        # NOTE: every host tensor handed to plan() is pinned: a pageable one would make the
+        # copy wait for the GPU to finish the batch in flight, and undo overlap.
         self._plan_done.synchronize()
-        ones = torch.ones(len(indptr) - 1, dtype=torch.int32)
+        batch = len(indptr) - 1
+        ones = host_tensor(np.ones(batch), torch.int32, pinned=True)
         common = dict(q_data_type=self.dtype, kv_data_type=self.dtype)
+        heads = (self.num_heads, self.num_kv_heads, self.head_dim, 1)
         if qo_indptr is None:
-            wrapper.plan(
-                indptr, indices, ones, self.num_heads, self.num_kv_heads, self.head_dim, 1, **common
-            )
+            wrapper.plan(indptr, indices, ones, *heads, **common)
         else:
+            seq_lens = host_tensor(np.diff(indptr.numpy()), torch.int32, pinned=True)
             wrapper.plan(
-                qo_indptr,
-                indptr,
-                indices,
-                ones,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                1,
-                causal=True,
-                **common,
+                qo_indptr, indptr, indices, ones, *heads, causal=True, seq_lens=seq_lens, **common
             )
         self._plan_done.record()
 
@@ -104,9 +98,10 @@ class FlashInferBackend(AttentionBackend):
             [r.table_idx for r in reqs], [r.device_len for r in reqs]
         )
         if batch.is_prefill:
-            qo = np.zeros(len(reqs) + 1, dtype=np.int32)
+            qo = np.zeros(len(reqs) + 1, dtype=np.int64)
             np.cumsum([r.extend_len for r in reqs], out=qo[1:])
-            self._plan(self.prefill_wrapper, torch.from_numpy(qo), indptr, indices)
+            qo_indptr = host_tensor(qo, torch.int32, pinned=True)
+            self._plan(self.prefill_wrapper, qo_indptr, indptr, indices)
             batch.attn_metadata = FlashInferMetadata(self.prefill_wrapper, batch.out_loc)
         else:
             self._plan(self.decode_wrapper, None, indptr, indices)

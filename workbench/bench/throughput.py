@@ -31,12 +31,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--max-extend-tokens", type=int, default=8192, help="chunk size (token budget)")
     p.add_argument("--max-running-reqs", type=int, default=256)
     p.add_argument("--cache", default="radix")
     p.add_argument("--device-spec", default="h200", choices=sorted(DEVICES))
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--profile", action="store_true", help="also profile 10 decode steps at the largest batch"
+    )
 
 
 def run_bench(args: argparse.Namespace) -> dict:
@@ -48,6 +52,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         cache=args.cache,
         overlap=args.overlap,
         cuda_graph=args.cuda_graph,
+        fused_kernels=args.fused_kernels,
     )
     engine = llm.engine
     work = random_workload(args.num_requests, args.input_len, args.output_len, args.seed)
@@ -72,6 +77,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     llm.check_integrity()
 
+    profile = profile_decode(llm, args) if args.profile else None
     tokens = sum(o["completion_tokens"] for o in outputs)
     spec = DEVICES[args.device_spec]
     bound = workload_bound(engine.model_config, work.prompt_lens, work.output_lens, spec)
@@ -90,7 +96,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         device=torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
         dtype=str(engine.dtype).removeprefix("torch."),
         overlap=llm.scheduler.overlap,
-        cuda_graph=engine.graphs is not None,
+        cuda_graph=engine.config.cuda_graph_enabled,
+        fused_kernels=engine.config.fused_kernels_enabled,
         page_size=args.page_size,
         max_extend_tokens=args.max_extend_tokens,
         num_requests=args.num_requests,
@@ -106,13 +113,43 @@ def run_bench(args: argparse.Namespace) -> dict:
         decode_step_ms=round(step_ms, 3),
         decode_step_kv_tokens=step_kv,
         decode_step_bound_ms=round(step_bound_ms, 3),
+        **({"profile": profile} if profile else {}),
     )
+
+
+def profile_decode(llm: LLM, args: argparse.Namespace) -> str:
+    """torch.profiler over 10 decode steps of a full batch: where the time goes, CPU and GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    work = random_workload(args.max_running_reqs, (500, 600), (40, 40), args.seed + 2)
+    sp = SamplingParams(max_tokens=40, temperature=args.temperature, ignore_eos=True)
+    llm.add_requests(work.prompts, sp)
+    sched = llm.scheduler
+    while sched.prefill.queue:
+        sched.step()
+    for _ in range(5):
+        sched.step()
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if llm.engine.device.type == "cuda" else []
+    )
+    with profile(activities=activities) as prof:
+        for _ in range(10):
+            sched.step()
+        torch.cuda.synchronize() if llm.engine.device.type == "cuda" else None
+    while sched.step() is not None:
+        pass
+    sched.finished.clear()
+    sort = "self_cuda_time_total" if llm.engine.device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=25)
+    cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    return table + "\n" + cpu
 
 
 def print_result(r: dict) -> None:
     print(
         f"workbench bench: {r['model']} on {r['device']} ({r['dtype']}), overlap "
         f"{'on' if r['overlap'] else 'off'}, cuda graphs {'on' if r['cuda_graph'] else 'off'}, "
+        f"fused kernels {'on' if r['fused_kernels'] else 'off'}, "
         f"page size {r['page_size']}, chunk {r['max_extend_tokens']}"
     )
     print(
@@ -133,6 +170,8 @@ def print_result(r: dict) -> None:
 
 def main(args: argparse.Namespace) -> None:
     result = run_bench(args)
+    if args.profile:
+        print(result.pop("profile"))
     print(json.dumps(result) if args.json else "", end="\n" if args.json else "")
     if not args.json:
         print_result(result)

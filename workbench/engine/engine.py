@@ -30,6 +30,7 @@ class Engine:
         self.model = build_model(
             cfg, self.max_seq_len, self.device, self.dtype, self.model_dir, seed=config.seed
         )
+        self.model.use_fused_kernels(config.fused_kernels_enabled)
         self.num_pages = config.num_pages or self._pages_from_memory()
         self.pool = KVPool(
             cfg.num_layers,
@@ -54,10 +55,12 @@ class Engine:
         )
         self.ctx = ForwardContext(self.backend)
         self.sampler = Sampler(cfg.vocab_size, self.device, config.seed)
+        # NOTE: with cuda_graph=False, decode batches still run padded to the same sizes, only
+        # eagerly: the same kernels on the same shapes, so outputs are identical either way.
         self.graphs: GraphRunner | None = None
-        if config.cuda_graph_enabled and self.backend.supports_cuda_graph:
+        if self.device.type == "cuda" and self.backend.supports_cuda_graph:
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
-            self.graphs = GraphRunner(self, max_bs)
+            self.graphs = GraphRunner(self, max_bs, capture=config.cuda_graph_enabled)
 
     def _check_fits(self) -> None:
         if self.device.type != "cuda":

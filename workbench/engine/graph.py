@@ -1,6 +1,6 @@
 """CUDA graphs for decode: captured once per batch size, replayed with the batch padded by the
 dummy request. Python (module hooks included) does not run during a replay; the scheduler-side
-records do not depend on it."""
+records do not depend on it. Without capture, the runner runs the same padded batches eagerly."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def capture_sizes(max_bs: int) -> list[int]:
 
 
 class GraphRunner:
-    def __init__(self, engine: Engine, max_bs: int) -> None:
+    def __init__(self, engine: Engine, max_bs: int, capture: bool = True) -> None:
         self.engine = engine
         self.sizes = capture_sizes(max_bs)
         self.max_bs = self.sizes[-1]
@@ -34,6 +34,7 @@ class GraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.metadata: dict[int, object] = {}
+        self.capture = capture
         self._capture_all()
 
     def _capture_all(self) -> None:
@@ -49,6 +50,8 @@ class GraphRunner:
                 batch.attn_metadata = engine.backend.graph_metadata(bs, self.out_loc[:bs])
                 self.metadata[bs] = batch.attn_metadata
                 args = (self.input_ids[:bs], self.positions[:bs], engine.ctx, self.sample_idx[:bs])
+                if not self.capture:
+                    continue
                 engine.ctx.batch = batch
                 with torch.inference_mode():
                     for _ in range(2):  # warm up: no lazy initialisation inside the capture
@@ -82,5 +85,14 @@ class GraphRunner:
 
     def replay(self, batch: Batch) -> torch.Tensor:
         bs = self.padded_size(batch.size)
+        if not self.capture:  # the same padded computation, run eagerly
+            ctx = self.engine.ctx
+            ctx.batch = batch
+            try:
+                with torch.inference_mode():
+                    args = (self.input_ids[:bs], self.positions[:bs], ctx, self.sample_idx[:bs])
+                    return self.engine.model(*args)[: batch.size]
+            finally:
+                ctx.batch = None
         self.graphs[bs].replay()
         return self.logits[bs][: batch.size]

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 import torch
 
 from ..core import Req
+from .transfer import to_device
 
 
 @dataclass
 class SamplingArgs:
     all_greedy: bool
-    greedy: torch.Tensor | None = None  # [batch] bool
+    greedy: torch.Tensor | None = None  # [batch] bool; None if no row is greedy
     temperatures: torch.Tensor | None = None  # [batch], 1 where greedy
     top_k: torch.Tensor | None = None  # [batch] int64, vocab size where off; None if all off
     top_p: torch.Tensor | None = None  # [batch]; None if all off
@@ -34,18 +35,19 @@ class Sampler:
         if all(p.is_greedy for p in params):
             return SamplingArgs(all_greedy=True)
         dev = self.device
+        greedy = [p.is_greedy for p in params]
         args = SamplingArgs(
             all_greedy=False,
-            greedy=torch.tensor([p.is_greedy for p in params], device=dev),
-            temperatures=torch.tensor(
-                [1.0 if p.is_greedy else p.temperature for p in params], device=dev
+            greedy=to_device(greedy, dev, torch.bool) if any(greedy) else None,
+            temperatures=to_device(
+                [1.0 if p.is_greedy else p.temperature for p in params], dev, torch.float32
             ),
         )
         if any(p.top_k > 0 for p in params):
             ks = [p.top_k if p.top_k > 0 else self.vocab_size for p in params]
-            args.top_k = torch.tensor(ks, device=dev)
+            args.top_k = to_device(ks, dev)
         if any(p.top_p < 1.0 for p in params):
-            args.top_p = torch.tensor([p.top_p for p in params], device=dev)
+            args.top_p = to_device([p.top_p for p in params], dev, torch.float32)
         # NOTE: keyed by the index of the token being sampled, which the device side knows
         # (device_len was advanced by complete_one), so it also holds under overlap scheduling.
         args.seeded = [
@@ -57,9 +59,8 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
         """logits: [batch, vocab] float32 -> token ids [batch] int32."""
-        greedy_tokens = logits.argmax(-1)
         if args.all_greedy:
-            return greedy_tokens.to(torch.int32)
+            return logits.argmax(-1).to(torch.int32)
         logits = logits / args.temperatures[:, None]
         if args.top_k is not None or args.top_p is not None:
             logits = _mask_top_k_top_p(logits, args.top_k, args.top_p)
@@ -68,7 +69,9 @@ class Sampler:
         for row, key in args.seeded:
             noise[row].exponential_(generator=torch.Generator(probs.device).manual_seed(key))
         sampled = (probs / noise).argmax(-1)
-        return torch.where(args.greedy, greedy_tokens, sampled).to(torch.int32)
+        if args.greedy is not None:  # a mixed batch: greedy rows take the plain argmax
+            sampled = torch.where(args.greedy, logits.argmax(-1), sampled)
+        return sampled.to(torch.int32)
 
 
 def _mask_top_k_top_p(

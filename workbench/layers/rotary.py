@@ -37,10 +37,23 @@ class Rotary(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
+        self.fused = False  # set by Decoder.use_fused_kernels(): FlashInfer's in-place rope
+        self.head_dim = head_dim
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused:
+            from flashinfer.rope import apply_rope_with_cos_sin_cache_inplace
+
+            if not hasattr(self, "cos_sin"):  # [positions, head_dim]: cos half, then sin half
+                half = self.head_dim // 2
+                self.cos_sin = torch.cat([self.cos[:, :half], self.sin[:, :half]], -1)
+            n = q.shape[0]
+            apply_rope_with_cos_sin_cache_inplace(
+                positions, q.view(n, -1), k.view(n, -1), self.head_dim, self.cos_sin, is_neox=True
+            )
+            return q, k
         cos = self.cos[positions].to(q.dtype)[:, None, :]
         sin = self.sin[positions].to(q.dtype)[:, None, :]
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

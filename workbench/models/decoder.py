@@ -40,10 +40,21 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream travels beside the layer output, so each add can be fused into
+        the norm after it; ``residual + x`` is the hidden state Hugging Face carries."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, ctx)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class Decoder(nn.Module):
@@ -66,8 +77,15 @@ class Decoder(nn.Module):
         sample_idx: torch.Tensor,
     ) -> torch.Tensor:
         """Logits (float32) for the rows `sample_idx` of the flat batch."""
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, positions, ctx)
-        # NOTE: norm and LM head only where a token is sampled; both are per-position.
-        return self.lm_head(self.norm(x[sample_idx])).float()
+            x, residual = layer(x, residual, positions, ctx)
+        # NOTE: the last add, norm and LM head only where a token is sampled (all per-position).
+        x, _ = self.norm(x[sample_idx], residual[sample_idx])
+        return self.lm_head(x).float()
+
+    def use_fused_kernels(self, on: bool) -> None:
+        """Switch norms, rope and SiLU-and-mul to FlashInfer's fused CUDA kernels (or back)."""
+        for module in self.modules():
+            if hasattr(module, "fused"):
+                module.fused = on

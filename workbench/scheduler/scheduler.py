@@ -22,6 +22,7 @@ import torch
 
 from ..core import Batch, ChunkedReq, Req, ReqView, SamplingParams
 from ..engine.engine import Engine
+from ..engine.transfer import to_device
 from ..kvcache import create_prefix_cache
 from .cache import CacheManager, ceil_page
 from .decode import DecodeManager
@@ -175,16 +176,11 @@ class Scheduler:
         sampled = [not isinstance(r, ChunkedReq) for r in reqs]
         sample_idx = (np.cumsum(extend) - 1)[np.array(sampled, dtype=bool)]
 
-        def to_device(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(
-                device, non_blocking=True
-            )
-
-        rows_t, positions_t = to_device(token_rows), to_device(positions)
+        rows_t, positions_t = to_device(token_rows, device), to_device(positions, device)
         batch.positions = positions_t
         batch.input_ids = self.table.token_pool[rows_t, positions_t]
-        batch.out_loc = to_device(out_loc)
-        batch.sample_idx = to_device(sample_idx)
+        batch.out_loc = to_device(out_loc, device)
+        batch.sample_idx = to_device(sample_idx, device)
         self.engine.prepare(batch)
 
     def sample(
@@ -197,8 +193,8 @@ class Scheduler:
             return torch.zeros(0, dtype=torch.int32), None
         sampler, device = self.engine.sampler, self.engine.device
         tokens = sampler.sample(logits, sampler.prepare(reqs))
-        rows = torch.tensor([r.table_idx for r in reqs], device=device)
-        cols = torch.tensor([r.device_len - 1 for r in reqs], device=device)
+        rows = to_device([r.table_idx for r in reqs], device)
+        cols = to_device([r.device_len - 1 for r in reqs], device)
         self.table.token_pool[rows, cols] = tokens
         if device.type != "cuda":
             return tokens, None

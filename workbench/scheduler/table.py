@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..engine.transfer import to_device
+
 
 class TableManager:
     def __init__(self, max_running_reqs: int, max_seq_len: int, device: torch.device) -> None:
@@ -42,26 +44,19 @@ class TableManager:
         self._free_rows.append(row)
 
     def write_tokens(self, row: int, start: int, token_ids: list[int]) -> None:
-        src = torch.tensor(token_ids, dtype=torch.int32)
-        self.token_pool[row, start : start + len(token_ids)].copy_(src, non_blocking=True)
+        src = to_device(token_ids, self.device, torch.int32)
+        self.token_pool[row, start : start + len(token_ids)].copy_(src)
 
     def write_row(self, row: int, start: int, slots: np.ndarray) -> None:
         """Point ``[row, start : start + len(slots)]`` at KV slots, on the host and the device."""
         self.page_table_host[row, start : start + len(slots)] = slots
         if self.device.type != "cpu":
-            src = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int32))
-            self.page_table[row, start : start + len(slots)].copy_(src, non_blocking=True)
+            src = to_device(slots, self.device, torch.int32)
+            self.page_table[row, start : start + len(slots)].copy_(src)
 
     def write_slots(self, rows: np.ndarray, cols: np.ndarray, slots: np.ndarray) -> None:
         """Point page-table entries at KV slots, on the host and on the device."""
         self.page_table_host[rows, cols] = slots
         if self.device.type != "cpu":
-            idx = torch.from_numpy(np.stack([rows, cols]).astype(np.int64))
-            val = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int32))
-            self.page_table.index_put_(
-                (
-                    idx[0].to(self.device, non_blocking=True),
-                    idx[1].to(self.device, non_blocking=True),
-                ),
-                val.to(self.device, non_blocking=True),
-            )
+            index = (to_device(rows, self.device), to_device(cols, self.device))
+            self.page_table.index_put_(index, to_device(slots, self.device, torch.int32))
