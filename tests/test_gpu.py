@@ -207,3 +207,25 @@ def test_a_model_that_does_not_fit_is_refused(tmp_path):
             shutil.copy(f, tmp_path / f.name)
     with pytest.raises(ValueError, match="needs .* GiB for its weights"):
         LLM(str(tmp_path), num_pages=16, max_running_reqs=4)
+
+
+def test_fused_sampler_draws_from_the_distribution(llm):
+    """FlashInfer's sampling kernel (unseeded temperature sampling) against known probabilities."""
+    from workbench.core import Req
+    from workbench.kvcache.base import CacheHandle
+
+    sampler = llm.engine.sampler
+    assert sampler.fused
+    probs = torch.tensor([0.5, 0.3, 0.2], device="cuda")
+    n = 40000
+    reqs = [
+        Req(i, [1, 2], 2, 0, 0, SamplingParams(temperature=0.5), CacheHandle()) for i in range(n)
+    ]
+    for r in reqs:
+        r.complete_one()
+    logits = probs.log().repeat(n, 1)
+    tokens = sampler.sample(logits, sampler.prepare(reqs))
+    freq = torch.bincount(tokens.long(), minlength=3).float() / n
+    expect = probs**2 / (probs**2).sum()  # temperature 0.5 squares the probabilities
+    print(f"\nfused sampler at temperature 0.5: {freq.tolist()} against {expect.tolist()}")
+    assert torch.allclose(freq, expect, atol=0.015)

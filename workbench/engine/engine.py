@@ -54,7 +54,9 @@ class Engine:
             self.table.dummy_row, 0, np.full(self.max_seq_len, self.pool.dummy_slot, np.int32)
         )
         self.ctx = ForwardContext(self.backend)
-        self.sampler = Sampler(cfg.vocab_size, self.device, config.seed)
+        self.sampler = Sampler(
+            cfg.vocab_size, self.device, config.seed, fused=config.fused_kernels_enabled
+        )
         # NOTE: with cuda_graph=False, decode batches still run padded to the same sizes, only
         # eagerly: the same kernels on the same shapes, so outputs are identical either way.
         self.graphs: GraphRunner | None = None

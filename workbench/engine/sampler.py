@@ -2,7 +2,8 @@
 
 Sampling draws ``argmax(p / E)`` with ``E ~ Exp(1)`` per token (the exponential race, an exact draw
 from ``p``). A seeded request's noise comes from its own generator keyed by (seed, output index),
-so its tokens do not depend on what else shares the batch.
+so its tokens do not depend on what else shares the batch. On a GPU, unseeded temperature
+sampling uses FlashInfer's fused kernel instead (the same distribution, one pass over the logits).
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ class SamplingArgs:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device, seed: int) -> None:
+    def __init__(self, vocab_size: int, device: torch.device, seed: int, fused: bool = False):
         self.vocab_size, self.device = vocab_size, device
         self.generator = torch.Generator(device).manual_seed(seed)
+        # FlashInfer's one-pass Gumbel-max over the logits, for unseeded temperature sampling
+        # (a per-request seed needs its own generator, which that kernel cannot take)
+        self.fused = fused
 
     def prepare(self, reqs: list[Req]) -> SamplingArgs:
         params = [r.sampling for r in reqs]
@@ -62,6 +66,13 @@ class Sampler:
         if args.all_greedy:
             return logits.argmax(-1).to(torch.int32)
         logits = logits / args.temperatures[:, None]
+        if self.fused and not args.seeded and args.top_k is None and args.top_p is None:
+            from flashinfer.sampling import sampling_from_logits
+
+            sampled = sampling_from_logits(logits, generator=self.generator)
+            if args.greedy is not None:
+                sampled = torch.where(args.greedy, logits.argmax(-1), sampled)
+            return sampled.to(torch.int32)
         if args.top_k is not None or args.top_p is not None:
             logits = _mask_top_k_top_p(logits, args.top_k, args.top_p)
         probs = torch.softmax(logits, dim=-1)
