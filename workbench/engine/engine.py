@@ -55,7 +55,7 @@ class Engine:
         )
         self.ctx = ForwardContext(self.backend)
         self.sampler = Sampler(
-            cfg.vocab_size, self.device, config.seed, fused=config.fused_kernels_enabled
+            cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling
         )
         # NOTE: with cuda_graph=False, decode batches still run padded to the same sizes, only
         # eagerly: the same kernels on the same shapes, so outputs are identical either way.
