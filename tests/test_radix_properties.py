@@ -46,7 +46,7 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def share_running_prefix(self, data):
         req = data.draw(st.sampled_from(self.reqs))
-        handle, slots = self.manager.cache_running(
+        handle, slots, _ = self.manager.cache_running(
             req["token_ids"], req["kv_len"], req["row"].copy(), req["handle"]
         )
         req["handle"] = handle

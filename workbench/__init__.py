@@ -1,7 +1,9 @@
 """workbench: an instrumented LLM inference engine you can step through in a notebook."""
 
 from .core import SamplingParams
+from .instrument.history import load_run
 from .llm import LLM
+from .workbench import Workbench
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "Workbench", "load_run"]
 __version__ = "0.1.0"

@@ -9,13 +9,17 @@ from .config import EngineConfig
 from .core import Req, SamplingParams
 from .engine.engine import Engine
 from .scheduler.cache import ceil_page
-from .scheduler.scheduler import Scheduler, StepOutcome
+from .scheduler.scheduler import RECORD_LEVELS, Scheduler, StepOutcome
 
 Prompt = str | Sequence[int]
 
 
 class LLM:
     """A model behind the scheduler, for offline batch generation.
+
+    `overlap` (default: on for CUDA) launches each batch before the previous one is processed;
+    `record` ("off", "light", "full") keeps step records in `llm.scheduler.history`; any other
+    keyword is an `EngineConfig` field (`cuda_graph`, `max_seq_len`, `share_threshold`, ...).
 
     ``LLM("smollm2").generate(["Hello"], SamplingParams(max_tokens=8))`` returns one dict per
     prompt, in input order, with ``token_ids``, ``text``, ``finish_reason``, ``prompt_tokens``,
@@ -32,8 +36,12 @@ class LLM:
         cache: str = "radix",
         max_running_reqs: int = 256,
         num_pages: int | None = None,
+        overlap: bool | None = None,
+        record: str = "off",
         **engine_options: Any,
     ) -> None:
+        if record not in RECORD_LEVELS:
+            raise ValueError(f"record must be one of {RECORD_LEVELS}, got {record!r}")
         self.config = EngineConfig(
             model=model,
             device=device,
@@ -43,12 +51,13 @@ class LLM:
             cache=cache,
             max_running_reqs=max_running_reqs,
             num_pages=num_pages,
+            overlap=overlap,
             **engine_options,
         )
         self.config.torch_dtype  # noqa: B018 (validates the dtype before anything is loaded)
         self.engine = Engine(self.config)
         self.tokenizer = _load_tokenizer(self.engine.model_dir)
-        self.scheduler = Scheduler(self.engine)
+        self.scheduler = Scheduler(self.engine, record=record)
 
     # -- requests ---------------------------------------------------------------------------
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
@@ -134,10 +143,12 @@ class LLM:
             if on_step is not None:
                 on_step(outcome)
             pending.difference_update(r.uid for r in outcome.finished)
+            self.scheduler.hooks.raise_pending()
         # overlap: a batch launched after the last one we needed may still be in flight
         outcome = self.scheduler.flush()
         if outcome is not None and on_step is not None:
             on_step(outcome)
+        self.scheduler.hooks.raise_pending()
         return [self.output(self.scheduler.finished.pop(uid)) for uid in uids]
 
     def output(self, req: Req) -> dict:

@@ -36,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-extend-tokens", type=int, default=8192, help="chunk size (token budget)")
     p.add_argument("--max-running-reqs", type=int, default=256)
     p.add_argument("--cache", default="radix")
+    p.add_argument("--record", default="off", choices=["off", "light", "full"])
     p.add_argument("--device-spec", default="h200", choices=sorted(DEVICES))
     p.add_argument("--json", action="store_true")
     p.add_argument(
@@ -53,6 +54,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         overlap=args.overlap,
         cuda_graph=args.cuda_graph,
         fused_kernels=args.fused_kernels,
+        record=args.record,
     )
     engine = llm.engine
     work = random_workload(args.num_requests, args.input_len, args.output_len, args.seed)
@@ -100,6 +102,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         fused_kernels=engine.config.fused_kernels_enabled,
         page_size=args.page_size,
         max_extend_tokens=args.max_extend_tokens,
+        record=args.record,
         num_requests=args.num_requests,
         input_len=args.input_len,
         output_len=args.output_len,
@@ -150,7 +153,7 @@ def print_result(r: dict) -> None:
         f"workbench bench: {r['model']} on {r['device']} ({r['dtype']}), overlap "
         f"{'on' if r['overlap'] else 'off'}, cuda graphs {'on' if r['cuda_graph'] else 'off'}, "
         f"fused kernels {'on' if r['fused_kernels'] else 'off'}, "
-        f"page size {r['page_size']}, chunk {r['max_extend_tokens']}"
+        f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, record {r['record']}"
     )
     print(
         f"requests {r['num_requests']}, input {r['input_len'][0]}-{r['input_len'][1]}, "

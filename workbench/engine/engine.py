@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -88,6 +90,16 @@ class Engine:
             raise ValueError("no memory left for the KV cache after loading the model")
         return pages
 
+    def uses_graph(self, batch: Batch) -> bool:
+        """Whether this batch runs through the padded decode path (captured or eager)."""
+        return self.graphs is not None and self.graphs.can_run(batch)
+
+    def padded_size(self, batch: Batch) -> int:
+        return self.graphs.padded_size(batch.size) if self.uses_graph(batch) else batch.size
+
+    def timer(self) -> DeviceTimer:
+        return DeviceTimer(self.device)
+
     def prepare(self, batch: Batch) -> None:
         """Attention metadata for a batch whose inputs the scheduler has filled in."""
         if self.graphs is not None and self.graphs.can_run(batch):
@@ -105,3 +117,32 @@ class Engine:
             return self.model(batch.input_ids, batch.positions, self.ctx, batch.sample_idx)
         finally:
             self.ctx.batch = None
+
+
+class DeviceTimer:
+    """Time spent on the device between start() and stop(): CUDA events on a GPU (read without
+    forcing a sync before the work is done anyway), wall time on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start.record()
+        else:
+            self._t = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self._end.record()
+        else:
+            self._ms = (time.perf_counter() - self._t) * 1e3
+
+    def elapsed_ms(self) -> float:
+        if self.cuda:
+            self._end.synchronize()
+            return self._start.elapsed_time(self._end)
+        return self._ms

@@ -76,9 +76,10 @@ class Sampler:
         if args.top_k is not None or args.top_p is not None:
             logits = _mask_top_k_top_p(logits, args.top_k, args.top_p)
         probs = torch.softmax(logits, dim=-1)
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        noise = _exponential(probs.shape, self.generator, probs.device)
         for row, key in args.seeded:
-            noise[row].exponential_(generator=torch.Generator(probs.device).manual_seed(key))
+            gen = torch.Generator(probs.device).manual_seed(key)
+            noise[row] = _exponential(probs.shape[1:], gen, probs.device)
         sampled = (probs / noise).argmax(-1)
         if args.greedy is not None:  # a mixed batch: greedy rows take the plain argmax
             sampled = torch.where(args.greedy, logits.argmax(-1), sampled)
@@ -103,3 +104,10 @@ def _mask_top_k_top_p(
 
 def _mix(seed: int, index: int) -> int:
     return (seed * 0x9E3779B1 + index * 0x85EBCA77 + 1) % (2**63 - 1)
+
+
+def _exponential(shape, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Exp(1) noise: one kernel on a GPU; on a CPU -log(U) is about 4x faster than exponential_."""
+    if device.type == "cuda":
+        return torch.empty(shape, device=device).exponential_(generator=generator)
+    return torch.rand(shape, generator=generator, device=device).log_().neg_()

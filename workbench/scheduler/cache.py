@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..kvcache.base import CacheHandle, MatchResult, PrefixCache
@@ -25,6 +27,7 @@ class CacheManager:
         self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
         self._free_count = num_pages
         self._is_free = np.ones(num_pages, dtype=bool)  # catches a double free when it happens
+        self.on_evict: Callable[[int, int], None] | None = None  # (requested, freed), for hooks
 
     # -- sizes, in tokens -------------------------------------------------------------------
     @property
@@ -83,6 +86,8 @@ class CacheManager:
         that much); returns the tokens freed."""
         slots = self.prefix_cache.evict(num_tokens)
         self.free_slots(slots)
+        if self.on_evict is not None and len(slots):
+            self.on_evict(num_tokens, len(slots))
         return len(slots)
 
     def free_slots(self, slots: np.ndarray) -> None:
@@ -101,10 +106,11 @@ class CacheManager:
 
     def release(
         self, token_ids: list[int], kv_len: int, row_slots: np.ndarray, handle: CacheHandle
-    ):
+    ) -> tuple[int, int]:
         """A request is done with its KV: offer the full pages to the prefix cache, free the rest.
 
-        `row_slots` is the request's page-table row up to its allocated end.
+        `row_slots` is the request's page-table row up to its allocated end. Returns the tokens
+        offered and how many of them the cache already held.
         """
         ps = self.page_size
         insert_len = floor_page(kv_len, ps)
@@ -114,6 +120,7 @@ class CacheManager:
         self.free_slots(row_slots[handle.cached_len : kept_len])
         self.free_slots(row_slots[insert_len : ceil_page(kv_len, ps)])
         self.unlock(handle)
+        return insert_len, kept_len
 
     def free_pages_among(self, slots: np.ndarray) -> np.ndarray:
         pages = np.unique(slots // self.page_size)
@@ -121,23 +128,24 @@ class CacheManager:
 
     def cache_running(
         self, token_ids: list[int], kv_len: int, row_slots: np.ndarray, handle: CacheHandle
-    ) -> tuple[CacheHandle, np.ndarray]:
+    ) -> tuple[CacheHandle, np.ndarray, int]:
         """A running request offers the full pages of its first `kv_len` tokens to the cache.
 
-        Returns its new (locked) handle and the slots that now hold those pages. Where the cache
-        already held some of the tokens, those slots are the cache's and the request's own copies
-        have been freed: the caller must point its page-table row at the returned slots.
+        Returns its new (locked) handle, the slots that now hold those pages, and how many of
+        the tokens the cache already held. Where it held some, those slots are the cache's and
+        the request's own copies have been freed: the caller must point its page-table row at
+        the returned slots.
         """
         insert_len = floor_page(kv_len, self.page_size)
         if insert_len <= handle.cached_len:
-            return handle, row_slots[: handle.cached_len]
+            return handle, row_slots[: handle.cached_len], handle.cached_len
         kept_len = self.prefix_cache.insert(token_ids[:insert_len], row_slots[:insert_len])
         match = self.prefix_cache.match(token_ids[:insert_len])
         assert match.handle.cached_len == insert_len, "an inserted prefix must match in full"
         self.free_slots(row_slots[handle.cached_len : kept_len])  # our duplicates
         self.lock(match.handle)
         self.unlock(handle)
-        return match.handle, match.slots
+        return match.handle, match.slots, kept_len
 
     # -- checks -----------------------------------------------------------------------------
     def check_integrity(self, in_use_slots: np.ndarray | None = None) -> None:

@@ -15,6 +15,7 @@ considered. Once the first request's prefix is in the cache, the waiting one mat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -70,6 +71,7 @@ class PrefillAdder:
     table: TableManager
     share_threshold: int = 0  # 0: never wait for a prefix being computed in this batch
     batch_prompts: list[np.ndarray] = field(default_factory=list)  # prompts admitted so far
+    on_match: Callable[[int, int, int], None] | None = None  # (uid, prompt_len, cached_len)
 
     def try_add_one(self, pending: PendingReq) -> Req | str:
         """The admitted request, or the name of the check that refused it."""
@@ -82,6 +84,8 @@ class PrefillAdder:
             return NO_SLOT
         match = self.cache.match(pending.token_ids)
         cached_len = match.handle.cached_len
+        if self.on_match is not None:
+            self.on_match(pending.uid, pending.prompt_len, cached_len)
         if (
             self.share_threshold
             and self._shared_in_batch(pending) - cached_len >= self.share_threshold

@@ -11,34 +11,36 @@ the GPU runs step N. Two consequences, both handled here:
   dropped, and its slot and KV pages are freed only when batch N+1 is collected;
 - a request that reaches `max_tokens` is known at launch (its `remain_len` is 0), so it is never
   scheduled past its last token.
+
+Hook points fire on this side only (never inside the forward), so they work the same with CUDA
+graphs; each profiler range is named after the hook point that fires at its end.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..core import Batch, ChunkedReq, Req, ReqView, SamplingParams
-from ..engine.engine import Engine
+from ..core import Batch, Req, ReqView, SamplingParams
+from ..engine.engine import DeviceTimer, Engine
 from ..engine.transfer import to_device
+from ..instrument import events as ev
+from ..instrument.history import History
+from ..instrument.hooks import HookRegistry
+from ..instrument.profiler import StepProfiler
+from ..instrument.recorder import build_record
 from ..kvcache import create_prefix_cache
 from .cache import CacheManager, ceil_page
 from .decode import DecodeManager
 from .prefill import Admission, PendingReq, PrefillAdder, PrefillManager
+from .prepare import prepare_batch
 
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one scheduler step did (the raw material of the workbench's records)."""
-
-    index: int
-    batch: Batch
-    rows: list[ReqView]  # the batch's ledgers as launched (before the forward moved them)
-    admissions: list[Admission]
-    tokens: list[int]  # one per sampled request, in `batch.sampled_reqs` order
-    finished: list[Req]  # requests whose last token came from this batch
+RECORD_LEVELS = ("off", "light", "full")
 
 
 @dataclass
@@ -47,14 +49,37 @@ class InFlight:
 
     index: int
     batch: Batch
-    rows: list[ReqView]
+    rows: list[ReqView]  # the ledgers as launched
     admissions: list[Admission]
     tokens: torch.Tensor  # host copy of the sampled tokens (filled asynchronously on a GPU)
     done: torch.cuda.Event | None  # recorded after the copy; None on the CPU
+    launched_at: float
+    timer: DeviceTimer
+    padded_size: int
+    cuda_graph: bool
+    overlapped: bool = False  # set when the next batch is launched before this is collected
+    page_rows: dict[int, tuple[int, ...]] | None = None  # record="full"
+
+
+@dataclass
+class StepOutcome:
+    """What one scheduler step did; `record` is its StepRecord when recording is on."""
+
+    index: int
+    batch: Batch
+    rows: list[ReqView]  # the batch's ledgers as launched (before the forward moved them)
+    admissions: list[Admission]
+    tokens: list[int | None]  # per sampled request; None where dropped (past its end)
+    finished: list[Req]  # requests whose last token came from this batch
+    launched: InFlight
+    completed_at: float
+    record: Any = None
 
 
 class Scheduler:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, record: str = "off") -> None:
+        if record not in RECORD_LEVELS:
+            raise ValueError(f"record must be one of {RECORD_LEVELS}, got {record!r}")
         cfg = engine.config
         self.engine, self.config = engine, cfg
         self.table = engine.table
@@ -63,20 +88,44 @@ class Scheduler:
         self.cache = CacheManager(
             engine.num_pages, cfg.page_size, create_prefix_cache(cfg.cache, cfg.page_size)
         )
+        self.cache.on_evict = self._on_evict
         self.prefill = PrefillManager()
         self.decode = DecodeManager(cfg.page_size)
         self.eos_ids = frozenset(engine.model_config.eos_token_ids)
         self.finished: dict[int, Req] = {}  # uid -> request, until the caller collects it
         self.in_flight: InFlight | None = None  # overlap: the batch launched but not collected
+        self.hooks = HookRegistry()
+        self.record = record
+        self.history = History()
         self.step_index = 0
         self._next_uid = 0
+        self._t0 = time.perf_counter()
+
+    def clock(self) -> float:
+        """Seconds since the scheduler started (or was reset): the time axis of the records."""
+        return time.perf_counter() - self._t0
+
+    def _range(self, name: str):
+        # profiler ranges only while recording in full (the profiler is on then)
+        return torch.profiler.record_function(name) if self.record == "full" else _NULL
 
     # -- requests ---------------------------------------------------------------------------
-    def add_request(self, token_ids: list[int], sampling: SamplingParams) -> int:
+    def new_uid(self) -> int:
+        uid, self._next_uid = self._next_uid, self._next_uid + 1
+        return uid
+
+    def add_request(
+        self, token_ids: list[int], sampling: SamplingParams, uid: int | None = None
+    ) -> int:
         """Queue a validated request; resources are taken only when it is admitted."""
-        uid = self._next_uid
-        self._next_uid += 1
+        uid = self.new_uid() if uid is None else uid
         self.prefill.add(PendingReq(uid, list(token_ids), sampling))
+        self.history.arrive(uid, self.step_index, self.clock(), len(token_ids), sampling.max_tokens)
+        if "request.arrive" in self.hooks:
+            self.hooks.emit(
+                "request.arrive",
+                ev.RequestArrive(self.step_index, uid, len(token_ids), sampling.max_tokens),
+            )
         return uid
 
     @property
@@ -93,8 +142,17 @@ class Scheduler:
     def step(self) -> StepOutcome | None:
         """Run one batch to completion and return what it did; None when there is nothing to do.
 
-        With overlap, the batch after it is already launched when this returns.
+        With overlap, the batch after it is already launched when this returns. With
+        record="full" the step runs under torch.profiler and its record carries the events.
         """
+        if self.record != "full":
+            outcome = self._step()
+            return None if outcome is None else self._finish(outcome)
+        with StepProfiler(self) as prof:
+            outcome = self._step()
+        return None if outcome is None else self._finish(outcome, prof.events())
+
+    def _step(self) -> StepOutcome | None:
         if not self.overlap:
             launched = self.launch()
             return None if launched is None else self.collect(launched)
@@ -102,7 +160,9 @@ class Scheduler:
             self.in_flight = self.launch()
             if self.in_flight is None:
                 return None
-        current, self.in_flight = self.in_flight, self.launch()
+        current = self.in_flight
+        self.in_flight = self.launch()
+        current.overlapped = self.in_flight is not None
         return self.collect(current)
 
     def flush(self) -> StepOutcome | None:
@@ -110,10 +170,26 @@ class Scheduler:
         if self.in_flight is None:
             return None
         current, self.in_flight = self.in_flight, None
-        return self.collect(current)
+        return self._finish(self.collect(current))
+
+    def _finish(self, outcome: StepOutcome, events: tuple | None = None) -> StepOutcome:
+        """Build the step's record (when recording or when someone listens to step.end)."""
+        if self.record == "off" and "step.end" not in self.hooks:
+            return outcome
+        with self._range("step.end"):
+            record = build_record(self, outcome, events)
+            if self.record != "off":
+                self.history.append(record)
+            outcome.record = record
+        if "step.end" in self.hooks:
+            self.hooks.emit("step.end", record)
+        return outcome
 
     def launch(self) -> InFlight | None:
-        batch, admissions = self.schedule_next_batch()
+        hooks, step, launched_at = self.hooks, self.step_index, self.clock()
+        with self._range("schedule.end"):
+            batch, admissions = self.schedule_next_batch()
+        self._emit_admissions(batch, admissions)
         if batch is None:
             if self.prefill.queue and not self.decode.running and self.in_flight is None:
                 head = self.prefill.queue[0]
@@ -122,12 +198,38 @@ class Scheduler:
                     "it should have been rejected when it was added"
                 )
             return None
-        self.prepare_batch(batch)
-        rows = batch.views()
-        logits = self.engine.forward(batch)
-        for req in batch.reqs:
-            req.complete_one()
-        tokens, done = self.sample(batch, logits)
+        with self._range("batch.prepared"):
+            new_pages = prepare_batch(self, batch)
+            rows = batch.views()
+        page_rows = None
+        if self.record == "full":  # snapshot now: with overlap the rows change before collect
+            table = self.table.page_table_host
+            page_rows = {
+                r.table_idx: tuple(table[r.table_idx, : r.device_len].tolist()) for r in rows
+            }
+        if "batch.prepared" in hooks:
+            num_tokens = sum(r.extend_len for r in rows)
+            hooks.emit(
+                "batch.prepared",
+                ev.BatchPrepared(step, batch.phase, tuple(rows), num_tokens, new_pages),
+            )
+        graph = self.engine.uses_graph(batch) and self.config.cuda_graph_enabled
+        if "forward.begin" in hooks:
+            num_tokens = sum(r.extend_len for r in rows)
+            hooks.emit(
+                "forward.begin", ev.ForwardBegin(step, batch.phase, batch.size, num_tokens, graph)
+            )
+        timer = self.engine.timer()
+        with self._range("forward.end"):
+            timer.start()
+            logits = self.engine.forward(batch)
+            for req in batch.reqs:
+                req.complete_one()
+            tokens, done = self.sample(batch, logits)
+            timer.stop()
+        if "forward.end" in hooks:
+            ledger = tuple(ReqView.of(r, batch.phase) for r in batch.reqs)
+            hooks.emit("forward.end", ev.ForwardEnd(step, batch.phase, ledger))
         if batch.is_prefill and self.cache.shares:
             # NOTE: safe before the forward has run: any batch that reads these pages is
             # launched later on the same stream. Doing it now (not at collect) also hands the
@@ -136,7 +238,20 @@ class Scheduler:
                 self.cache_prefix(req)
         self.decode.filter_reqs(batch.reqs)
         self.step_index += 1
-        return InFlight(self.step_index - 1, batch, rows, admissions, tokens, done)
+        padded = self.engine.padded_size(batch)
+        return InFlight(
+            step,
+            batch,
+            rows,
+            admissions,
+            tokens,
+            done,
+            launched_at,
+            timer,
+            padded,
+            graph,
+            page_rows=page_rows,
+        )
 
     def schedule_next_batch(self) -> tuple[Batch | None, list[Admission]]:
         """Prefill first: a prefill batch if anything can be admitted, else a decode batch."""
@@ -148,6 +263,7 @@ class Scheduler:
                 cache=self.cache,
                 table=self.table,
                 share_threshold=self.config.share_threshold if self.cache.shares else 0,
+                on_match=self._on_match if "cache.match" in self.hooks else None,
             )
             reqs, admissions = self.prefill.schedule(adder)
             if reqs:
@@ -155,33 +271,6 @@ class Scheduler:
         if self.decode.running:
             return Batch(list(self.decode.running), "decode"), admissions
         return None, admissions
-
-    def prepare_batch(self, batch: Batch) -> None:
-        """Allocate KV pages for the new tokens, then build positions, inputs and out_loc."""
-        ps, reqs, device = self.page_size, batch.reqs, self.engine.device
-        first = np.array([ceil_page(r.cached_len, ps) for r in reqs])  # allocated before this batch
-        end = np.array([ceil_page(r.device_len, ps) for r in reqs])
-        new_pages = (end - first) // ps
-        if new_pages.sum() > 0:
-            pages = self.cache.allocate_pages(int(new_pages.sum()))
-            slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
-            rows = np.repeat([r.table_idx for r in reqs], new_pages * ps)
-            cols = np.concatenate([np.arange(a, b) for a, b in zip(first, end)])
-            self.table.write_slots(rows, cols, slots)
-
-        extend = np.array([r.extend_len for r in reqs])
-        positions = np.concatenate([np.arange(r.cached_len, r.device_len) for r in reqs])
-        token_rows = np.repeat([r.table_idx for r in reqs], extend)
-        out_loc = self.table.page_table_host[token_rows, positions]
-        sampled = [not isinstance(r, ChunkedReq) for r in reqs]
-        sample_idx = (np.cumsum(extend) - 1)[np.array(sampled, dtype=bool)]
-
-        rows_t, positions_t = to_device(token_rows, device), to_device(positions, device)
-        batch.positions = positions_t
-        batch.input_ids = self.table.token_pool[rows_t, positions_t]
-        batch.out_loc = to_device(out_loc, device)
-        batch.sample_idx = to_device(sample_idx, device)
-        self.engine.prepare(batch)
 
     def sample(
         self, batch: Batch, logits: torch.Tensor
@@ -206,13 +295,21 @@ class Scheduler:
 
     def collect(self, launched: InFlight) -> StepOutcome:
         """Process a launched batch's tokens: append, finish, free what nothing uses any more."""
-        if launched.done is not None:
-            launched.done.synchronize()
-        tokens = launched.tokens.tolist()
-        batch, finished = launched.batch, []
-        for req, token in zip(batch.sampled_reqs, tokens):
+        with self._range("sample.end"):
+            if launched.done is not None:
+                launched.done.synchronize()
+            raw = launched.tokens.tolist()
+        batch, step, hooks = launched.batch, launched.index, self.hooks
+        if "sample.end" in hooks:
+            uids = tuple(r.uid for r in batch.sampled_reqs)
+            hooks.emit("sample.end", ev.SampleEnd(step, uids, tuple(raw)))
+        tokens: list[int | None] = []
+        finished = []
+        for req, token in zip(batch.sampled_reqs, raw):
             if req.finish_reason is not None:
-                continue  # overlap: it finished in the batch before; this token is past its end
+                tokens.append(None)  # overlap: it finished in the batch before; past its end
+                continue
+            tokens.append(token)
             req.append_host(token)
             if token in self.eos_ids and not req.sampling.ignore_eos:
                 req.finish_reason = "stop"
@@ -224,6 +321,18 @@ class Scheduler:
                 self.decode.running.pop(req, None)
                 self.finished[req.uid] = req
                 finished.append(req)
+                if "request.finish" in hooks:
+                    hooks.emit(
+                        "request.finish",
+                        ev.RequestFinish(
+                            step,
+                            req.uid,
+                            req.finish_reason,
+                            req.prompt_len,
+                            req.cached_tokens,
+                            req.output_len,
+                        ),
+                    )
         # NOTE: a finished request in the batch launched after this one still uses its slot
         # and pages; that batch's collect frees them.
         still_used = set(self.in_flight.batch.reqs) if self.in_flight is not None else set()
@@ -231,7 +340,14 @@ class Scheduler:
             if req.finish_reason is not None and req not in still_used:
                 self.free_req(req)
         return StepOutcome(
-            launched.index, batch, launched.rows, launched.admissions, tokens, finished
+            step,
+            batch,
+            launched.rows,
+            launched.admissions,
+            tokens,
+            finished,
+            launched,
+            self.clock(),
         )
 
     def cache_prefix(self, req: Req) -> None:
@@ -242,7 +358,8 @@ class Scheduler:
         """
         row = self.table.page_table_host[req.table_idx]
         n = ceil_page(req.cached_len, self.page_size)
-        handle, slots = self.cache.cache_running(
+        before = req.cache_handle.cached_len
+        handle, slots, kept = self.cache.cache_running(
             req.token_ids, req.cached_len, row[:n].copy(), req.cache_handle
         )
         req.cache_handle = handle
@@ -250,34 +367,88 @@ class Scheduler:
         if len(changed):
             lo, hi = int(changed[0]), int(changed[-1]) + 1
             self.table.write_row(req.table_idx, lo, slots[lo:hi])
+        if "cache.insert" in self.hooks and handle.cached_len > before:
+            event = ev.CacheInsert(self.step_index, req.uid, handle.cached_len, kept)
+            self.hooks.emit("cache.insert", event)
 
     def free_req(self, req: Req) -> None:
         row_slots = self.table.page_table_host[
             req.table_idx, : ceil_page(req.cached_len, self.page_size)
         ]
-        self.cache.release(req.token_ids, req.cached_len, row_slots.copy(), req.cache_handle)
+        inserted, kept = self.cache.release(
+            req.token_ids, req.cached_len, row_slots.copy(), req.cache_handle
+        )
         self.table.free(req.table_idx)
+        if "cache.insert" in self.hooks and self.cache.shares and inserted:
+            self.hooks.emit(
+                "cache.insert", ev.CacheInsert(self.step_index, req.uid, inserted, kept)
+            )
 
-    # -- checks -----------------------------------------------------------------------------
+    # -- hook helpers -----------------------------------------------------------------------
+    def _emit_admissions(self, batch: Batch | None, admissions: list[Admission]) -> None:
+        hooks, step = self.hooks, self.step_index
+        if "admit" in hooks and batch is not None:
+            by_uid = {r.uid: r for r in batch.reqs}
+            for a in admissions:
+                if a.admitted:
+                    req = by_uid[a.uid]
+                    kind = ReqView.of(req, "prefill").kind
+                    hooks.emit(
+                        "admit",
+                        ev.Admit(step, a.uid, kind, a.cached_len, a.extend_len, req.table_idx),
+                    )
+        if "reject" in hooks:
+            for a in admissions:
+                if not a.admitted:
+                    hooks.emit("reject", ev.Reject(step, a.uid, a.reason))
+        if "schedule.end" in hooks and (batch is not None or admissions):
+            admitted = sum(a.admitted for a in admissions)
+            phase = None if batch is None else batch.phase
+            uids = () if batch is None else tuple(r.uid for r in batch.reqs)
+            hooks.emit(
+                "schedule.end",
+                ev.ScheduleEnd(step, phase, uids, admitted, len(admissions) - admitted),
+            )
+
+    def _on_match(self, uid: int, prompt_len: int, cached_len: int) -> None:
+        self.hooks.emit("cache.match", ev.CacheMatch(self.step_index, uid, prompt_len, cached_len))
+
+    def _on_evict(self, requested: int, freed: int) -> None:
+        if "cache.evict" in self.hooks:
+            self.hooks.emit("cache.evict", ev.CacheEvict(self.step_index, requested, freed))
+
+    # -- lifecycle and checks ---------------------------------------------------------------
+    def abort_all(self) -> None:
+        """Drop every request, free what they hold, and empty the prefix cache."""
+        self.flush()
+        for req in self.live_reqs:
+            self.free_req(req)
+        self.prefill.queue.clear()
+        self.decode.running.clear()
+        self.finished.clear()
+        self.cache.evict(self.cache.total_size)
+        self.step_index = 0
+        self._t0 = time.perf_counter()
+        self.history = History()
+
     def check_integrity(self) -> None:
         """KV pool accounting: every page free, cached, or used by exactly one live request."""
         assert self.in_flight is None, "check integrity between steps, with nothing in flight"
+        ps, table, live = self.page_size, self.table.page_table_host, self.live_reqs
         used = [
-            self.table.page_table_host[
-                r.table_idx, r.cache_handle.cached_len : ceil_page(r.cached_len, self.page_size)
-            ]
-            for r in self.live_reqs
+            table[r.table_idx, r.cache_handle.cached_len : ceil_page(r.cached_len, ps)]
+            for r in live
         ]
         self.cache.check_integrity(np.concatenate(used) if used else None)
-        for r in self.live_reqs:  # a live row never points at a free page
-            slots = self.table.page_table_host[
-                r.table_idx, : ceil_page(r.cached_len, self.page_size)
-            ]
-            stale = self.cache.free_pages_among(slots)
+        for r in live:  # a live row never points at a free page
+            stale = self.cache.free_pages_among(table[r.table_idx, : ceil_page(r.cached_len, ps)])
             assert not len(stale), f"request {r.uid}'s page table points at free pages {stale[:8]}"
-        rows = {r.table_idx for r in self.live_reqs}
-        assert len(rows) == len(self.live_reqs), "two live requests share a request slot"
+        rows = {r.table_idx for r in live}
+        assert len(rows) == len(live), "two live requests share a request slot"
         assert self.table.available_size + len(rows) == self.table.max_running_reqs, (
             f"request slots: {self.table.available_size} free + {len(rows)} live "
             f"!= {self.table.max_running_reqs}"
         )
+
+
+_NULL = contextlib.nullcontext()

@@ -1,0 +1,297 @@
+"""The run history: every StepRecord, and tidy pandas tables built from them on demand.
+
+Tables (one DataFrame each):
+- ``steps``: one row per step (phase, batch composition by kind, queue, KV pool, timings);
+- ``ledger``: one row per (step, request in the batch), lengths after that step;
+- ``requests``: one row per request (arrival, first scheduled, first token, finish; TTFT, TPOT);
+- ``admissions``: one row per admission decision (admitted, or the reason it waited);
+- ``events``: one row per profiler event (record="full").
+
+A history saves to one JSON file and loads back (`load_run`) as a read-only `RunHistory` with the
+same tables, which every view can show without a model or a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .record import StepRecord
+
+TABLES = ("steps", "ledger", "requests", "admissions", "events")
+
+STEP_COLUMNS = [
+    "step",
+    "phase",
+    "batch_size",
+    "padded_size",
+    "num_tokens",
+    "prefill_tokens",
+    "chunk_tokens",
+    "decode_tokens",
+    "padding_tokens",
+    "admitted",
+    "waiting_reasons",
+    "queue_len",
+    "running",
+    "kv_free",
+    "kv_evictable",
+    "kv_in_use",
+    "kv_total",
+    "free_slots",
+    "cuda_graph",
+    "overlapped",
+    "launched_at",
+    "completed_at",
+    "wall_ms",
+    "device_ms",
+]
+LEDGER_COLUMNS = [
+    "step",
+    "uid",
+    "kind",
+    "table_idx",
+    "cached_len",
+    "device_len",
+    "max_device_len",
+    "extend_len",
+    "remain_len",
+    "cached_tokens",
+    "token",
+    "finish",
+]
+REQUEST_COLUMNS = [
+    "uid",
+    "prompt_tokens",
+    "max_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "finish_reason",
+    "arrival_step",
+    "first_scheduled_step",
+    "first_token_step",
+    "finish_step",
+    "arrival_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "ttft_s",
+    "tpot_s",
+]
+ADMISSION_COLUMNS = ["step", "uid", "admitted", "reason", "extend_len", "cached_len"]
+EVENT_COLUMNS = ["step", "name", "category", "track", "start_us", "duration_us"]
+
+
+class _Tables:
+    """The table accessors shared by a live History and a loaded RunHistory."""
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        raise NotImplementedError
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.tables()["steps"]
+
+    @property
+    def ledger(self) -> pd.DataFrame:
+        return self.tables()["ledger"]
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        return self.tables()["requests"]
+
+    @property
+    def admissions(self) -> pd.DataFrame:
+        return self.tables()["admissions"]
+
+    @property
+    def events(self) -> pd.DataFrame:
+        return self.tables()["events"]
+
+    def save(self, path: str | Path, meta: dict | None = None) -> Path:
+        """Write every table (and `meta`) to one JSON file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"format": "workbench-run/1", "meta": {**self.meta, **(meta or {})}}
+        for name, frame in self.tables().items():
+            doc[name] = json.loads(frame.to_json(orient="table", index=False))
+        path.write_text(json.dumps(doc))
+        return path
+
+
+class History(_Tables):
+    def __init__(self) -> None:
+        self.records: list[StepRecord] = []
+        self.arrivals: dict[int, tuple[int, float, int, int]] = {}  # uid -> step, s, prompt, max
+        self.meta: dict[str, Any] = {}
+        self._cache: dict[str, pd.DataFrame] | None = None
+
+    def arrive(self, uid: int, step: int, seconds: float, prompt_len: int, max_tokens: int) -> None:
+        self.arrivals[uid] = (step, seconds, prompt_len, max_tokens)
+        self._cache = None
+
+    def append(self, record: StepRecord) -> None:
+        self.records.append(record)
+        self._cache = None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> StepRecord:
+        return self.records[i]
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        if self._cache is None:
+            self._cache = _build_tables(self.records, self.arrivals)
+        return self._cache
+
+
+class RunHistory(_Tables):
+    """A saved run: the same tables, read-only, no engine behind them."""
+
+    def __init__(self, frames: dict[str, pd.DataFrame], meta: dict) -> None:
+        self._frames, self.meta = frames, meta
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return self._frames
+
+    def __len__(self) -> int:
+        return len(self._frames["steps"])
+
+    def __repr__(self) -> str:
+        return f"RunHistory({len(self)} steps, {len(self.requests)} requests, meta={self.meta})"
+
+
+def load_run(path: str | Path) -> RunHistory:
+    """A run saved with `Workbench.save` (or `History.save`), ready for every view."""
+    import io
+
+    import pandas as pd
+
+    doc = json.loads(Path(path).read_text())
+    if doc.get("format") != "workbench-run/1":
+        raise ValueError(f"{path} is not a saved workbench run")
+    frames = {
+        name: pd.read_json(io.StringIO(json.dumps(doc[name])), orient="table") for name in TABLES
+    }
+    return RunHistory(frames, doc.get("meta", {}))
+
+
+def _build_tables(records: list[StepRecord], arrivals: dict) -> dict[str, pd.DataFrame]:
+    import pandas as pd
+
+    steps, ledger, admissions, events = [], [], [], []
+    for rec in records:
+        by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
+        for r in rec.rows:
+            by_kind[r.kind] += r.extend_len
+            ledger.append(
+                (
+                    rec.step,
+                    r.uid,
+                    r.kind,
+                    r.table_idx,
+                    r.cached_len,
+                    r.device_len,
+                    r.max_device_len,
+                    r.extend_len,
+                    r.max_device_len - r.device_len,
+                    r.cached_tokens,
+                    r.token,
+                    r.finish,
+                )
+            )
+        reasons = sorted({a.reason for a in rec.admissions if not a.admitted})
+        steps.append(
+            (
+                rec.step,
+                rec.phase,
+                rec.size,
+                rec.padded_size,
+                rec.num_tokens,
+                by_kind["prefill"],
+                by_kind["chunk"],
+                by_kind["decode"],
+                rec.padded_size - rec.size,
+                sum(a.admitted for a in rec.admissions),
+                ",".join(reasons),
+                rec.queue_len,
+                rec.running,
+                rec.kv.free,
+                rec.kv.evictable,
+                rec.kv.in_use,
+                rec.kv.total,
+                rec.free_slots,
+                rec.cuda_graph,
+                rec.overlapped,
+                rec.launched_at,
+                rec.completed_at,
+                rec.wall_ms,
+                rec.device_ms,
+            )
+        )
+        for a in rec.admissions:
+            admissions.append((rec.step, a.uid, a.admitted, a.reason, a.extend_len, a.cached_len))
+        for e in rec.events or ():
+            events.append((rec.step, *e))
+    frames = {
+        "steps": pd.DataFrame(steps, columns=STEP_COLUMNS),
+        "ledger": pd.DataFrame(ledger, columns=LEDGER_COLUMNS).astype({"token": "Int64"}),
+        "admissions": pd.DataFrame(admissions, columns=ADMISSION_COLUMNS),
+        "events": pd.DataFrame(events, columns=EVENT_COLUMNS),
+    }
+    frames["requests"] = _requests_table(frames["steps"], frames["ledger"], arrivals)
+    return {name: _text_as_string(frame) for name, frame in frames.items()}
+
+
+def _text_as_string(frame: pd.DataFrame) -> pd.DataFrame:
+    """Text columns as pandas' "string" dtype (missing = <NA>), which survives save and load."""
+    text = [c for c in frame.columns if frame[c].dtype == object or str(frame[c].dtype) == "str"]
+    return frame.astype({c: "string" for c in text}) if text else frame
+
+
+def _requests_table(steps: pd.DataFrame, ledger: pd.DataFrame, arrivals: dict) -> pd.DataFrame:
+    import pandas as pd
+
+    end_s = dict(zip(steps["step"], steps["completed_at"]))
+    start_s = dict(zip(steps["step"], steps["launched_at"]))
+    rows = []
+    by_uid = dict(tuple(ledger.groupby("uid"))) if len(ledger) else {}
+    for uid, (step, seconds, prompt, max_tokens) in sorted(arrivals.items()):
+        mine = by_uid.get(uid)
+        first = mine["step"].min() if mine is not None else None
+        sampled = mine[mine["token"].notna()] if mine is not None else None
+        first_tok = sampled["step"].min() if sampled is not None and len(sampled) else None
+        done = mine[mine["finish"].notna()] if mine is not None else None
+        fin = done.iloc[0] if done is not None and len(done) else None
+        count = len(sampled) if sampled is not None else 0
+        cached = int(mine["cached_tokens"].iloc[0]) if mine is not None else 0
+        t_first = end_s.get(first_tok) if first_tok is not None else None
+        t_fin = end_s.get(fin["step"]) if fin is not None else None
+        rows.append(
+            (
+                uid,
+                prompt,
+                max_tokens,
+                cached,
+                count,
+                None if fin is None else fin["finish"],
+                step,
+                first,
+                first_tok,
+                None if fin is None else fin["step"],
+                seconds,
+                start_s.get(first) if first is not None else None,
+                t_first,
+                t_fin,
+                None if t_first is None else t_first - seconds,
+                (t_fin - t_first) / (count - 1) if t_fin is not None and count > 1 else None,
+            )
+        )
+    frame = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    ints = ["first_scheduled_step", "first_token_step", "finish_step"]
+    return frame.astype({c: "Int64" for c in ints} | {c: "float64" for c in REQUEST_COLUMNS[-6:]})

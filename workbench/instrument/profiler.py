@@ -1,0 +1,47 @@
+"""Per-step profiler capture (record="full"): torch.profiler around one scheduler step, its events
+flattened to (name, category, track, start_us, duration_us) on the run's time axis."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .hooks import HOOK_POINTS
+
+if TYPE_CHECKING:
+    from ..scheduler.scheduler import Scheduler
+
+
+class StepProfiler:
+    def __init__(self, sched: Scheduler) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if sched.engine.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self._sched = sched
+        self._prof = profile(activities=activities)
+        self._offset_us = 0.0
+
+    def __enter__(self) -> StepProfiler:
+        self._offset_us = self._sched.clock() * 1e6
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._sched.engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        self._prof.__exit__(*exc)
+
+    def events(self) -> tuple[tuple[str, str, str, float, float], ...]:
+        out = []
+        for e in self._prof.events():
+            duration = e.time_range.end - e.time_range.start
+            if duration <= 0:
+                continue
+            on_device = e.device_type == torch.autograd.DeviceType.CUDA
+            category = "hook" if e.name in HOOK_POINTS else "kernel" if on_device else "cpu_op"
+            track = f"gpu:{e.device_index}:{e.thread}" if on_device else f"cpu:{e.thread}"
+            out.append((e.name, category, track, self._offset_us + e.time_range.start, duration))
+        return tuple(out)

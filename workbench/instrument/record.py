@@ -1,0 +1,153 @@
+"""StepRecord: what one scheduler step did, frozen, in CPU values.
+
+Launched against completed. A step's batch is *launched* (scheduled, prepared, forward and
+sampling enqueued, device-side ledgers moved) and later *completed* (its sampled tokens reach the
+host and are processed). The record of step N describes batch N: `rows` give every request's
+lengths *after* batch N computed (what batch N launched with, plus one step of progress), and the
+tokens and finishes that batch N produced. Without overlap, batch N+1 is launched after batch N
+completed. With overlap, batch N+1 was already launched when batch N completed: `overlapped` is
+True, and a request that hit EOS in batch N also appears in record N+1 with `token=None` (its
+extra token is dropped). Attribution never shifts: every length and token belongs to the step
+that computed it.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ..scheduler.prefill import Admission
+
+
+class LedgerRow(NamedTuple):
+    """One request of a batch: its lengths after the step, and what the step did for it."""
+
+    uid: int
+    kind: str  # "chunk" | "prefill" | "decode"
+    table_idx: int
+    cached_len: int  # after the step: tokens whose KV is in the pool
+    device_len: int  # after the step
+    max_device_len: int
+    extend_len: int  # tokens this step computed for it
+    cached_tokens: int  # prompt tokens its admission found in the prefix cache
+    token: int | None  # the token this step sampled for it (None: a chunk, or past its end)
+    finish: str | None  # "stop" / "length" if this step produced its last token
+
+
+class KVState(NamedTuple):
+    """The KV pool at the end of the step, in tokens."""
+
+    free: int
+    evictable: int  # cached and unlocked: free once evicted
+    in_use: int  # held by live requests (cached pages locked by them included)
+    total: int
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    phase: str  # "prefill" | "decode"
+    rows: tuple[LedgerRow, ...]
+    admissions: tuple[Admission, ...]
+    queue_len: int  # requests waiting after the step
+    running: int  # requests in the running set after the step
+    kv: KVState
+    free_slots: int  # request slots free after the step
+    padded_size: int  # batch size as run (CUDA-graph decode pads with the dummy request)
+    cuda_graph: bool
+    overlapped: bool  # the next batch was launched before this one completed
+    launched_at: float  # seconds since the run started
+    completed_at: float
+    device_ms: float  # forward and sampling on the device (CUDA events; wall time on the CPU)
+    page_rows: dict[int, tuple[int, ...]] | None = None  # record="full": table row -> KV slots
+    events: tuple[Any, ...] | None = field(default=None, repr=False)  # record="full": profiler
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.extend_len for r in self.rows)
+
+    @property
+    def wall_ms(self) -> float:
+        return (self.completed_at - self.launched_at) * 1e3
+
+    @property
+    def uids(self) -> tuple[int, ...]:
+        return tuple(r.uid for r in self.rows)
+
+    @property
+    def finished(self) -> tuple[int, ...]:
+        return tuple(r.uid for r in self.rows if r.finish is not None)
+
+    @property
+    def rejected(self) -> tuple[Admission, ...]:
+        return tuple(a for a in self.admissions if not a.admitted)
+
+    def to_pandas(self):
+        """The batch's ledger rows as a DataFrame (one row per request)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=LedgerRow._fields)
+
+    def summary(self) -> str:
+        kinds = {}
+        for r in self.rows:
+            kinds[r.kind] = kinds.get(r.kind, 0) + r.extend_len
+        parts = ", ".join(f"{n} {k}" for k, n in kinds.items())
+        return (
+            f"step {self.step} · {self.phase} · {self.size} requests · {self.num_tokens} tokens "
+            f"({parts}) · queue {self.queue_len} · KV free {self.kv.free}/{self.kv.total}"
+        )
+
+    def __repr__(self) -> str:
+        return f"StepRecord({self.summary()})"
+
+    def _repr_html_(self) -> str:
+        """A compact table: plain HTML and inline styles, so it renders in any notebook front end
+        and in static exports (no widgets, no scripts)."""
+        cell = "padding:2px 8px;border-bottom:1px solid #ddd;text-align:right"
+        head = "".join(
+            f'<th style="{cell}">{h}</th>'
+            for h in (
+                "uid",
+                "kind",
+                "cached_len",
+                "device_len",
+                "max_device_len",
+                "extend_len",
+                "cached_tokens",
+                "table_idx",
+                "token",
+                "finish",
+            )
+        )
+        colors = {"chunk": "#f4a261", "prefill": "#2a9d8f", "decode": "#457b9d"}
+        body = []
+        for r in self.rows:
+            kind = f'<span style="color:{colors.get(r.kind, "#000")}">{r.kind}</span>'
+            values = (
+                r.uid,
+                kind,
+                r.cached_len,
+                r.device_len,
+                r.max_device_len,
+                r.extend_len,
+                r.cached_tokens,
+                r.table_idx,
+                "" if r.token is None else r.token,
+                r.finish or "",
+            )
+            body.append("<tr>" + "".join(f'<td style="{cell}">{v}</td>' for v in values) + "</tr>")
+        waits = ", ".join(f"#{a.uid}: {a.reason}" for a in self.rejected[:8])
+        more = f" (+{len(self.rejected) - 8})" if len(self.rejected) > 8 else ""
+        waiting = f"<div>waiting: {html.escape(waits)}{more}</div>" if waits else ""
+        timing = f"{self.wall_ms:.1f} ms wall, {self.device_ms:.1f} ms device"
+        return (
+            f'<div style="font-family:monospace;font-size:12px">'
+            f"<div><b>{html.escape(self.summary())}</b> · {timing}</div>{waiting}"
+            f'<table style="border-collapse:collapse"><tr>{head}</tr>{"".join(body)}</table></div>'
+        )

@@ -1,0 +1,1 @@
+"""Scheduling: request slots and tables, cache manager, prefill admission, decode set, loop."""

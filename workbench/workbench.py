@@ -1,0 +1,175 @@
+"""Workbench: the engine and scheduler driven step by step, with a record of every step.
+
+    wb = Workbench("smollm2")
+    uid = wb.add_request("The capital of France is", SamplingParams(max_tokens=8))
+    record = wb.step()          # one scheduler step; a StepRecord (renders as a table)
+    wb.run()                    # to the end, with a progress bar
+    wb.history.ledger           # pandas tables: steps, ledger, requests, admissions, events
+    wb.save("run.json")         # load_run("run.json") shows it again, no model needed
+
+Overlap scheduling is off by default here so that records read naturally (a step's batch is
+launched after the previous one completed); turn it on to see what a serving engine does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .core import SamplingParams
+from .instrument.hooks import HookRegistry
+from .instrument.record import StepRecord
+from .instrument.recorder import build_record
+from .llm import LLM, Prompt
+
+
+class Workbench:
+    def __init__(
+        self,
+        model: str = "smollm2",
+        *,
+        record: str = "light",
+        overlap: bool = False,
+        **options: Any,
+    ) -> None:
+        self.llm = LLM(model, record=record, overlap=overlap, **options)
+        self.scheduler = self.llm.scheduler
+        self.engine = self.llm.engine
+        self.tokenizer = self.llm.tokenizer
+        self.config = self.llm.config
+        self._future: list[tuple[int, int, list[int], SamplingParams]] = []  # arrival, uid, ...
+
+    # -- what to look at --------------------------------------------------------------------
+    @property
+    def hooks(self) -> HookRegistry:
+        return self.scheduler.hooks
+
+    @property
+    def history(self):
+        return self.scheduler.history
+
+    @property
+    def step_index(self) -> int:
+        """The index the next step will have."""
+        return self.scheduler.step_index
+
+    @property
+    def is_done(self) -> bool:
+        return self.scheduler.is_idle and not self._future
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: Prompt,
+        sampling: SamplingParams | None = None,
+        arrival_step: int | None = None,
+    ) -> int:
+        """Queue a request (checked now); with `arrival_step`, it joins the queue at that step."""
+        sampling = sampling if sampling is not None else SamplingParams()
+        ids = self.llm.encode(prompt)
+        self.llm.check_request(ids, sampling)
+        if arrival_step is None or arrival_step <= self.step_index:
+            return self.scheduler.add_request(ids, sampling)
+        uid = self.scheduler.new_uid()
+        self._future.append((arrival_step, uid, ids, sampling))
+        self._future.sort(key=lambda f: (f[0], f[1]))
+        return uid
+
+    def _release_arrivals(self) -> None:
+        # NOTE: an idle engine does not count empty steps: the next arrival comes now.
+        while self._future and (self._future[0][0] <= self.step_index or self.scheduler.is_idle):
+            _, uid, ids, sampling = self._future.pop(0)
+            self.scheduler.add_request(ids, sampling, uid=uid)
+
+    # -- stepping ---------------------------------------------------------------------------
+    def step(self, n: int = 1) -> StepRecord | None:
+        """Run `n` scheduler steps; the last one's record (None when there was nothing to do).
+
+        A hook that raised during a step raises HookError here, after that step completed.
+        """
+        record = None
+        for _ in range(n):
+            self._release_arrivals()
+            outcome = self.scheduler.step() or self.scheduler.flush()
+            if outcome is None:
+                break
+            record = outcome.record or build_record(self.scheduler, outcome)
+            self.hooks.raise_pending()
+        return record
+
+    def run(self, max_steps: int | None = None, progress: bool = True) -> list[StepRecord]:
+        """Step until every request is done (or `max_steps`); the records of those steps."""
+        from tqdm.auto import tqdm
+
+        records: list[StepRecord] = []
+        bar = tqdm(total=max_steps, desc="steps", unit="step", disable=not progress, leave=False)
+        try:
+            while max_steps is None or len(records) < max_steps:
+                record = self.step()
+                if record is None:
+                    break
+                records.append(record)
+                bar.update()
+                bar.set_postfix(queue=record.queue_len, running=record.running)
+        finally:
+            bar.close()
+        return records
+
+    def run_until(
+        self, predicate: Callable[[StepRecord], bool], max_steps: int | None = None
+    ) -> StepRecord | None:
+        """Step until a record satisfies `predicate` (a conditional breakpoint); that record,
+        or None if the run ended (or `max_steps` passed) first."""
+        taken = 0
+        while max_steps is None or taken < max_steps:
+            record = self.step()
+            if record is None:
+                return None
+            taken += 1
+            if predicate(record):
+                return record
+        return None
+
+    def reset(self) -> None:
+        """Drop every request and the history; empty the prefix cache. Hooks stay."""
+        self.scheduler.abort_all()
+        self._future.clear()
+        self.scheduler.check_integrity()
+
+    # -- results ----------------------------------------------------------------------------
+    def outputs(self) -> list[dict]:
+        """The finished requests, as `LLM.generate` returns them, by uid."""
+        return [self.llm.output(req) for _, req in sorted(self.scheduler.finished.items())]
+
+    def save(self, path: str | Path) -> Path:
+        meta = {
+            "model": self.config.model,
+            "device": str(self.engine.device),
+            "dtype": str(self.engine.dtype).removeprefix("torch."),
+            "page_size": self.config.page_size,
+            "max_extend_tokens": self.config.max_extend_tokens,
+            "cache": self.config.cache,
+            "max_running_reqs": self.config.max_running_reqs,
+            "num_pages": self.engine.num_pages,
+            "overlap": self.scheduler.overlap,
+            "record": self.scheduler.record,
+        }
+        return self.history.save(path, meta)
+
+    def export_trace(self, path: str | Path) -> Path:
+        """Chrome trace JSON of the run (steps; profiler events with record="full")."""
+        from .instrument.trace import export_trace
+
+        return export_trace(self.history.steps, self.history.events, path)
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+
+    def __repr__(self) -> str:
+        s = self.scheduler
+        return (
+            f"Workbench({self.config.model} on {self.engine.device}, step {s.step_index}, "
+            f"{len(s.prefill.queue)} waiting, {len(s.decode.running)} running, "
+            f"{len(s.finished)} finished, record={s.record!r})"
+        )
