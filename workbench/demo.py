@@ -1,68 +1,83 @@
-"""`python -m workbench demo`: a real model through our scheduler, one line per step."""
+"""`python -m workbench demo`: a real model through our scheduler, one line per step, then the
+answers, and a self-contained HTML report of the run."""
 
 from __future__ import annotations
 
 import json
 import time
 from argparse import Namespace
+from pathlib import Path
 
 from .core import SamplingParams
-from .llm import LLM
+from .instrument.record import StepRecord
 from .models.catalog import DATA_DIR
-from .scheduler.scheduler import StepOutcome
+from .workbench import Workbench
 
 
-def describe(outcome: StepOutcome) -> str:
+def describe(record: StepRecord) -> str:
     """One line: step, phase, requests and tokens, and each request's slice of work."""
-    rows = outcome.rows
-    if outcome.batch.is_prefill:
-        work = ", ".join(f"#{r.uid} {r.kind} [{r.cached_len}:{r.device_len}]" for r in rows)
+    rows = record.rows
+    if record.phase == "prefill":
+        work = ", ".join(
+            f"#{r.uid} {r.kind} [{r.cached_len - r.extend_len}:{r.cached_len}]" for r in rows
+        )
     else:
         work = " ".join(f"#{r.uid}" for r in rows)
-    done = "".join(f"  done #{r.uid} ({r.finish_reason})" for r in outcome.finished)
-    tokens = sum(r.extend_len for r in rows)
-    phase = outcome.batch.phase
-    return (
-        f"step {outcome.index:3d}  {phase:<7} {len(rows):2d} reqs {tokens:4d} tokens | {work}{done}"
-    )
+    waiting = sorted({a.reason for a in record.rejected})
+    wait = f"  (waiting: {', '.join(waiting)})" if waiting else ""
+    done = "".join(f"  done #{r.uid} ({r.finish})" for r in rows if r.finish)
+    head = f"step {record.step:3d}  {record.phase:<7} {record.size:2d} reqs"
+    return f"{head} {record.num_tokens:4d} tokens | {work}{done}{wait}"
 
 
 def run_demo(args: Namespace) -> None:
     spec = json.loads((DATA_DIR / "prompts" / "demo.json").read_text())
+    out = Path(args.out)
     t0 = time.perf_counter()
-    llm = LLM(
+    wb = Workbench(
         args.model,
         device=args.device,
         max_extend_tokens=args.max_extend_tokens,
         page_size=args.page_size,
         cache=args.cache,
+        max_running_reqs=args.max_running_reqs,
+        record=args.record,
     )
+    engine = wb.engine
     print(
-        f"model {args.model} on {llm.engine.device} ({llm.engine.dtype}), "
-        f"{llm.engine.num_pages} KV pages of {llm.config.page_size}, "
-        f"token budget {llm.config.max_extend_tokens}; loaded in {time.perf_counter() - t0:.1f}s"
+        f"model {args.model} on {engine.device} ({engine.dtype}), {engine.num_pages} KV pages of "
+        f"{wb.config.page_size}, token budget {wb.config.max_extend_tokens}, "
+        f"{wb.config.max_running_reqs} request slots, {wb.config.cache} cache; "
+        f"loaded in {time.perf_counter() - t0:.1f}s"
     )
-    prompts, params = [], []
-    for item in spec["questions"]:
+    questions = spec["questions"]
+    for item in questions:
         messages = [
             {"role": "system", "content": spec["system"]},
             {"role": "user", "content": item["q"]},
         ]
-        prompts.append(
-            llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = wb.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
         )
-        params.append(SamplingParams(max_tokens=item["max_tokens"]))
+        wb.add_request(text, SamplingParams(max_tokens=item["max_tokens"]))
     t0 = time.perf_counter()
-    outputs = llm.generate(prompts, params, on_step=lambda o: print(describe(o)))
+    while (record := wb.step()) is not None:
+        print(describe(record))
     seconds = time.perf_counter() - t0
-    llm.check_integrity()
+    wb.check_integrity()
     print()
-    total = 0
-    for item, out in zip(spec["questions"], outputs):
-        total += out["completion_tokens"]
-        print(f"#{out['uid']} Q: {item['q']}")
-        answer = out["text"].strip()
-        print(f"   A: {answer}  [{out['completion_tokens']} tokens, {out['finish_reason']}]")
+    outputs = wb.outputs()
+    for item, output in zip(questions, outputs):
+        print(f"#{output['uid']} Q: {item['q']}")
+        answer = output["text"].strip()
+        print(f"   A: {answer}  [{output['completion_tokens']} tokens, {output['finish_reason']}]")
+    tokens = sum(o["completion_tokens"] for o in outputs)
+    cached = sum(o["cached_tokens"] for o in outputs)
     print(
-        f"\n{total} tokens in {seconds:.1f}s ({total / seconds:.1f} tokens/s); KV pool integrity ok"
+        f"\n{tokens} tokens in {seconds:.1f}s ({tokens / seconds:.1f} tokens/s, "
+        f"record={args.record}); {cached} prompt tokens served from the prefix cache; "
+        "KV pool integrity ok"
     )
+    run = wb.save(out / "run.json")
+    report = wb.report(out / "report.html", title=f"workbench demo: {args.model}")
+    print(f"run saved to {run}\nreport: {report.resolve()}")

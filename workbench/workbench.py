@@ -39,6 +39,7 @@ class Workbench:
         self.tokenizer = self.llm.tokenizer
         self.config = self.llm.config
         self._future: list[tuple[int, int, list[int], SamplingParams]] = []  # arrival, uid, ...
+        self._observers: list[Callable[[bool], None]] = []  # views; called with final=True/False
 
     # -- what to look at --------------------------------------------------------------------
     @property
@@ -89,14 +90,27 @@ class Workbench:
         A hook that raised during a step raises HookError here, after that step completed.
         """
         record = None
-        for _ in range(n):
-            self._release_arrivals()
-            outcome = self.scheduler.step() or self.scheduler.flush()
-            if outcome is None:
-                break
-            record = outcome.record or build_record(self.scheduler, outcome)
-            self.hooks.raise_pending()
+        try:
+            for _ in range(n):
+                record = self._step_once()
+                if record is None:
+                    break
+        finally:
+            self._notify(final=True)
         return record
+
+    def _step_once(self) -> StepRecord | None:
+        self._release_arrivals()
+        outcome = self.scheduler.step() or self.scheduler.flush()
+        if outcome is None:
+            return None
+        record = outcome.record or build_record(self.scheduler, outcome)
+        self.hooks.raise_pending()
+        return record
+
+    def _notify(self, final: bool) -> None:
+        for observer in list(self._observers):
+            observer(final)
 
     def run(self, max_steps: int | None = None, progress: bool = True) -> list[StepRecord]:
         """Step until every request is done (or `max_steps`); the records of those steps."""
@@ -106,14 +120,16 @@ class Workbench:
         bar = tqdm(total=max_steps, desc="steps", unit="step", disable=not progress, leave=False)
         try:
             while max_steps is None or len(records) < max_steps:
-                record = self.step()
+                record = self._step_once()
                 if record is None:
                     break
                 records.append(record)
                 bar.update()
                 bar.set_postfix(queue=record.queue_len, running=record.running)
+                self._notify(final=False)
         finally:
             bar.close()
+            self._notify(final=True)
         return records
 
     def run_until(
@@ -122,20 +138,25 @@ class Workbench:
         """Step until a record satisfies `predicate` (a conditional breakpoint); that record,
         or None if the run ended (or `max_steps` passed) first."""
         taken = 0
-        while max_steps is None or taken < max_steps:
-            record = self.step()
-            if record is None:
-                return None
-            taken += 1
-            if predicate(record):
-                return record
-        return None
+        try:
+            while max_steps is None or taken < max_steps:
+                record = self._step_once()
+                if record is None:
+                    return None
+                taken += 1
+                self._notify(final=False)
+                if predicate(record):
+                    return record
+            return None
+        finally:
+            self._notify(final=True)
 
     def reset(self) -> None:
         """Drop every request and the history; empty the prefix cache. Hooks stay."""
         self.scheduler.abort_all()
         self._future.clear()
         self.scheduler.check_integrity()
+        self._notify(final=True)
 
     # -- results ----------------------------------------------------------------------------
     def outputs(self) -> list[dict]:
@@ -143,7 +164,10 @@ class Workbench:
         return [self.llm.output(req) for _, req in sorted(self.scheduler.finished.items())]
 
     def save(self, path: str | Path) -> Path:
-        meta = {
+        return self.history.save(path, self._meta())
+
+    def _meta(self) -> dict:
+        return {
             "model": self.config.model,
             "device": str(self.engine.device),
             "dtype": str(self.engine.dtype).removeprefix("torch."),
@@ -155,7 +179,6 @@ class Workbench:
             "overlap": self.scheduler.overlap,
             "record": self.scheduler.record,
         }
-        return self.history.save(path, meta)
 
     def export_trace(self, path: str | Path) -> Path:
         """Chrome trace JSON of the run (steps; profiler events with record="full")."""
@@ -165,6 +188,20 @@ class Workbench:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+
+    # -- views ------------------------------------------------------------------------------
+    def dashboard(self):
+        """An ipywidgets layout: Step / Step x N / Run / Reset, a step slider, a request picker,
+        and charts that redraw after every step (also steps taken from other cells)."""
+        from .viz.dashboard import Dashboard
+
+        return Dashboard(self)
+
+    def report(self, path: str | Path, title: str | None = None) -> Path:
+        """One self-contained HTML file: summary, every chart, the request table (no network)."""
+        from .viz.report import write_report
+
+        return write_report(self.history, path, title=title, meta=self._meta())
 
     def __repr__(self) -> str:
         s = self.scheduler

@@ -5,7 +5,8 @@ Tables (one DataFrame each):
 - ``ledger``: one row per (step, request in the batch), lengths after that step;
 - ``requests``: one row per request (arrival, first scheduled, first token, finish; TTFT, TPOT);
 - ``admissions``: one row per admission decision (admitted, or the reason it waited);
-- ``events``: one row per profiler event (record="full").
+- ``events``: one row per profiler event (record="full");
+- ``pages``: the page-table rows of each batch as runs of consecutive KV slots (record="full").
 
 A history saves to one JSON file and loads back (`load_run`) as a read-only `RunHistory` with the
 same tables, which every view can show without a model or a GPU.
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
     from .record import StepRecord
 
-TABLES = ("steps", "ledger", "requests", "admissions", "events")
+TABLES = ("steps", "ledger", "requests", "admissions", "events", "pages")
 
 STEP_COLUMNS = [
     "step",
@@ -84,6 +85,7 @@ REQUEST_COLUMNS = [
 ]
 ADMISSION_COLUMNS = ["step", "uid", "admitted", "reason", "extend_len", "cached_len"]
 EVENT_COLUMNS = ["step", "name", "category", "track", "start_us", "duration_us"]
+PAGE_COLUMNS = ["step", "uid", "table_idx", "pos_start", "pos_end", "slot_start"]
 
 
 class _Tables:
@@ -111,6 +113,10 @@ class _Tables:
     @property
     def events(self) -> pd.DataFrame:
         return self.tables()["events"]
+
+    @property
+    def pages(self) -> pd.DataFrame:
+        return self.tables()["pages"]
 
     def save(self, path: str | Path, meta: dict | None = None) -> Path:
         """Write every table (and `meta`) to one JSON file."""
@@ -184,7 +190,7 @@ def load_run(path: str | Path) -> RunHistory:
 def _build_tables(records: list[StepRecord], arrivals: dict) -> dict[str, pd.DataFrame]:
     import pandas as pd
 
-    steps, ledger, admissions, events = [], [], [], []
+    steps, ledger, admissions, events, pages = [], [], [], [], []
     for rec in records:
         by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
         for r in rec.rows:
@@ -238,14 +244,34 @@ def _build_tables(records: list[StepRecord], arrivals: dict) -> dict[str, pd.Dat
             admissions.append((rec.step, a.uid, a.admitted, a.reason, a.extend_len, a.cached_len))
         for e in rec.events or ():
             events.append((rec.step, *e))
+        if rec.page_rows:
+            for r in rec.rows:
+                pages.extend(
+                    (rec.step, r.uid, r.table_idx, *run)
+                    for run in _runs(rec.page_rows[r.table_idx])
+                )
     frames = {
         "steps": pd.DataFrame(steps, columns=STEP_COLUMNS),
         "ledger": pd.DataFrame(ledger, columns=LEDGER_COLUMNS).astype({"token": "Int64"}),
         "admissions": pd.DataFrame(admissions, columns=ADMISSION_COLUMNS),
         "events": pd.DataFrame(events, columns=EVENT_COLUMNS),
+        "pages": pd.DataFrame(pages, columns=PAGE_COLUMNS),
     }
     frames["requests"] = _requests_table(frames["steps"], frames["ledger"], arrivals)
     return {name: _text_as_string(frame) for name, frame in frames.items()}
+
+
+def _runs(slots) -> list[tuple[int, int, int]]:
+    """(pos_start, pos_end, slot_start) for each run of consecutive slots in a page-table row."""
+    import numpy as np
+
+    slots = np.asarray(slots, dtype=np.int64)
+    if not len(slots):
+        return []
+    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [len(slots)]])
+    return [(int(a), int(b), int(slots[a])) for a, b in zip(starts, ends)]
 
 
 def _text_as_string(frame: pd.DataFrame) -> pd.DataFrame:

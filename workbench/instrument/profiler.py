@@ -3,6 +3,8 @@ flattened to (name, category, track, start_us, duration_us) on the run's time ax
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,13 +28,15 @@ class StepProfiler:
 
     def __enter__(self) -> StepProfiler:
         self._offset_us = self._sched.clock() * 1e6
-        self._prof.__enter__()
+        with _quiet_stderr():
+            self._prof.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         if self._sched.engine.device.type == "cuda":
             torch.cuda.synchronize()
-        self._prof.__exit__(*exc)
+        with _quiet_stderr():
+            self._prof.__exit__(*exc)
 
     def events(self) -> tuple[tuple[str, str, str, float, float], ...]:
         out = []
@@ -45,3 +49,21 @@ class StepProfiler:
             track = f"gpu:{e.device_index}:{e.thread}" if on_device else f"cpu:{e.thread}"
             out.append((e.name, category, track, self._offset_us + e.time_range.start, duration))
         return tuple(out)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Kineto prints a line to the process's stderr at every profiler start and stop (torch
+    2.13), which a notebook shows under every step; silence file descriptor 2 meanwhile."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

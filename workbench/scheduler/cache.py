@@ -77,7 +77,9 @@ class CacheManager:
                 "(admission should have prevented this)"
             )
         self._free_count -= count
-        pages = self._free[self._free_count : self._free_count + count].copy()
+        # NOTE: reversed, so a fresh pool hands out ascending pages: a request's KV lies in
+        # consecutive slots (compact page-table runs, friendlier memory access).
+        pages = self._free[self._free_count : self._free_count + count][::-1].copy()
         self._is_free[pages] = False
         return pages
 
@@ -101,7 +103,7 @@ class CacheManager:
             twice = pages[self._is_free[pages]][:8].tolist()
             raise AssertionError(f"KV pages freed twice: {twice}")
         self._is_free[pages] = True
-        self._free[self._free_count : self._free_count + len(pages)] = pages
+        self._free[self._free_count : self._free_count + len(pages)] = pages[::-1]
         self._free_count += len(pages)
 
     def release(

@@ -1,0 +1,23 @@
+"""Views of a run: Altair charts, the live dashboard, the static report. Each reads a history."""
+
+from .charts import (
+    admissions,
+    batch_composition,
+    kernel_timeline,
+    kv_usage,
+    ledger_bars,
+    ledger_lines,
+    page_table,
+    step_breakdown,
+)
+
+__all__ = [
+    "admissions",
+    "batch_composition",
+    "kernel_timeline",
+    "kv_usage",
+    "ledger_bars",
+    "ledger_lines",
+    "page_table",
+    "step_breakdown",
+]

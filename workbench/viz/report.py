@@ -1,0 +1,122 @@
+"""The static report: one self-contained HTML file with the run's summary, every chart and the
+request table. The Vega bundle is inlined once (from vl-convert), so it opens offline."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from . import charts
+
+
+def summary(history) -> dict:
+    """Headline figures of a run, from its tables."""
+    steps, requests = history.steps, history.requests
+    seconds = float(steps.completed_at.max() - steps.launched_at.min()) if len(steps) else 0.0
+    tokens = int(requests.completion_tokens.sum())
+    return {
+        "steps": len(steps),
+        "prefill steps": int((steps.phase == "prefill").sum()),
+        "decode steps": int((steps.phase == "decode").sum()),
+        "requests": len(requests),
+        "prompt tokens": int(requests.prompt_tokens.sum()),
+        "cached prompt tokens": int(requests.cached_tokens.sum()),
+        "output tokens": tokens,
+        "seconds": round(seconds, 3),
+        "output tokens/s": round(tokens / seconds, 1) if seconds else None,
+        "median TTFT (ms)": _ms(requests.ttft_s.median()),
+        "median TPOT (ms)": _ms(requests.tpot_s.median()),
+        "largest batch": int(steps.batch_size.max()) if len(steps) else 0,
+        "peak KV in use (tokens)": int(steps.kv_in_use.max()) if len(steps) else 0,
+    }
+
+
+def focus_step(history) -> int:
+    """The step shown in the per-step charts: the first with the largest batch."""
+    steps = history.steps
+    return int(steps.step[steps.batch_size.idxmax()]) if len(steps) else 0
+
+
+def write_report(
+    history, path: str | Path, title: str | None = None, meta: dict | None = None
+) -> Path:
+    import altair as alt
+    import vl_convert as vlc
+
+    step = focus_step(history)
+    figures = [
+        ("Batch composition", charts.batch_composition(history)),
+        ("KV pool", charts.kv_usage(history)),
+        ("Where the time went", charts.step_breakdown(history)),
+        (f"Ledgers at step {step}", charts.ledger_bars(history, step)),
+        (f"Page table at step {step}", charts.page_table(history, step)),
+        (f"Timeline of step {step}", charts.kernel_timeline(history, step)),
+        ("Lengths over steps", charts.ledger_lines(history)),
+        ("Admissions", charts.admissions(history)),
+    ]
+    meta = {**getattr(history, "meta", {}), **(meta or {})}
+    title = title or f"workbench run: {meta.get('model', '')}"
+    figure_html, scripts = [], []
+    for i, (name, chart) in enumerate(figures):
+        figure_html.append(f'<h3>{html.escape(name)}</h3><div id="fig{i}"></div>')
+        spec = json.dumps(chart.to_dict())
+        scripts.append(f"vegaEmbed('#fig{i}', {spec}, {{actions: false}}).catch(console.error);")
+    bundle = vlc.javascript_bundle(vl_version=alt.VEGALITE_VERSION.rsplit(".", 1)[0])
+    facts = {**summary(history), **{f"config: {k}": v for k, v in meta.items()}}
+    doc = _PAGE.format(
+        title=html.escape(title),
+        bundle=bundle,
+        summary=_table(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]})),
+        figures="\n".join(figure_html),
+        requests=_table(history.requests.round(4)),
+        scripts="\n".join(scripts),
+    )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(doc, encoding="utf-8")
+    return path
+
+
+def save_png(chart, path: str | Path, scale: float = 2.0) -> Path:
+    """A chart as PNG, rendered offline by vl-convert."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    chart.save(str(path), scale_factor=scale)
+    return path
+
+
+def _ms(seconds) -> float | None:
+    return None if pd.isna(seconds) else round(float(seconds) * 1e3, 2)
+
+
+def _table(frame: pd.DataFrame) -> str:
+    return frame.to_html(index=False, border=0, classes="tbl", na_rep="")
+
+
+_PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
+.tbl {{ border-collapse: collapse; font-size: 12px; font-family: monospace; }}
+.tbl td, .tbl th {{ padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; }}
+h3 {{ margin-bottom: 4px; }}
+</style>
+<script type="text/javascript">
+{bundle}
+</script></head>
+<body>
+<h1>{title}</h1>
+<h2>Summary</h2>
+{summary}
+<h2>Charts</h2>
+{figures}
+<h2>Requests</h2>
+{requests}
+<script type="text/javascript">
+{scripts}
+</script>
+</body></html>
+"""
