@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-all lab bench lint format clean
+.PHONY: demo test test-all lab bench lint format clean chromium
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,18 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m workbench demo
 
-test: $(STAMP)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# Debian's chromium for the real-browser test (playwright drives it; it never downloads one)
+chromium:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: $(STAMP) chromium
 	$(PY) -m ruff check workbench tests
 	$(PY) -m ruff format --check workbench tests
 	$(PY) -m pytest -q
+	$(PY) -m pytest -q --nbmake notebooks
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ""

@@ -80,4 +80,16 @@ def run_demo(args: Namespace) -> None:
     )
     run = wb.save(out / "run.json")
     report = wb.report(out / "report.html", title=f"workbench demo: {args.model}")
-    print(f"run saved to {run}\nreport: {report.resolve()}")
+    from .viz import charts
+    from .viz.report import focus_step, save_png
+
+    step = focus_step(wb.history)
+    for name, chart in (
+        ("batch_composition", charts.batch_composition(wb.history)),
+        ("kv_usage", charts.kv_usage(wb.history)),
+        ("page_table", charts.page_table(wb.history, step)),
+        ("ledger_bars", charts.ledger_bars(wb.history, step)),
+    ):
+        save_png(chart, out / f"{name}.png")
+    print(f"run saved to {run}; charts as PNG in {out}/")
+    print(f"report: {report.resolve()}")

@@ -124,7 +124,7 @@ class _Tables:
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = {"format": "workbench-run/1", "meta": {**self.meta, **(meta or {})}}
         for name, frame in self.tables().items():
-            doc[name] = json.loads(frame.to_json(orient="table", index=False))
+            doc[name] = json.loads(frame.to_json(orient="table", index=False, double_precision=15))
         path.write_text(json.dumps(doc))
         return path
 
@@ -182,7 +182,8 @@ def load_run(path: str | Path) -> RunHistory:
     if doc.get("format") != "workbench-run/1":
         raise ValueError(f"{path} is not a saved workbench run")
     frames = {
-        name: pd.read_json(io.StringIO(json.dumps(doc[name])), orient="table") for name in TABLES
+        name: pd.read_json(io.StringIO(json.dumps(doc[name])), orient="table", precise_float=True)
+        for name in TABLES
     }
     return RunHistory(frames, doc.get("meta", {}))
 
@@ -258,7 +259,15 @@ def _build_tables(records: list[StepRecord], arrivals: dict) -> dict[str, pd.Dat
         "pages": pd.DataFrame(pages, columns=PAGE_COLUMNS),
     }
     frames["requests"] = _requests_table(frames["steps"], frames["ledger"], arrivals)
-    return {name: _text_as_string(frame) for name, frame in frames.items()}
+    return {name: _text_as_string(_rounded(frame)) for name, frame in frames.items()}
+
+
+def _rounded(frame: pd.DataFrame) -> pd.DataFrame:
+    """Times to the nanosecond: beyond that the digits are noise, and they would not survive a
+    save (JSON keeps 15 significant digits), so a loaded run would differ from the live one."""
+    decimals = {c: 9 if c.endswith("_s") or c.endswith("_at") else 6 for c in frame.columns}
+    floats = [c for c in frame.columns if frame[c].dtype.kind == "f"]
+    return frame.round({c: (3 if c.endswith("_us") else decimals[c]) for c in floats})
 
 
 def _runs(slots) -> list[tuple[int, int, int]]:

@@ -26,6 +26,7 @@ LAYOUT = (
     ("ledger_lines", "admissions"),
 )
 REFRESH_EVERY_S = 0.3  # during a long run, redraw at most this often
+CHART_WIDTH = 400  # two charts side by side fit a notebook's output area
 
 
 class Dashboard(w.VBox):
@@ -126,14 +127,18 @@ class Dashboard(w.VBox):
         step = self.slider.value
         uid = None if self.picker.value == -1 else self.picker.value
         self.status.value = self._status_html(step)
-        self.charts["batch_composition"].chart = charts.batch_composition(history, step)
-        self.charts["kv_usage"].chart = charts.kv_usage(history, step)
-        self.charts["step_breakdown"].chart = charts.step_breakdown(history, step)
-        self.charts["admissions"].chart = charts.admissions(history, uid)
-        self.charts["ledger_lines"].chart = charts.ledger_lines(history, uid, step)
-        self.charts["ledger_bars"].chart = charts.ledger_bars(history, step, uid)
-        self.charts["page_table"].chart = charts.page_table(history, step, uid)
-        self.charts["kernel_timeline"].chart = charts.kernel_timeline(history, step)
+        drawn = {
+            "batch_composition": charts.batch_composition(history, step),
+            "kv_usage": charts.kv_usage(history, step),
+            "step_breakdown": charts.step_breakdown(history, step),
+            "admissions": charts.admissions(history, uid),
+            "ledger_lines": charts.ledger_lines(history, uid, step),
+            "ledger_bars": charts.ledger_bars(history, step, uid),
+            "page_table": charts.page_table(history, step, uid),
+            "kernel_timeline": charts.kernel_timeline(history, step),
+        }
+        for name, chart in drawn.items():
+            self.charts[name].chart = chart.properties(width=CHART_WIDTH)
 
     def _status_html(self, step: int) -> str:
         row = self.history.steps.set_index("step").loc[step]

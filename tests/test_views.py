@@ -1,0 +1,113 @@
+"""Views: charts from a history (live or loaded), the dashboard's widget state, the report."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from workbench import SamplingParams, Workbench, load_run, viz
+from workbench.viz.dashboard import Dashboard
+from workbench.viz.report import save_png, write_report
+
+from .conftest import PROMPTS, greedy
+
+ALL_CHARTS = ("batch_composition", "kv_usage", "step_breakdown", "admissions", "ledger_lines")
+STEP_CHARTS = ("ledger_bars", "page_table", "kernel_timeline")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    wb = Workbench("tiny-llama", record="full", max_extend_tokens=12, max_running_reqs=3)
+    shared = PROMPTS[3]
+    for p in [shared, shared + " and more", *PROMPTS[:3]]:
+        wb.add_request(p, greedy(6))
+    wb.run(progress=False)
+    path = wb.save(tmp_path_factory.mktemp("run") / "run.json")
+    return wb, load_run(path)
+
+
+def specs(history, step):
+    out = {name: getattr(viz, name)(history).to_dict() for name in ALL_CHARTS}
+    out |= {name: getattr(viz, name)(history, step).to_dict() for name in STEP_CHARTS}
+    return out
+
+
+def test_charts_from_a_live_and_a_loaded_run_are_the_same(run):
+    wb, loaded = run
+    step = int(wb.history.steps.step[wb.history.steps.batch_size.idxmax()])
+    live, again = specs(wb.history, step), specs(loaded, step)
+    assert json.dumps(live, sort_keys=True, default=str) == json.dumps(
+        again, sort_keys=True, default=str
+    )
+    # the page table shows the prefix the second request shares with the first
+    owners = set()
+    for _, rows in loaded.pages.groupby("step"):
+        owners |= set(viz.charts._sharing_segments(rows).owner)
+    assert owners == {"own", "shared"}
+
+
+def test_charts_offline_and_png(run, tmp_path):
+    wb, _ = run
+    chart = viz.batch_composition(wb.history, highlight_step=2)
+    png = save_png(chart, tmp_path / "batch.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = chart.to_html(inline=True)
+    assert "cdn.jsdelivr" not in html
+
+
+def test_thousands_of_steps_are_aggregated():
+    wb = Workbench("tiny-llama", max_running_reqs=2)
+    wb.add_request([1, 2, 3], SamplingParams(max_tokens=2500, ignore_eos=True))
+    wb.add_request([4, 5, 6], SamplingParams(max_tokens=1200, ignore_eos=True))
+    wb.run(progress=False)
+    history = wb.history
+    assert len(history.steps) > 2000
+    for name in ALL_CHARTS:
+        spec = getattr(viz, name)(history).to_dict()  # would raise MaxRowsError above 5000 rows
+        rows = sum(len(d) for d in spec.get("datasets", {}).values())
+        assert rows <= 5000, (name, rows)
+
+
+def test_report_is_one_offline_file(run, tmp_path):
+    wb, loaded = run
+    path = write_report(loaded, tmp_path / "report.html", title="test run")
+    text = path.read_text()
+    assert text.count("vegaEmbed('#fig") == 8
+    assert not re.search(r"<script[^>]+src=", text)  # nothing to fetch
+    assert "cdn.jsdelivr" not in text and "test run" in text
+    assert wb.report(tmp_path / "live.html").stat().st_size > 500_000  # the bundle is inline
+
+
+def test_dashboard_steps_and_redraws():
+    wb = Workbench("tiny-llama", record="full", max_extend_tokens=8, max_running_reqs=2)
+    for p in PROMPTS[:3]:
+        wb.add_request(p, greedy(4))
+    dash = wb.dashboard()
+    assert "no steps yet" in dash.status.value
+    dash.buttons["Step"].click()
+    assert dash.slider.value == dash.slider.max == 0 and "step 0" in dash.status.value
+    before = json.dumps(dash.charts["ledger_bars"].chart.to_dict(), default=str)
+    wb.step()  # a step from "another cell" redraws too
+    assert dash.slider.max == 1 and "step 1" in dash.status.value
+    assert json.dumps(dash.charts["ledger_bars"].chart.to_dict(), default=str) != before
+    dash.slider.value = 0  # look back
+    assert "step 0" in dash.status.value
+    dash.picker.value = 1  # highlight request 1 everywhere
+    assert "datum.uid == 1" in json.dumps(dash.charts["admissions"].chart.to_dict())
+    dash.buttons["Run"].click()
+    assert wb.is_done and dash.slider.value == dash.slider.max == len(wb.history) - 1
+    state = dash.charts["batch_composition"].get_state()
+    assert state["spec"]["datasets"]  # the widget holds the data to draw
+    dash.buttons["Reset"].click()
+    assert len(wb.history) == 0 and "no steps yet" in dash.status.value
+    dash.close()
+    assert not wb._observers
+
+
+def test_dashboard_on_a_saved_run_has_no_engine_buttons(run):
+    _, loaded = run
+    dash = Dashboard(loaded)
+    assert dash.buttons == {} and dash.slider.max == len(loaded) - 1
+    assert "step" in dash.status.value
