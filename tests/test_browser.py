@@ -95,11 +95,12 @@ def test_quickstart_dashboard_steps_in_a_real_browser(lab):
         page.wait_for_selector(
             ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000
         )
+        # resolves once every cell has run
         page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         no_news = page.get_by_role("button", name="No", exact=True)
-        # the last cell adds a request: wait for its output (a uid), then for the kernel to idle
+        # the last cell adds a request: its output (a uid) is there, though maybe off screen
         last = page.locator(".jp-Cell").last
-        last.locator(".jp-OutputArea-output").wait_for(timeout=400_000)
+        last.locator(".jp-OutputArea-output").wait_for(state="attached", timeout=400_000)
         page.wait_for_selector(
             ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000
         )
@@ -136,5 +137,10 @@ def test_quickstart_dashboard_steps_in_a_real_browser(lab):
         assert dashboard.locator(".vega-embed").nth(1).inner_html() != before_chart
         assert errors.count() == 0
         dashboard.screenshot(path=str(ARTIFACTS / "dashboard-after-step.png"))
+        # everything the page loaded came from the local JupyterLab (no CDN): the browser's
+        # own record of every resource it fetched
+        urls = page.evaluate("performance.getEntriesByType('resource').map(e => e.name)")
+        outside = [u for u in urls if not u.startswith((lab, "data:", "blob:"))]
+        assert urls and not outside, f"loaded from the network: {outside[:5]}"
         page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=False)
         browser.close()

@@ -15,6 +15,31 @@ if TYPE_CHECKING:
     from ..scheduler.scheduler import Scheduler
 
 
+MIN_CPU_OP_US = 10.0  # host operators shorter than this are not kept (kernels and ranges are)
+_BOOKKEEPING = {
+    "aten::as_strided",
+    "aten::view",
+    "aten::transpose",
+    "aten::slice",
+    "aten::select",
+    "aten::reshape",
+    "aten::narrow",
+    "aten::t",
+    "aten::unsqueeze",
+    "aten::resolve_conj",
+    "aten::result_type",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::expand",
+    "aten::detach",
+    "aten::lift_fresh",
+    "aten::alias",
+    "aten::_unsafe_view",
+    "aten::permute",
+    "aten::split",
+}
+
+
 class StepProfiler:
     def __init__(self, sched: Scheduler) -> None:
         from torch.profiler import ProfilerActivity, profile
@@ -46,6 +71,8 @@ class StepProfiler:
                 continue
             on_device = e.device_type == torch.autograd.DeviceType.CUDA
             category = "hook" if e.name in HOOK_POINTS else "kernel" if on_device else "cpu_op"
+            if category == "cpu_op" and (duration < MIN_CPU_OP_US or e.name in _BOOKKEEPING):
+                continue  # most host operators are views and casts of a few microseconds
             track = f"gpu:{e.device_index}:{e.thread}" if on_device else f"cpu:{e.thread}"
             out.append((e.name, category, track, self._offset_us + e.time_range.start, duration))
         return tuple(out)

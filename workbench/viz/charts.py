@@ -23,6 +23,13 @@ FAMILY_COLORS = {
     "other": "#b0b0b0",
     "idle": "#eeeeee",
 }
+HOOK_COLORS = {
+    "schedule.end": "#6d597a",
+    "batch.prepared": "#b56576",
+    "forward.end": "#355070",
+    "sample.end": "#eaac8b",
+    "step.end": "#9a8c98",
+}
 MAX_BARS = 600  # steps shown one bar each; longer runs are binned
 
 WIDTH = 520
@@ -169,7 +176,7 @@ def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int 
             tooltip=["step:Q", "uid:N", "kind:N", "cached_len:Q"],
         )
     )
-    return _with_rule(alt, chart, highlight_step).properties(
+    return _with_rule(alt, chart, highlight_step, "step").properties(
         width=WIDTH, height=160, title="Lengths over steps"
     )
 
@@ -239,7 +246,9 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
     events = history.events[history.events.step == step]
     if events.empty:
         return _empty(alt, f"step {step}: profiler events are recorded with record='full'")
-    events = events.assign(family=[_family(n, c) for n, c in zip(events.name, events.category)])
+    # hook ranges are coloured by their name, operators and kernels by family
+    families = [n if c == "hook" else _family(n, c) for n, c in zip(events.name, events.category)]
+    events = events.assign(family=families)
     if len(events) > max_events:  # keep the longest
         events = events.nlargest(max_events, "duration_us")
     t0 = events.start_us.min()
@@ -255,7 +264,7 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
             y=alt.Y("lane:N", title=None),
             x=alt.X("start_ms:Q", title="ms since the step began"),
             x2="end_ms:Q",
-            color=_scale(alt, "family", {**FAMILY_COLORS, "hook": "#6d597a"}),
+            color=_scale(alt, "family", {**FAMILY_COLORS, **HOOK_COLORS}),
             tooltip=["name:N", "category:N", "family:N", "duration_us:Q"],
         )
         .properties(width=WIDTH, height=160, title=f"Timeline of step {step}")
@@ -284,7 +293,7 @@ def step_breakdown(history, highlight_step: int | None = None):
             tooltip=["step:Q", "family:N", alt.Tooltip("ms:Q", format=".2f")],
         )
     )
-    return _with_rule(alt, chart, highlight_step).properties(
+    return _with_rule(alt, chart, highlight_step, "step").properties(
         width=WIDTH, height=150, title="Where each step's time went"
     )
 
@@ -407,13 +416,14 @@ def _highlight(alt, uid: int | None):
     return alt.condition(f"datum.uid == {int(uid)}", alt.value(1.0), alt.value(0.25))
 
 
-def _with_rule(alt, chart, step: int | None):
+def _with_rule(alt, chart, step: int | None, field: str = "bin"):
+    """The chart with a dashed rule at `step` (on the same x field, so the axis keeps its title)."""
     if step is None:
         return chart
-    rule = alt.Chart(pd.DataFrame({"bin": [step + 0.5]})).mark_rule(
+    rule = alt.Chart(pd.DataFrame({field: [step + 0.5]})).mark_rule(
         color="black", strokeDash=[4, 3]
     )
-    return alt.layer(chart, rule.encode(x="bin:Q"))
+    return alt.layer(chart, rule.encode(x=f"{field}:Q"))
 
 
 def _empty(alt, message: str):
