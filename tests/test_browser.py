@@ -92,15 +92,26 @@ def test_quickstart_dashboard_steps_in_a_real_browser(lab):
         page.goto(f"{lab}/lab/tree/01_quickstart.ipynb?reset")
         page.wait_for_selector(".jp-Notebook", timeout=60_000)
         page.wait_for_function("window.jupyterapp !== undefined", timeout=60_000)
+        # JupyterLab may ask which kernel to start (take the default it proposes) or just start it
+        page.wait_for_selector(
+            ".jp-Dialog, .jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000
+        )
+        select = page.locator(".jp-Dialog").get_by_role("button", name="Select", exact=True)
+        if select.count():
+            select.click()
         page.wait_for_selector(
             ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000
         )
-        # resolves once every cell has run
-        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        # start every cell (without waiting on the command's promise: progress is polled below)
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
         no_news = page.get_by_role("button", name="No", exact=True)
         # the last cell adds a request: its output (a uid) is there, though maybe off screen
         last = page.locator(".jp-Cell").last
-        last.locator(".jp-OutputArea-output").wait_for(state="attached", timeout=400_000)
+        try:
+            last.locator(".jp-OutputArea-output").wait_for(state="attached", timeout=400_000)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "notebook-stuck.png"))
+            raise
         page.wait_for_selector(
             ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000
         )

@@ -49,6 +49,7 @@ class CacheManager:
 
     @property
     def in_use_size(self) -> int:
+        """Tokens in pages owned by requests (not by the cache, locked or not)."""
         return self.total_size - self.free_size - self.prefix_cache.size
 
     @property

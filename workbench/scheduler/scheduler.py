@@ -37,6 +37,7 @@ from ..instrument.recorder import build_record
 from ..kvcache import create_prefix_cache
 from .cache import CacheManager, ceil_page
 from .decode import DecodeManager
+from .integrity import check_integrity
 from .prefill import Admission, PendingReq, PrefillAdder, PrefillManager
 from .prepare import prepare_batch
 
@@ -434,21 +435,7 @@ class Scheduler:
     def check_integrity(self) -> None:
         """KV pool accounting: every page free, cached, or used by exactly one live request."""
         assert self.in_flight is None, "check integrity between steps, with nothing in flight"
-        ps, table, live = self.page_size, self.table.page_table_host, self.live_reqs
-        used = [
-            table[r.table_idx, r.cache_handle.cached_len : ceil_page(r.cached_len, ps)]
-            for r in live
-        ]
-        self.cache.check_integrity(np.concatenate(used) if used else None)
-        for r in live:  # a live row never points at a free page
-            stale = self.cache.free_pages_among(table[r.table_idx, : ceil_page(r.cached_len, ps)])
-            assert not len(stale), f"request {r.uid}'s page table points at free pages {stale[:8]}"
-        rows = {r.table_idx for r in live}
-        assert len(rows) == len(live), "two live requests share a request slot"
-        assert self.table.available_size + len(rows) == self.table.max_running_reqs, (
-            f"request slots: {self.table.available_size} free + {len(rows)} live "
-            f"!= {self.table.max_running_reqs}"
-        )
+        check_integrity(self.cache, self.table, self.live_reqs)
 
 
 _NULL = contextlib.nullcontext()
