@@ -35,6 +35,9 @@ class EngineConfig:
     fused_kernels: bool | None = None  # FlashInfer norm / rope / SiLU-and-mul; None: on for cuda
     # FlashInfer's sampling kernel; off by default: its first compile takes minutes (see notes)
     fused_sampling: bool = False
+    decode_tensor_cores: bool | None = (
+        None  # FlashInfer decode on tensor cores; None: GQA group >= 4
+    )
     cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
     memory_ratio: float = 0.9  # share of free GPU memory (after weights) given to the KV pool
     # NOTE: a cap, so a 40k-context model does not get a 40k-wide page table on a laptop.

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from ..config import EngineConfig
     from ..core import Batch
     from ..kvcache.pool import KVPool
     from ..scheduler.table import TableManager
@@ -24,8 +25,15 @@ class AttentionBackend(ABC):
 
     supports_cuda_graph = False  # True: has graph_metadata() and prepare_replay()
 
-    def __init__(self, pool: KVPool, table: TableManager, num_heads: int, head_dim: int) -> None:
-        self.pool, self.table = pool, table
+    def __init__(
+        self,
+        pool: KVPool,
+        table: TableManager,
+        num_heads: int,
+        head_dim: int,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.pool, self.table, self.config = pool, table, config
         self.num_heads, self.head_dim = num_heads, head_dim
 
     @abstractmethod

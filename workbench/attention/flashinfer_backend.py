@@ -34,17 +34,18 @@ class FlashInferMetadata:
 class FlashInferBackend(AttentionBackend):
     supports_cuda_graph = True
 
-    def __init__(self, pool, table, num_heads: int, head_dim: int) -> None:
+    def __init__(self, pool, table, num_heads: int, head_dim: int, config=None) -> None:
         import flashinfer
 
-        super().__init__(pool, table, num_heads, head_dim)
+        super().__init__(pool, table, num_heads, head_dim, config)
         self.flashinfer = flashinfer
         self.device = pool.buffer.device
         self.dtype = pool.buffer.dtype
         self.num_kv_heads = pool.buffer.shape[3]
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         # NOTE: tensor-core decode pays off from a GQA group of 4 query heads per KV head.
-        self.use_tensor_cores = num_heads // self.num_kv_heads >= 4
+        choice = config.decode_tensor_cores if config is not None else None
+        self.use_tensor_cores = num_heads // self.num_kv_heads >= 4 if choice is None else choice
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend="fa2"
         )

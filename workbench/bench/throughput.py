@@ -38,6 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", default="radix")
     p.add_argument("--record", default="off", choices=["off", "light", "full"])
     p.add_argument("--device-spec", default="h200", choices=sorted(DEVICES))
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other EngineConfig field, e.g. --option fused_sampling=True (repeatable)",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--profile", action="store_true", help="also profile 10 decode steps at the largest batch"
@@ -55,6 +62,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         cuda_graph=args.cuda_graph,
         fused_kernels=args.fused_kernels,
         record=args.record,
+        **_options(args.option),
     )
     engine = llm.engine
     work = random_workload(args.num_requests, args.input_len, args.output_len, args.seed)
@@ -118,6 +126,19 @@ def run_bench(args: argparse.Namespace) -> dict:
         decode_step_bound_ms=round(step_bound_ms, 3),
         **({"profile": profile} if profile else {}),
     )
+
+
+def _options(pairs: list[str]) -> dict:
+    import ast
+
+    options = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            options[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            options[key] = value
+    return options
 
 
 def profile_decode(llm: LLM, args: argparse.Namespace) -> str:

@@ -50,6 +50,7 @@ class Engine:
             table=self.table,
             num_heads=cfg.num_heads,
             head_dim=cfg.head_dim,
+            config=config,
         )
         # padded (dummy) requests read the dummy slot, never a live request's KV
         self.table.write_row(
