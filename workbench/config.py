@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -27,12 +28,12 @@ class EngineConfig:
     max_running_reqs: int = 256  # request slots (rows of the page table)
     num_pages: int | None = None  # None: sized from memory
     max_seq_len: int | None = None  # None: the model's context, capped by `max_seq_len_cap`
-    attention: str | None = None  # backend name; None: "flashinfer" on cuda, else "torch"
+    attention: str | None = None  # backend; None: "flashinfer" on cuda when installed, else "torch"
     policy: Policy = "prefill_first"
     seed: int = 0  # dummy weights and unseeded sampling
     overlap: bool | None = None  # None: on for cuda, off on cpu (where it cannot overlap)
     cuda_graph: bool = True  # capture decode batches (cuda only)
-    fused_kernels: bool | None = None  # FlashInfer norm / rope / SiLU-and-mul; None: on for cuda
+    fused_kernels: bool | None = None  # FlashInfer norm / rope / SiLU-and-mul; None: if available
     # FlashInfer's sampling kernel; off by default: its first compile takes minutes (see notes)
     fused_sampling: bool = False
     decode_tensor_cores: bool | None = (
@@ -84,10 +85,17 @@ class EngineConfig:
         return dtype
 
     @property
+    def _flashinfer(self) -> bool:
+        """On a GPU with FlashInfer installed (the `gpu` extra): its kernels are the default."""
+        return (
+            self.torch_device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
+        )
+
+    @property
     def attention_backend(self) -> str:
         if self.attention is not None:
             return self.attention
-        return "flashinfer" if self.torch_device.type == "cuda" else "torch"
+        return "flashinfer" if self._flashinfer else "torch"
 
     @property
     def overlap_enabled(self) -> bool:
@@ -99,9 +107,7 @@ class EngineConfig:
 
     @property
     def fused_kernels_enabled(self) -> bool:
-        if self.fused_kernels is None:
-            return self.torch_device.type == "cuda"
-        return self.fused_kernels
+        return self._flashinfer if self.fused_kernels is None else self.fused_kernels
 
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)
