@@ -4,11 +4,19 @@
 seed 0, temperature 0.6, EOS ignored; one warm-up generate on other prompts, then one timed
 generate. Prints output tokens, seconds, output tokens/s, the roofline bound for the workload and
 the median decode step time at the largest batch against its bound. `--json` prints one object.
+
+`--sweep KEY=V1,V2` (repeatable) runs every combination in one process, on the same workload, and
+ends with a table: e.g. `--sweep overlap=True,False --sweep cuda_graph=True,False`, or
+`--sweep record=off,light,full` for what recording costs. KEY is an option of this command (with
+underscores) or any EngineConfig field.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import gc
+import itertools
 import json
 import statistics
 import time
@@ -44,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="any other EngineConfig field, e.g. --option fused_sampling=True (repeatable)",
+    )
+    p.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="run every combination of these values and print a table (repeatable)",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument(
@@ -129,16 +144,78 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 
 def _options(pairs: list[str]) -> dict:
-    import ast
-
     options = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
-        try:
-            options[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            options[key] = value
+        options[key] = _value(value)
     return options
+
+
+def _value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def sweep_configs(args: argparse.Namespace) -> list[tuple[dict, argparse.Namespace]]:
+    """One namespace per combination of the `--sweep` values (the arguments alone if none)."""
+    axes = []
+    for spec in args.sweep:
+        key, sep, values = spec.partition("=")
+        if not sep or not values:
+            raise ValueError(f"--sweep wants KEY=V1,V2,..., got {spec!r}")
+        key = key.replace("-", "_")
+        axes.append([(key, _value(v)) for v in values.split(",")])
+    configs = []
+    for combo in itertools.product(*axes):
+        run = argparse.Namespace(**vars(args))
+        run.option = list(args.option)
+        for key, value in combo:
+            if key in ("sweep", "option", "json", "profile"):
+                raise ValueError(f"--sweep cannot vary {key!r}")
+            if hasattr(run, key):
+                setattr(run, key, value)
+            else:
+                run.option.append(f"{key}={value!r}")
+        configs.append((dict(combo), run))
+    return configs
+
+
+def run_sweep(args: argparse.Namespace) -> list[dict]:
+    """Run every configuration in turn, freeing each engine before the next is built."""
+    results = []
+    for varied, run in sweep_configs(args):
+        result = run_bench(run)
+        result["varied"] = varied
+        results.append(result)
+        if not args.json:
+            if "profile" in result:
+                print(result.pop("profile"))
+            print_result(result)
+            print(flush=True)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return results
+
+
+def sweep_table(results: list[dict]) -> str:
+    """A markdown table: the varied settings, then the figures that matter."""
+    keys = list(results[0]["varied"]) if results else []
+    head = [*keys, "output tok/s", "seconds", "steps", "decode step ms", "vs first"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    first = results[0]["output_tokens_per_s"] if results else 1.0
+    for r in results:
+        cells = [str(r["varied"][k]) for k in keys] + [
+            f"{r['output_tokens_per_s']:,.0f}",
+            f"{r['seconds']:.2f}",
+            str(r["steps"]),
+            f"{r['decode_step_ms']:.2f}",
+            f"{r['output_tokens_per_s'] / first - 1:+.1%}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def profile_decode(llm: LLM, args: argparse.Namespace) -> str:
@@ -193,6 +270,10 @@ def print_result(r: dict) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
+    if args.sweep:
+        results = run_sweep(args)
+        print(json.dumps(results) if args.json else sweep_table(results))
+        return
     result = run_bench(args)
     if args.profile:
         print(result.pop("profile"))
