@@ -9,10 +9,10 @@ from typing import Literal
 import torch
 
 CacheKind = Literal["naive", "radix"]
-Policy = Literal["prefill_first"]
+Policy = Literal["prefill_first", "decode_first", "mixed"]
 
 CACHE_KINDS = ("naive", "radix")
-POLICIES = ("prefill_first",)
+POLICIES = ("prefill_first", "decode_first", "mixed")
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class EngineConfig:
     device: str | None = None  # None: cuda when present, else cpu
     dtype: str | torch.dtype | None = None  # None: float32 on cpu, bfloat16 on cuda
     page_size: int = 1
-    max_extend_tokens: int = 8192  # token budget of one prefill batch
+    max_extend_tokens: int = 8192  # token budget of one batch (prefill; mixed: decodes too)
     cache: CacheKind = "radix"
     max_running_reqs: int = 256  # request slots (rows of the page table)
     num_pages: int | None = None  # None: sized from memory

@@ -10,7 +10,7 @@ import torch
 if TYPE_CHECKING:
     from .kvcache.base import CacheHandle
 
-Phase = Literal["prefill", "decode"]
+Phase = Literal["prefill", "decode", "mixed"]
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,8 @@ class ReqView(NamedTuple):
     cached_tokens: int
 
     @classmethod
-    def of(cls, req: Req, phase: Phase) -> ReqView:
-        kind = (
-            "decode" if phase == "decode" else "chunk" if isinstance(req, ChunkedReq) else "prefill"
-        )
+    def of(cls, req: Req, decoding: bool) -> ReqView:
+        kind = "decode" if decoding else "chunk" if isinstance(req, ChunkedReq) else "prefill"
         return cls(
             req.uid,
             kind,
@@ -146,10 +144,15 @@ class ReqView(NamedTuple):
 
 @dataclass
 class Batch:
-    """The requests of one forward. Created by a manager, filled in by the scheduler and backend."""
+    """The requests of one forward. Created by a manager, filled in by the scheduler and backend.
+
+    A "mixed" batch (policy="mixed") runs its first `num_decode` requests' next tokens together
+    with prefill chunks of the others, through the prefill path.
+    """
 
     reqs: list[Req]
     phase: Phase
+    num_decode: int = -1  # requests at the head that decode; -1: all for "decode", none otherwise
     # filled by Scheduler.prepare_batch
     input_ids: torch.Tensor = field(init=False)  # [num_tokens] on the device
     positions: torch.Tensor = field(init=False)  # [num_tokens]
@@ -158,20 +161,33 @@ class Batch:
     # filled by the attention backend's prepare()
     attn_metadata: Any = field(init=False)
 
+    def __post_init__(self) -> None:
+        if self.num_decode < 0:
+            self.num_decode = len(self.reqs) if self.phase == "decode" else 0
+        expected = {"decode": self.num_decode == len(self.reqs), "prefill": self.num_decode == 0}
+        ok = expected.get(self.phase, 0 < self.num_decode < len(self.reqs))
+        assert ok, f"a {self.phase} batch with {self.num_decode} of {len(self.reqs)} decoding"
+
     @property
     def size(self) -> int:
         return len(self.reqs)
 
     @property
     def is_prefill(self) -> bool:
-        return self.phase == "prefill"
+        """Runs the prefill path (ragged queries): "prefill" and "mixed" batches."""
+        return self.phase != "decode"
+
+    @property
+    def prefill_reqs(self) -> list[Req]:
+        """The requests computing prompt tokens (the chunks and whole prompts)."""
+        return self.reqs[self.num_decode :]
 
     @property
     def num_tokens(self) -> int:
         return sum(r.extend_len for r in self.reqs)
 
     def views(self) -> list[ReqView]:
-        return [ReqView.of(r, self.phase) for r in self.reqs]
+        return [ReqView.of(r, i < self.num_decode) for i, r in enumerate(self.reqs)]
 
     @property
     def sampled_reqs(self) -> list[Req]:

@@ -17,12 +17,13 @@ from .workbench import Workbench
 def describe(record: StepRecord) -> str:
     """One line: step, phase, requests and tokens, and each request's slice of work."""
     rows = record.rows
-    if record.phase == "prefill":
-        work = ", ".join(
-            f"#{r.uid} {r.kind} [{r.cached_len - r.extend_len}:{r.cached_len}]" for r in rows
-        )
-    else:
-        work = " ".join(f"#{r.uid}" for r in rows)
+    decoding = " ".join(f"#{r.uid}" for r in rows if r.kind == "decode")
+    prefilling = ", ".join(
+        f"#{r.uid} {r.kind} [{r.cached_len - r.extend_len}:{r.cached_len}]"
+        for r in rows
+        if r.kind != "decode"
+    )
+    work = " + ".join(part for part in (decoding, prefilling) if part)
     waiting = sorted({a.reason for a in record.rejected})
     wait = f"  (waiting: {', '.join(waiting)})" if waiting else ""
     done = "".join(f"  done #{r.uid} ({r.finish})" for r in rows if r.finish)

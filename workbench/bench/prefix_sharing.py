@@ -29,8 +29,7 @@ def measure(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict:
 
     def count(outcome) -> None:
         nonlocal computed
-        if outcome.batch.is_prefill:
-            computed += sum(r.extend_len for r in outcome.rows)
+        computed += sum(r.extend_len for r in outcome.rows if r.kind != "decode")
 
     start = time.perf_counter()
     outputs = llm.generate(

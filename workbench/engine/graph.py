@@ -65,7 +65,7 @@ class GraphRunner:
         torch.cuda.synchronize()
 
     def can_run(self, batch: Batch) -> bool:
-        return not batch.is_prefill and batch.size <= self.max_bs
+        return batch.phase == "decode" and batch.size <= self.max_bs
 
     def padded_size(self, size: int) -> int:
         return next(s for s in self.sizes if s >= size)

@@ -47,7 +47,7 @@ class KVState(NamedTuple):
 @dataclass(frozen=True)
 class StepRecord:
     step: int
-    phase: str  # "prefill" | "decode"
+    phase: str  # "prefill" | "decode" | "mixed"
     rows: tuple[LedgerRow, ...]
     admissions: tuple[Admission, ...]
     queue_len: int  # requests waiting after the step

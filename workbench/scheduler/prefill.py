@@ -33,7 +33,16 @@ KV_FULL = "kv_full"
 KV_FULL_AFTER_LOCK = "kv_full_after_lock"
 QUEUED_BEHIND = "queued_behind"  # FIFO: a request ahead of it was refused
 WAIT_FOR_PREFIX = "wait_for_prefix"  # shares an uncached prefix with a request in this batch
-REASONS = (NO_TOKEN_BUDGET, NO_SLOT, KV_FULL, KV_FULL_AFTER_LOCK, QUEUED_BEHIND, WAIT_FOR_PREFIX)
+DECODE_FIRST = "decode_first"  # policy="decode_first": requests are running, so they go first
+REASONS = (
+    NO_TOKEN_BUDGET,
+    NO_SLOT,
+    KV_FULL,
+    KV_FULL_AFTER_LOCK,
+    QUEUED_BEHIND,
+    WAIT_FOR_PREFIX,
+    DECODE_FIRST,
+)
 
 
 @dataclass(eq=False)

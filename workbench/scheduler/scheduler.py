@@ -38,7 +38,7 @@ from ..kvcache import create_prefix_cache
 from .cache import CacheManager, ceil_page
 from .decode import DecodeManager
 from .integrity import check_integrity
-from .prefill import Admission, PendingReq, PrefillAdder, PrefillManager
+from .prefill import DECODE_FIRST, Admission, PendingReq, PrefillAdder, PrefillManager
 from .prepare import prepare_batch
 
 RECORD_LEVELS = ("off", "light", "full")
@@ -229,13 +229,13 @@ class Scheduler:
             tokens, done = self.sample(batch, logits)
             timer.stop()
         if "forward.end" in hooks:
-            ledger = tuple(ReqView.of(r, batch.phase) for r in batch.reqs)
+            ledger = tuple(batch.views())
             hooks.emit("forward.end", ev.ForwardEnd(step, batch.phase, ledger))
         if batch.is_prefill and self.cache.shares:
             # NOTE: safe before the forward has run: any batch that reads these pages is
             # launched later on the same stream. Doing it now (not at collect) also hands the
             # new handle to a chunk's continuation, which is scheduled before this is collected.
-            for req in batch.reqs:
+            for req in batch.prefill_reqs:
                 self.cache_prefix(req)
         self.decode.filter_reqs(batch.reqs)
         self.step_index += 1
@@ -255,11 +255,28 @@ class Scheduler:
         )
 
     def schedule_next_batch(self) -> tuple[Batch | None, list[Admission]]:
-        """Prefill first: a prefill batch if anything can be admitted, else a decode batch."""
+        """The policy's batch and the admission decisions behind it.
+
+        - prefill_first: a prefill batch if anything can be admitted, else a decode batch;
+        - decode_first: a decode batch while any request runs; waiting requests are admitted
+          only when none does (each is refused with reason "decode_first" until then);
+        - mixed: every running request decodes, and prefill chunks fill what is left of the
+          token budget, in one batch (stall-free batching, as in Sarathi-Serve).
+        """
+        policy = self.config.policy
+        running = list(self.decode.running)
         admissions: list[Admission] = []
-        if self.prefill.queue:
+        if self.prefill.queue and policy == "decode_first" and running:
+            admissions = [
+                Admission(p.uid, False, DECODE_FIRST, 0, p.chunked.cached_len if p.chunked else 0)
+                for p in self.prefill.queue
+            ]
+        elif self.prefill.queue:
+            budget = self.config.max_extend_tokens
+            if policy == "mixed":  # each running request's next token takes one of the budget
+                budget = max(0, budget - len(running))
             adder = PrefillAdder(
-                token_budget=self.config.max_extend_tokens,
+                token_budget=budget,
                 reserved_size=self.decode.reserved_size,
                 cache=self.cache,
                 table=self.table,
@@ -267,10 +284,12 @@ class Scheduler:
                 on_match=self._on_match if "cache.match" in self.hooks else None,
             )
             reqs, admissions = self.prefill.schedule(adder)
+            if reqs and policy == "mixed" and running:
+                return Batch(running + reqs, "mixed", num_decode=len(running)), admissions
             if reqs:
                 return Batch(reqs, "prefill"), admissions
-        if self.decode.running:
-            return Batch(list(self.decode.running), "decode"), admissions
+        if running:
+            return Batch(running, "decode"), admissions
         return None, admissions
 
     def sample(
@@ -393,7 +412,7 @@ class Scheduler:
             for a in admissions:
                 if a.admitted:
                     req = by_uid[a.uid]
-                    kind = ReqView.of(req, "prefill").kind
+                    kind = ReqView.of(req, decoding=False).kind
                     hooks.emit(
                         "admit",
                         ev.Admit(step, a.uid, kind, a.cached_len, a.extend_len, req.table_idx),

@@ -21,6 +21,7 @@ def summary(history) -> dict:
         "steps": len(steps),
         "prefill steps": int((steps.phase == "prefill").sum()),
         "decode steps": int((steps.phase == "decode").sum()),
+        "mixed steps": int((steps.phase == "mixed").sum()),
         "requests": len(requests),
         "prompt tokens": int(requests.prompt_tokens.sum()),
         "cached prompt tokens": int(requests.cached_tokens.sum()),

@@ -1,0 +1,129 @@
+"""Scheduling policies: prefill_first, decode_first and mixed (stall-free) batches.
+
+Each policy must give Hugging Face's greedy tokens (the batches differ, the tokens must not), and
+its batches must have the shape the policy promises, with requests arriving while others decode.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import Workbench
+from workbench.scheduler.prefill import DECODE_FIRST
+from workbench.viz import compare_chart, compare_table, request_latencies
+
+from .conftest import PROMPTS, greedy, hf_greedy
+
+LONG = PROMPTS[3] * 3  # about 75 tokens: several chunks under a small budget
+
+
+def staggered(wb: Workbench, max_new: int) -> list[list[int]]:
+    """Requests that arrive while earlier ones are decoding, one of them long; the token ids."""
+    prompts = [PROMPTS[0], LONG, PROMPTS[1], PROMPTS[2], PROMPTS[4], PROMPTS[3]]
+    arrivals = [None, 2, 3, 3, 9, 14]
+    ids = [wb.llm.encode(p) for p in prompts]
+    for p, step in zip(ids, arrivals):
+        wb.add_request(p, greedy(max_new), arrival_step=step)
+    return ids
+
+
+@pytest.mark.parametrize("page_size, overlap", [(1, False), (4, True)])
+@pytest.mark.parametrize("budget", [5, 24, 8192])
+@pytest.mark.parametrize("model", ["tiny-qwen3", "smollm2"])
+@pytest.mark.parametrize("policy", ["prefill_first", "decode_first", "mixed"])
+def test_every_policy_matches_hf(policy, model, budget, page_size, overlap):
+    max_new = 8 if model == "smollm2" else 12
+    wb = Workbench(
+        model,
+        policy=policy,
+        max_extend_tokens=budget,
+        page_size=page_size,
+        overlap=overlap,
+        max_running_reqs=4,
+    )
+    ids = staggered(wb, max_new)
+    records = wb.run(progress=False)
+    wb.check_integrity()
+    assert [o["token_ids"] for o in wb.outputs()] == hf_greedy(model, ids, max_new)
+    phases = {r.phase for r in records}
+    if policy == "mixed" and budget > 4:  # room for a chunk beside the decodes
+        assert "mixed" in phases
+    else:
+        assert "mixed" not in phases
+
+
+def _run(policy: str, budget: int = 16) -> list:
+    wb = Workbench("tiny-llama", policy=policy, max_extend_tokens=budget, max_running_reqs=4)
+    staggered(wb, 10)
+    records = wb.run(progress=False)
+    wb.check_integrity()
+    return records
+
+
+def test_mixed_batches_decode_everyone_then_fill_the_budget_with_chunks():
+    records = _run("mixed", budget=16)
+    mixed = [r for r in records if r.phase == "mixed"]
+    assert mixed
+    for rec in mixed:
+        kinds = [row.kind for row in rec.rows]
+        n = kinds.count("decode")
+        assert 0 < n < len(kinds) and kinds[:n] == ["decode"] * n  # decodes lead
+        assert all(row.extend_len == 1 for row in rec.rows[:n])
+        assert rec.num_tokens <= 16
+    # stall-free: no step runs prefill alone while a request was running before it
+    for before, rec in zip(records, records[1:]):
+        if rec.phase == "prefill":
+            assert before.running == 0
+
+
+def test_decode_first_admits_only_when_nothing_runs():
+    records = _run("decode_first")
+    refused = [a for r in records for a in r.admissions if a.reason == DECODE_FIRST]
+    assert refused  # requests arrived while others decoded, and waited with that reason
+    for before, rec in zip(records, records[1:]):
+        if rec.phase == "prefill":
+            assert before.running == 0
+    assert {r.phase for r in records} == {"prefill", "decode"}
+
+
+def test_policies_trade_first_token_latency_against_steps():
+    """decode_first holds arrivals back (later first tokens, in steps); mixed never stalls a
+    running request (one step per output token), where prefill_first pauses them for prefills."""
+    reqs = {}
+    for policy in ("prefill_first", "decode_first", "mixed"):
+        wb = Workbench("tiny-llama", policy=policy, max_extend_tokens=16, max_running_reqs=4)
+        staggered(wb, 10)
+        wb.run(progress=False)
+        reqs[policy] = wb.history.requests
+    ttft = {p: (r.first_token_step - r.arrival_step).mean() for p, r in reqs.items()}
+    assert ttft["decode_first"] > ttft["prefill_first"]
+    steps_per_token = {
+        p: ((r.finish_step - r.first_token_step) / (r.completion_tokens - 1)).mean()
+        for p, r in reqs.items()
+    }
+    assert steps_per_token["mixed"] == steps_per_token["decode_first"] == 1.0
+    assert steps_per_token["prefill_first"] > 1.0
+
+
+def test_compare_views_read_the_runs():
+    runs = {}
+    for policy in ("prefill_first", "mixed"):
+        wb = Workbench("tiny-llama", policy=policy, max_extend_tokens=16, max_running_reqs=4)
+        staggered(wb, 6)
+        wb.run(progress=False)
+        runs[policy] = wb.history
+    table = compare_table(runs)
+    assert list(table.index) == ["prefill_first", "mixed"]
+    assert (table["output tokens"] == 36).all()
+    assert table.loc["mixed", "mixed steps"] > 0
+    assert table.loc["prefill_first", "mixed steps"] == 0
+    lat = request_latencies(runs["mixed"])
+    r = runs["mixed"].requests
+    assert (lat.ttft_steps == r.first_token_step - r.arrival_step + 1).all()
+    assert (lat.ttft_steps >= 1).all()
+    assert table.loc["mixed", "mean TTFT (steps)"] == round(lat.ttft_steps.mean(), 2)
+    spec = compare_chart(runs).to_dict()
+    assert len(spec["vconcat"]) == 3
+    assert "http" not in str(spec["datasets"])  # data inline, nothing to fetch
+    with pytest.raises(ValueError, match="unit"):
+        compare_chart(runs, unit="hours")

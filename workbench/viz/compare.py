@@ -1,0 +1,96 @@
+"""Comparing runs: the same requests under different policies, chunk sizes or settings.
+
+`runs` is a mapping from a label to a history (live, or loaded with `load_run`). Latencies are
+given in steps as well as seconds: steps do not depend on the machine or on what else it was
+doing, so a comparison made on a laptop holds for the schedule, if not for the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+from .charts import WIDTH, _alt, _binned_steps
+from .report import summary
+
+
+def request_latencies(history) -> pd.DataFrame:
+    """Per request: time to first token and time per output token, in steps and in ms.
+
+    `ttft_steps` counts the steps from arrival to the first token, the step that produced it
+    included; `tpot_steps` is steps per output token after the first (1.0: never paused)."""
+    r = history.requests
+    decode_steps = (r.finish_step - r.first_token_step) / (r.completion_tokens - 1)
+    return pd.DataFrame(
+        {
+            "uid": r.uid,
+            "ttft_steps": r.first_token_step - r.arrival_step + 1,
+            "tpot_steps": decode_steps.where(r.completion_tokens > 1),
+            "ttft_ms": r.ttft_s * 1e3,
+            "tpot_ms": r.tpot_s * 1e3,
+        }
+    )
+
+
+def compare_table(runs: Mapping[str, object]) -> pd.DataFrame:
+    """One row per run: the report's headline figures and latency percentiles (steps and ms)."""
+    rows = {}
+    for label, history in runs.items():
+        lat = request_latencies(history)
+        row = summary(history)
+        row.update(
+            {
+                "mean TTFT (steps)": round(float(lat.ttft_steps.mean()), 2),
+                "p90 TTFT (steps)": float(lat.ttft_steps.quantile(0.9)),
+                "mean steps per output token": round(float(lat.tpot_steps.mean()), 3),
+                "p90 TTFT (ms)": round(float(lat.ttft_ms.quantile(0.9)), 1),
+            }
+        )
+        rows[label] = row
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
+    """Each request's time to first token, side by side per run; tokens per step and the
+    waiting queue over steps, one line per run. `unit`: "steps" or "ms" for the latencies."""
+    if unit not in ("steps", "ms"):
+        raise ValueError(f"unit must be 'steps' or 'ms', got {unit!r}")
+    alt = _alt()
+    labels = list(runs)
+    run_scale = alt.Scale(domain=labels)
+    lat = pd.concat(
+        [request_latencies(h).assign(run=label) for label, h in runs.items()], ignore_index=True
+    )
+    ttft = (
+        alt.Chart(lat)
+        .mark_bar()
+        .encode(
+            x=alt.X("uid:O", title="request"),
+            xOffset=alt.XOffset("run:N", scale=run_scale),
+            y=alt.Y(f"ttft_{unit}:Q", title=f"time to first token ({unit})"),
+            color=alt.Color("run:N", scale=run_scale, title="run"),
+            tooltip=["run:N", "uid:O", "ttft_steps:Q", "ttft_ms:Q", "tpot_steps:Q"],
+        )
+        .properties(width=WIDTH, height=160, title="Time to first token, per request")
+    )
+    cols = ["num_tokens", "queue_len", "running"]
+    steps = pd.concat(
+        [_binned_steps(h.steps, cols)[0].assign(run=label) for label, h in runs.items()],
+        ignore_index=True,
+    )
+    base = alt.Chart(steps).encode(
+        x=alt.X("bin:Q", title="step"),
+        color=alt.Color("run:N", scale=run_scale, title="run"),
+    )
+    tokens = (
+        base.mark_line(interpolate="step-after")
+        .encode(y=alt.Y("num_tokens:Q", title="tokens in the batch"), tooltip=["run:N", "bin:Q"])
+        .properties(width=WIDTH, height=130, title="Tokens per step")
+    )
+    queue = (
+        base.mark_line(interpolate="step-after")
+        .encode(y=alt.Y("queue_len:Q", title="waiting requests"), tooltip=["run:N", "bin:Q"])
+        .properties(width=WIDTH, height=110, title="Queue length")
+    )
+    return alt.vconcat(ttft, tokens, queue).resolve_scale(color="shared")
