@@ -54,3 +54,29 @@ def test_bad_sweep_is_refused(spec):
     add_arguments(parser)
     with pytest.raises(ValueError, match="sweep"):
         sweep_configs(parser.parse_args(["--sweep", spec]))
+
+
+def test_saved_sweep_runs_load_and_compare(tmp_path):
+    from workbench import load_run
+    from workbench.viz import compare_table
+
+    args = ["--sweep", "policy=prefill_first,mixed", "--record", "light", "--save", str(tmp_path)]
+    results = json.loads(_bench(*args, "--max-extend-tokens", "8", "--json"))
+    runs = {r["varied"]["policy"]: load_run(r["saved"]) for r in results}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "policy=mixed.json",
+        "policy=prefill_first.json",
+    ]
+    table = compare_table(runs)
+    # the saved history is the timed run alone (the warm-up is not in it)
+    assert list(table.steps) == [r["steps"] for r in results]
+    assert list(table["output tokens"]) == [r["output_tokens"] for r in results]
+    assert runs["mixed"].meta["policy"] == "mixed"
+    assert table.loc["mixed", "mixed steps"] > 0
+
+
+def test_save_without_recording_is_refused(tmp_path):
+    cmd = [sys.executable, "-m", "workbench", "bench", *SMALL, "--save", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode != 0 and "--record light or full" in done.stderr
+    assert not list(tmp_path.iterdir())

@@ -59,6 +59,24 @@ class LLM:
         self.tokenizer = _load_tokenizer(self.engine.model_dir)
         self.scheduler = Scheduler(self.engine, record=record)
 
+    def run_meta(self) -> dict:
+        """The settings a saved run carries with it."""
+        config, engine = self.config, self.engine
+        return {
+            "model": config.model,
+            "device": str(engine.device),
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "page_size": config.page_size,
+            "max_extend_tokens": config.max_extend_tokens,
+            "cache": config.cache,
+            "policy": config.policy,
+            "max_running_reqs": config.max_running_reqs,
+            "num_pages": engine.num_pages,
+            "overlap": self.scheduler.overlap,
+            "cuda_graph": config.cuda_graph_enabled,
+            "record": self.scheduler.record,
+        }
+
     # -- requests ---------------------------------------------------------------------------
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
         """Token ids of a prompt (a string, or ids checked against the vocabulary)."""

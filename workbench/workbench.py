@@ -167,18 +167,7 @@ class Workbench:
         return self.history.save(path, self._meta())
 
     def _meta(self) -> dict:
-        return {
-            "model": self.config.model,
-            "device": str(self.engine.device),
-            "dtype": str(self.engine.dtype).removeprefix("torch."),
-            "page_size": self.config.page_size,
-            "max_extend_tokens": self.config.max_extend_tokens,
-            "cache": self.config.cache,
-            "max_running_reqs": self.config.max_running_reqs,
-            "num_pages": self.engine.num_pages,
-            "overlap": self.scheduler.overlap,
-            "record": self.scheduler.record,
-        }
+        return self.llm.run_meta()
 
     def export_trace(self, path: str | Path) -> Path:
         """Chrome trace JSON of the run (steps; profiler events with record="full")."""

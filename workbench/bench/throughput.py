@@ -18,8 +18,10 @@ import ast
 import gc
 import itertools
 import json
+import re
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -60,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=V1,V2",
         help="run every combination of these values and print a table (repeatable)",
     )
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        help="write each run's history to DIR/<settings>.json (needs --record light or full); "
+        "compare them with workbench.viz.compare_table(load_run(...) ...)",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--profile", action="store_true", help="also profile 10 decode steps at the largest batch"
@@ -67,6 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> dict:
+    _check_save(args)
     llm = LLM(
         args.model,
         page_size=args.page_size,
@@ -87,6 +96,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     ]
     warm = random_workload(min(32, args.num_requests), args.input_len, (8, 16), args.seed + 1)
     llm.generate(warm.prompts, SamplingParams(max_tokens=16, temperature=args.temperature))
+    llm.scheduler.abort_all()  # the timed run starts at step 0 with an empty cache and history
 
     steps: list[tuple[float, str, int, int]] = []  # (time, phase, batch size, KV tokens read)
 
@@ -102,6 +112,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     llm.check_integrity()
 
+    saved = save_run(llm, args) if args.save else None
     profile = profile_decode(llm, args) if args.profile else None
     tokens = sum(o["completion_tokens"] for o in outputs)
     spec = DEVICES[args.device_spec]
@@ -125,6 +136,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         fused_kernels=engine.config.fused_kernels_enabled,
         page_size=args.page_size,
         max_extend_tokens=args.max_extend_tokens,
+        policy=engine.config.policy,
         record=args.record,
         num_requests=args.num_requests,
         input_len=args.input_len,
@@ -139,8 +151,22 @@ def run_bench(args: argparse.Namespace) -> dict:
         decode_step_ms=round(step_ms, 3),
         decode_step_kv_tokens=step_kv,
         decode_step_bound_ms=round(step_bound_ms, 3),
+        **({"saved": str(saved)} if saved else {}),
         **({"profile": profile} if profile else {}),
     )
+
+
+def _check_save(args: argparse.Namespace) -> None:
+    if args.save and args.record == "off":
+        raise ValueError("--save writes the run's history: it needs --record light or full")
+
+
+def save_run(llm: LLM, args: argparse.Namespace) -> Path:
+    """The timed run's history as a saved run, named after the settings a sweep varied."""
+    varied = getattr(args, "varied", None) or {}
+    name = "_".join(f"{k}={v}" for k, v in varied.items()) or "run"
+    name = re.sub(r"[^A-Za-z0-9=._-]+", "-", name)
+    return llm.scheduler.history.save(Path(args.save) / f"{name}.json", llm.run_meta())
 
 
 def _options(pairs: list[str]) -> dict:
@@ -171,8 +197,9 @@ def sweep_configs(args: argparse.Namespace) -> list[tuple[dict, argparse.Namespa
     for combo in itertools.product(*axes):
         run = argparse.Namespace(**vars(args))
         run.option = list(args.option)
+        run.varied = dict(combo)
         for key, value in combo:
-            if key in ("sweep", "option", "json", "profile"):
+            if key in ("sweep", "option", "json", "profile", "save", "varied"):
                 raise ValueError(f"--sweep cannot vary {key!r}")
             if hasattr(run, key):
                 setattr(run, key, value)
@@ -184,8 +211,11 @@ def sweep_configs(args: argparse.Namespace) -> list[tuple[dict, argparse.Namespa
 
 def run_sweep(args: argparse.Namespace) -> list[dict]:
     """Run every configuration in turn, freeing each engine before the next is built."""
+    configs = sweep_configs(args)
+    for _, run in configs:
+        _check_save(run)
     results = []
-    for varied, run in sweep_configs(args):
+    for varied, run in configs:
         result = run_bench(run)
         result["varied"] = varied
         results.append(result)
@@ -251,7 +281,8 @@ def print_result(r: dict) -> None:
         f"workbench bench: {r['model']} on {r['device']} ({r['dtype']}), overlap "
         f"{'on' if r['overlap'] else 'off'}, cuda graphs {'on' if r['cuda_graph'] else 'off'}, "
         f"fused kernels {'on' if r['fused_kernels'] else 'off'}, "
-        f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, record {r['record']}"
+        f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, policy {r['policy']}, "
+        f"record {r['record']}"
     )
     print(
         f"requests {r['num_requests']}, input {r['input_len'][0]}-{r['input_len'][1]}, "
@@ -261,12 +292,19 @@ def print_result(r: dict) -> None:
         f"output tokens {r['output_tokens']} | seconds {r['seconds']:.2f} | "
         f"output tokens/s {r['output_tokens_per_s']:,.0f}"
     )
-    print(
-        f"roofline bound {r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "
-        f"{r['roofline_fraction']:.0%}; decode step at batch {r['decode_batch']} "
-        f"({r['decode_step_kv_tokens']} KV tokens): {r['decode_step_ms']:.2f} ms, "
-        f"bound {r['decode_step_bound_ms']:.2f} ms"
+    step = (
+        f"decode step at batch {r['decode_batch']} ({r['decode_step_kv_tokens']} KV tokens): "
+        f"{r['decode_step_ms']:.2f} ms"
     )
+    if r["device"] == "cpu":  # the roofline models a GPU (--device-spec)
+        print(f"{step} (no roofline on the cpu)")
+    else:
+        print(
+            f"roofline bound {r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "
+            f"{r['roofline_fraction']:.0%}; {step}, bound {r['decode_step_bound_ms']:.2f} ms"
+        )
+    if "saved" in r:
+        print(f"history saved to {r['saved']}")
 
 
 def main(args: argparse.Namespace) -> None:
