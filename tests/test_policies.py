@@ -28,7 +28,7 @@ def staggered(wb: Workbench, max_new: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("page_size, overlap", [(1, False), (4, True)])
-@pytest.mark.parametrize("budget", [5, 24, 8192])
+@pytest.mark.parametrize("budget", [5, 24])
 @pytest.mark.parametrize("model", ["tiny-qwen3", "smollm2"])
 @pytest.mark.parametrize("policy", ["prefill_first", "decode_first", "mixed"])
 def test_every_policy_matches_hf(policy, model, budget, page_size, overlap):

@@ -45,6 +45,8 @@ def compare_table(runs: Mapping[str, object]) -> pd.DataFrame:
                 "p90 TTFT (steps)": float(lat.ttft_steps.quantile(0.9)),
                 "mean steps per output token": round(float(lat.tpot_steps.mean()), 3),
                 "p90 TTFT (ms)": round(float(lat.ttft_ms.quantile(0.9)), 1),
+                "mean step wall (ms)": round(float(history.steps.wall_ms.mean()), 3),
+                "mean step device (ms)": round(float(history.steps.device_ms.mean()), 3),
             }
         )
         rows[label] = row
