@@ -66,3 +66,13 @@ def test_top_k_and_top_p_cut_the_tail():
     # top_p=0.6: 0.5 alone falls short, 0.5 + 0.3 reaches it; 0.2 is dropped
     freq = _draw(SamplingParams(temperature=1.0, top_p=0.6), [0.5, 0.3, 0.2])
     assert freq[2] == 0 and torch.allclose(freq[:2], torch.tensor([0.625, 0.375]), atol=0.015)
+
+
+def test_greedy_rows_stay_greedy_beside_sampled_ones(tiny_llm):
+    p = [tiny_llm.encode(q) for q in PROMPTS[:4]]
+    reference, _ = run(tiny_llm, p, greedy(10))
+    hot = SamplingParams(max_tokens=10, temperature=1.5, ignore_eos=True)
+    outputs, _ = run(tiny_llm, p, [greedy(10), hot, greedy(10), hot])
+    assert outputs[0]["token_ids"] == reference[0]["token_ids"]
+    assert outputs[2]["token_ids"] == reference[2]["token_ids"]
+    assert outputs[1]["token_ids"] != reference[1]["token_ids"]  # the hot ones did sample

@@ -1,9 +1,11 @@
 """Sampling: greedy, temperature, top-k, top-p, and a per-request seed.
 
 Sampling draws ``argmax(p / E)`` with ``E ~ Exp(1)`` per token (the exponential race, an exact draw
-from ``p``). A seeded request's noise comes from its own generator keyed by (seed, output index),
-so its tokens do not depend on what else shares the batch. On a GPU, unseeded temperature
-sampling uses FlashInfer's fused kernel instead (the same distribution, one pass over the logits).
+from ``p``), computed as ``argmax(logits / T - log E)``: the same draw without the softmax (the log
+of the normaliser is the same for every token of a row). A seeded request's noise comes from its
+own generator keyed by (seed, output index), so its tokens do not depend on what else shares the
+batch. With `fused_sampling=True` on a GPU, unseeded temperature sampling uses FlashInfer's fused
+kernel instead (the same distribution, one pass over the logits).
 """
 
 from __future__ import annotations
@@ -65,25 +67,28 @@ class Sampler:
         """logits: [batch, vocab] float32 -> token ids [batch] int32."""
         if args.all_greedy:
             return logits.argmax(-1).to(torch.int32)
+        # a mixed batch: greedy rows take the plain argmax
+        greedy = None if args.greedy is None else logits.argmax(-1)
         logits = logits / args.temperatures[:, None]
         if self.fused and not args.seeded and args.top_k is None and args.top_p is None:
             from flashinfer.sampling import sampling_from_logits
 
             sampled = sampling_from_logits(logits, generator=self.generator)
-            if args.greedy is not None:
-                sampled = torch.where(args.greedy, logits.argmax(-1), sampled)
-            return sampled.to(torch.int32)
+        else:
+            sampled = self._exponential_race(logits, args)
+        if greedy is not None:
+            sampled = torch.where(args.greedy, greedy, sampled)
+        return sampled.to(torch.int32)
+
+    def _exponential_race(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
+        """argmax(logits - log E): `logits` already divided by the temperatures (and owned)."""
         if args.top_k is not None or args.top_p is not None:
             logits = _mask_top_k_top_p(logits, args.top_k, args.top_p)
-        probs = torch.softmax(logits, dim=-1)
-        noise = _exponential(probs.shape, self.generator, probs.device)
+        noise = _exponential(logits.shape, self.generator, logits.device)
         for row, key in args.seeded:
-            gen = torch.Generator(probs.device).manual_seed(key)
-            noise[row] = _exponential(probs.shape[1:], gen, probs.device)
-        sampled = (probs / noise).argmax(-1)
-        if args.greedy is not None:  # a mixed batch: greedy rows take the plain argmax
-            sampled = torch.where(args.greedy, logits.argmax(-1), sampled)
-        return sampled.to(torch.int32)
+            gen = torch.Generator(logits.device).manual_seed(key)
+            noise[row] = _exponential(logits.shape[1:], gen, logits.device)
+        return logits.sub_(noise.log_()).argmax(-1)
 
 
 def _mask_top_k_top_p(
