@@ -1,4 +1,4 @@
-"""The benchmark command on the CPU: one run, and a sweep over settings in one process."""
+"""The command line on the CPU: the benchmark (one run, a sweep, saved runs) and the demo."""
 
 from __future__ import annotations
 
@@ -80,3 +80,18 @@ def test_save_without_recording_is_refused(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode != 0 and "--record light or full" in done.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_demo_runs_and_writes_its_report(tmp_path):
+    """`make demo`'s command, with the mixed policy and light records to keep it short."""
+    from workbench import load_run
+
+    cmd = [sys.executable, "-m", "workbench", "demo", "--out", str(tmp_path)]
+    cmd += ["--policy", "mixed", "--record", "light"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    assert "KV pool integrity ok" in out and " mixed " in out
+    run = load_run(tmp_path / "run.json")
+    assert run.meta["policy"] == "mixed" and (run.steps.phase == "mixed").any()
+    report = (tmp_path / "report.html").read_text()
+    assert "mixed steps" in report and "vega-embed" in report  # summary and charts inline
+    assert "cdn.jsdelivr" not in report

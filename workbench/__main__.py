@@ -15,6 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-extend-tokens", type=int, default=48)
     demo.add_argument("--page-size", type=int, default=1)
     demo.add_argument("--cache", default="radix")
+    demo.add_argument(
+        "--policy", default="prefill_first", help="prefill_first, decode_first, mixed"
+    )
     demo.add_argument("--max-running-reqs", type=int, default=4)
     demo.add_argument("--record", default="full", choices=["off", "light", "full"])
     demo.add_argument("--out", default="out/demo", help="where the run and the report go")

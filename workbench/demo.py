@@ -42,13 +42,14 @@ def run_demo(args: Namespace) -> None:
         page_size=args.page_size,
         cache=args.cache,
         max_running_reqs=args.max_running_reqs,
+        policy=args.policy,
         record=args.record,
     )
     engine = wb.engine
     print(
         f"model {args.model} on {engine.device} ({engine.dtype}), {engine.num_pages} KV pages of "
         f"{wb.config.page_size}, token budget {wb.config.max_extend_tokens}, "
-        f"{wb.config.max_running_reqs} request slots, {wb.config.cache} cache; "
+        f"{wb.config.max_running_reqs} request slots, {wb.config.cache} cache, {wb.config.policy}; "
         f"loaded in {time.perf_counter() - t0:.1f}s"
     )
     questions = spec["questions"]

@@ -197,5 +197,5 @@ class Workbench:
         return (
             f"Workbench({self.config.model} on {self.engine.device}, step {s.step_index}, "
             f"{len(s.prefill.queue)} waiting, {len(s.decode.running)} running, "
-            f"{len(s.finished)} finished, record={s.record!r})"
+            f"{len(s.finished)} finished, policy={self.config.policy!r}, record={s.record!r})"
         )
