@@ -77,6 +77,21 @@ class Workbench:
         self._future.sort(key=lambda f: (f[0], f[1]))
         return uid
 
+    def abort(self, uid: int) -> dict:
+        """Stop a request: waiting, due to arrive later, part-way through its prompt or decoding.
+
+        Returns its output so far (finish_reason "abort"); it stays in `outputs()` and its row
+        in `history.requests` says when it was aborted. What it held is freed (with overlap, once
+        the batch in flight that still computes for it is collected).
+        """
+        future = next((f for f in self._future if f[1] == uid), None)
+        if future is not None:  # it arrives now, and is aborted at once
+            self._future.remove(future)
+            self.scheduler.add_request(future[2], future[3], uid=uid)
+        req = self.scheduler.abort(uid)
+        self._notify(final=True)
+        return self.llm.output(req)
+
     def _release_arrivals(self) -> None:
         # NOTE: an idle engine does not count empty steps: the next arrival comes now.
         while self._future and (self._future[0][0] <= self.step_index or self.scheduler.is_idle):

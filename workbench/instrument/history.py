@@ -133,11 +133,16 @@ class History(_Tables):
     def __init__(self) -> None:
         self.records: list[StepRecord] = []
         self.arrivals: dict[int, tuple[int, float, int, int]] = {}  # uid -> step, s, prompt, max
+        self.aborts: dict[int, tuple[int, float]] = {}  # uid -> step it was aborted before, s
         self.meta: dict[str, Any] = {}
         self._cache: dict[str, pd.DataFrame] | None = None
 
     def arrive(self, uid: int, step: int, seconds: float, prompt_len: int, max_tokens: int) -> None:
         self.arrivals[uid] = (step, seconds, prompt_len, max_tokens)
+        self._cache = None
+
+    def abort(self, uid: int, step: int, seconds: float) -> None:
+        self.aborts[uid] = (step, seconds)
         self._cache = None
 
     def append(self, record: StepRecord) -> None:
@@ -152,7 +157,7 @@ class History(_Tables):
 
     def tables(self) -> dict[str, pd.DataFrame]:
         if self._cache is None:
-            self._cache = _build_tables(self.records, self.arrivals)
+            self._cache = _build_tables(self.records, self.arrivals, self.aborts)
         return self._cache
 
 
@@ -188,7 +193,9 @@ def load_run(path: str | Path) -> RunHistory:
     return RunHistory(frames, doc.get("meta", {}))
 
 
-def _build_tables(records: list[StepRecord], arrivals: dict) -> dict[str, pd.DataFrame]:
+def _build_tables(
+    records: list[StepRecord], arrivals: dict, aborts: dict
+) -> dict[str, pd.DataFrame]:
     import pandas as pd
 
     steps, ledger, admissions, events, pages = [], [], [], [], []
@@ -258,7 +265,7 @@ def _build_tables(records: list[StepRecord], arrivals: dict) -> dict[str, pd.Dat
         "events": pd.DataFrame(events, columns=EVENT_COLUMNS),
         "pages": pd.DataFrame(pages, columns=PAGE_COLUMNS),
     }
-    frames["requests"] = _requests_table(frames["steps"], frames["ledger"], arrivals)
+    frames["requests"] = _requests_table(frames["steps"], frames["ledger"], arrivals, aborts)
     return {name: _text_as_string(_rounded(frame)) for name, frame in frames.items()}
 
 
@@ -289,7 +296,9 @@ def _text_as_string(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.astype({c: "string" for c in text}) if text else frame
 
 
-def _requests_table(steps: pd.DataFrame, ledger: pd.DataFrame, arrivals: dict) -> pd.DataFrame:
+def _requests_table(
+    steps: pd.DataFrame, ledger: pd.DataFrame, arrivals: dict, aborts: dict
+) -> pd.DataFrame:
     import pandas as pd
 
     end_s = dict(zip(steps["step"], steps["completed_at"]))
@@ -307,6 +316,9 @@ def _requests_table(steps: pd.DataFrame, ledger: pd.DataFrame, arrivals: dict) -
         cached = int(mine["cached_tokens"].iloc[0]) if mine is not None else 0
         t_first = end_s.get(first_tok) if first_tok is not None else None
         t_fin = end_s.get(fin["step"]) if fin is not None else None
+        if fin is None and uid in aborts:  # ended by Scheduler.abort, between steps
+            fin = {"finish": "abort", "step": aborts[uid][0]}
+            t_fin = aborts[uid][1]
         rows.append(
             (
                 uid,

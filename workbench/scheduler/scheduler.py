@@ -35,6 +35,7 @@ from ..instrument.hooks import HookRegistry
 from ..instrument.profiler import StepProfiler
 from ..instrument.recorder import build_record
 from ..kvcache import create_prefix_cache
+from ..kvcache.base import CacheHandle
 from .cache import CacheManager, ceil_page
 from .decode import DecodeManager
 from .integrity import check_integrity
@@ -354,9 +355,10 @@ class Scheduler:
                         ),
                     )
         # NOTE: a finished request in the batch launched after this one still uses its slot
-        # and pages; that batch's collect frees them.
+        # and pages; that batch's collect frees them. All rows, not only the sampled ones: an
+        # aborted chunk is freed here too.
         still_used = set(self.in_flight.batch.reqs) if self.in_flight is not None else set()
-        for req in batch.sampled_reqs:
+        for req in batch.reqs:
             if req.finish_reason is not None and req not in still_used:
                 self.free_req(req)
         return StepOutcome(
@@ -403,6 +405,46 @@ class Scheduler:
             self.hooks.emit(
                 "cache.insert", ev.CacheInsert(self.step_index, req.uid, inserted, kept)
             )
+
+    def abort(self, uid: int) -> Req:
+        """Stop a request wherever it is: waiting, part-way through its prompt, or decoding.
+
+        It ends with finish_reason "abort" and the tokens it has. Its slot and KV pages are freed
+        now, or, when a launched batch still computes for it (overlap), when that batch is
+        collected: nothing a batch in flight writes to is handed out again before it is done.
+        """
+        if uid in self.finished:
+            raise ValueError(
+                f"request {uid} has already finished ({self.finished[uid].finish_reason})"
+            )
+        in_flight = self.in_flight.batch.reqs if self.in_flight is not None else []
+        pending = next((p for p in self.prefill.queue if p.uid == uid), None)
+        if pending is not None:
+            self.prefill.queue.remove(pending)
+            req = pending.chunked
+            if req is None:  # never admitted: it holds nothing
+                ids = list(pending.token_ids)
+                req = Req(uid, ids, len(ids), -1, 0, pending.sampling, CacheHandle())
+        else:
+            # running, or its last token in flight (then it is no longer in the running set)
+            live = (r for r in [*self.decode.running, *in_flight] if r.finish_reason is None)
+            req = next((r for r in live if r.uid == uid), None)
+            if req is None:
+                raise ValueError(f"no request {uid} is waiting or running")
+            self.decode.running.pop(req, None)
+        req.finish_reason = "abort"
+        self.finished[uid] = req
+        if req.table_idx >= 0 and req not in in_flight:
+            self.free_req(req)
+        self.history.abort(uid, self.step_index, self.clock())
+        if "request.finish" in self.hooks:
+            self.hooks.emit(
+                "request.finish",
+                ev.RequestFinish(
+                    self.step_index, uid, "abort", req.prompt_len, req.cached_tokens, req.output_len
+                ),
+            )
+        return req
 
     # -- hook helpers -----------------------------------------------------------------------
     def _emit_admissions(self, batch: Batch | None, admissions: list[Admission]) -> None:
