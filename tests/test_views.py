@@ -96,8 +96,14 @@ def test_dashboard_steps_and_redraws():
     assert "step 0" in dash.status.value
     dash.picker.value = 1  # highlight request 1 everywhere
     assert "datum.uid == 1" in json.dumps(dash.charts["admissions"].chart.to_dict())
+    assert not dash.buttons["Abort"].disabled
+    dash.buttons["Abort"].click()  # abort the picked request
+    assert wb.scheduler.finished[1].finish_reason == "abort"
+    assert dash.buttons["Abort"].disabled
     dash.buttons["Run"].click()
     assert wb.is_done and dash.slider.value == dash.slider.max == len(wb.history) - 1
+    assert [o["finish_reason"] for o in wb.outputs()] == ["length", "abort", "length"]
+    wb.check_integrity()
     state = dash.charts["batch_composition"].get_state()
     assert state["spec"]["datasets"]  # the widget holds the data to draw
     dash.buttons["Reset"].click()

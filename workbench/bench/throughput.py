@@ -227,6 +227,9 @@ def run_sweep(args: argparse.Namespace) -> list[dict]:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+            left = torch.cuda.memory_allocated() / 2**30
+            if left > 1 and not args.json:  # the next run sizes its KV pool from free memory
+                print(f"warning: {left:.1f} GiB still allocated after this run")
     return results
 
 

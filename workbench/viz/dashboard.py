@@ -1,5 +1,5 @@
-"""The live dashboard: buttons that drive the engine, a step slider to look back, a request picker,
-and charts that redraw in place after every step.
+"""The live dashboard: buttons that drive the engine, a step slider to look back, a request picker
+(with Abort for the picked request), and charts that redraw in place after every step.
 
     wb.dashboard()              # live, on a Workbench
     Dashboard(load_run(path))   # a saved run: the same views, no buttons
@@ -67,7 +67,13 @@ class Dashboard(w.VBox):
             controls = [self.buttons["Step"], self.buttons["Step ×"], self.count]
             rows.append(w.HBox([*controls, self.buttons["Run"], self.buttons["Reset"]]))
             self.workbench._observers.append(self._on_engine_step)
-        rows.append(w.HBox([self.slider, self.picker]))
+        picking = [self.slider, self.picker]
+        if self.workbench is not None:
+            abort = w.Button(description="Abort", disabled=True, layout=w.Layout(width="80px"))
+            abort.on_click(lambda _: self._abort())
+            self.buttons["Abort"] = abort
+            picking.append(abort)
+        rows.append(w.HBox(picking))
         rows.append(self.status)
         for left, right in LAYOUT:
             rows.append(w.HBox([self.charts[left], self.charts[right]]))
@@ -94,6 +100,13 @@ class Dashboard(w.VBox):
     def _reset(self) -> None:
         self.workbench.reset()
         self._follow = True
+        self.refresh()
+
+    def _abort(self) -> None:
+        """Abort the picked request (the next steps show its slot and pages freed)."""
+        uid = self.picker.value
+        if uid != -1 and uid not in self.workbench.scheduler.finished:
+            self.workbench.abort(uid)
         self.refresh()
 
     def _on_engine_step(self, final: bool) -> None:
@@ -126,6 +139,8 @@ class Dashboard(w.VBox):
             self.picker.options, self.picker.value = options, value
         step = self.slider.value
         uid = None if self.picker.value == -1 else self.picker.value
+        if "Abort" in self.buttons:  # only a request still waiting or running can be aborted
+            self.buttons["Abort"].disabled = uid is None or uid in self.workbench.scheduler.finished
         self.status.value = self._status_html(step)
         drawn = {
             "batch_composition": charts.batch_composition(history, step),
