@@ -39,7 +39,8 @@ from ..kvcache.base import CacheHandle
 from .cache import CacheManager, ceil_page
 from .decode import DecodeManager
 from .integrity import check_integrity
-from .prefill import DECODE_FIRST, Admission, PendingReq, PrefillAdder, PrefillManager
+from .policy import schedule_next_batch
+from .prefill import Admission, PendingReq, PrefillManager
 from .prepare import prepare_batch
 
 RECORD_LEVELS = ("off", "light", "full")
@@ -256,42 +257,8 @@ class Scheduler:
         )
 
     def schedule_next_batch(self) -> tuple[Batch | None, list[Admission]]:
-        """The policy's batch and the admission decisions behind it.
-
-        - prefill_first: a prefill batch if anything can be admitted, else a decode batch;
-        - decode_first: a decode batch while any request runs; waiting requests are admitted
-          only when none does (each is refused with reason "decode_first" until then);
-        - mixed: every running request decodes, and prefill chunks fill what is left of the
-          token budget, in one batch (stall-free batching, as in Sarathi-Serve).
-        """
-        policy = self.config.policy
-        running = list(self.decode.running)
-        admissions: list[Admission] = []
-        if self.prefill.queue and policy == "decode_first" and running:
-            admissions = [
-                Admission(p.uid, False, DECODE_FIRST, 0, p.chunked.cached_len if p.chunked else 0)
-                for p in self.prefill.queue
-            ]
-        elif self.prefill.queue:
-            budget = self.config.max_extend_tokens
-            if policy == "mixed":  # each running request's next token takes one of the budget
-                budget = max(0, budget - len(running))
-            adder = PrefillAdder(
-                token_budget=budget,
-                reserved_size=self.decode.reserved_size,
-                cache=self.cache,
-                table=self.table,
-                share_threshold=self.config.share_threshold if self.cache.shares else 0,
-                on_match=self._on_match if "cache.match" in self.hooks else None,
-            )
-            reqs, admissions = self.prefill.schedule(adder)
-            if reqs and policy == "mixed" and running:
-                return Batch(running + reqs, "mixed", num_decode=len(running)), admissions
-            if reqs:
-                return Batch(reqs, "prefill"), admissions
-        if running:
-            return Batch(running, "decode"), admissions
-        return None, admissions
+        """The configured policy's batch and the admission decisions behind it."""
+        return schedule_next_batch(self)
 
     def sample(
         self, batch: Batch, logits: torch.Tensor
