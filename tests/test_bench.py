@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from workbench import SamplingParams
 from workbench.bench.throughput import add_arguments, sweep_configs
 from workbench.bench.workload import random_workload
 
@@ -95,3 +96,48 @@ def test_demo_runs_and_writes_its_report(tmp_path):
     report = (tmp_path / "report.html").read_text()
     assert "mixed steps" in report and "vega-embed" in report  # summary and charts inline
     assert "cdn.jsdelivr" not in report
+
+
+def test_poisson_arrivals_are_seeded_and_have_the_rate():
+    from workbench.bench.online import poisson_arrivals
+
+    times = poisson_arrivals(4000, rate=50.0, seed=1)
+    assert times == poisson_arrivals(4000, rate=50.0, seed=1)
+    assert times != poisson_arrivals(4000, rate=50.0, seed=2)
+    assert all(b > a for a, b in zip(times, times[1:]))
+    assert abs(times[-1] / len(times) - 1 / 50) < 0.05 / 50  # mean gap within 5%
+    assert poisson_arrivals(3, float("inf")) == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="rate"):
+        poisson_arrivals(3, 0.0)
+
+
+def test_serving_arrivals_gives_generates_tokens_and_sane_latencies(tiny_llm):
+    from workbench.bench.online import latency_summary, poisson_arrivals, serve
+
+    work = random_workload(8, (8, 40), (3, 9), seed=3)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in work.output_lens]
+    expected = [o["token_ids"] for o in tiny_llm.generate(work.prompts, params)]
+    arrivals = poisson_arrivals(8, rate=40.0, seed=3)
+    tokens: dict[int, list[int]] = {}
+
+    def keep(outcome) -> None:
+        for req, token in zip(outcome.batch.sampled_reqs, outcome.tokens):
+            if token is not None:
+                tokens.setdefault(req.uid, []).append(token)
+
+    timings = serve(tiny_llm, work.prompts, params, arrivals, on_step=keep)
+    tiny_llm.check_integrity()
+    assert [tokens[uid] for uid in sorted(tokens)] == expected  # uids follow arrival order
+    assert [t.output_tokens for t in timings] == work.output_lens
+    for t, arrival in zip(timings, arrivals):
+        assert t.arrival == arrival <= t.first_token <= t.finish
+    summary = latency_summary(timings)
+    assert 0 < summary["ttft_ms_p50"] <= summary["ttft_ms_p90"] <= summary["ttft_ms_p99"]
+    assert summary["tpot_ms_p50"] > 0
+
+
+def test_bench_with_a_request_rate_reports_latencies():
+    r = json.loads(_bench("--request-rate", "50", "--json"))
+    assert r["request_rate"] == 50.0
+    assert r["output_tokens"] == sum(random_workload(4, (8, 24), (4, 12), 0).output_lens)
+    assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p90"] <= r["ttft_ms_p99"] < r["e2e_ms_p99"]

@@ -27,6 +27,7 @@ import torch
 
 from ..core import SamplingParams
 from ..llm import LLM
+from .online import latency_summary, poisson_arrivals, serve
 from .roofline import DEVICES, decode_step_bound, workload_bound
 from .workload import random_workload
 
@@ -39,6 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, nargs=2, default=[100, 1024] if gpu else [16, 64])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="requests/s arriving as a Poisson process (default: all at once); adds latencies",
+    )
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None)
@@ -107,14 +114,21 @@ def run_bench(args: argparse.Namespace) -> dict:
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
-    outputs = llm.generate(work.prompts, params, on_step=on_step)
+    latency = {}
+    if args.request_rate is None:
+        outputs = llm.generate(work.prompts, params, on_step=on_step)
+        tokens = sum(o["completion_tokens"] for o in outputs)
+    else:
+        arrivals = poisson_arrivals(len(work.prompts), args.request_rate, args.seed)
+        timings = serve(llm, work.prompts, params, arrivals, on_step=on_step)
+        tokens = sum(t.output_tokens for t in timings)
+        latency = latency_summary(timings)
     sync()
     seconds = time.perf_counter() - start
     llm.check_integrity()
 
     saved = save_run(llm, args) if args.save else None
     profile = profile_decode(llm, args) if args.profile else None
-    tokens = sum(o["completion_tokens"] for o in outputs)
     spec = DEVICES[args.device_spec]
     bound = workload_bound(engine.model_config, work.prompt_lens, work.output_lens, spec)
     # decode step time at the largest batch: gaps between consecutive decode steps of that size
@@ -151,6 +165,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         decode_step_ms=round(step_ms, 3),
         decode_step_kv_tokens=step_kv,
         decode_step_bound_ms=round(step_bound_ms, 3),
+        request_rate=args.request_rate,
+        **latency,
         **({"saved": str(saved)} if saved else {}),
         **({"profile": profile} if profile else {}),
     )
@@ -237,6 +253,9 @@ def sweep_table(results: list[dict]) -> str:
     """A markdown table: the varied settings, then the figures that matter."""
     keys = list(results[0]["varied"]) if results else []
     head = [*keys, "output tok/s", "seconds", "steps", "decode step ms", "vs first"]
+    online = bool(results) and "ttft_ms_p50" in results[0]
+    if online:
+        head += ["TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     first = results[0]["output_tokens_per_s"] if results else 1.0
     for r in results:
@@ -247,6 +266,9 @@ def sweep_table(results: list[dict]) -> str:
             f"{r['decode_step_ms']:.2f}",
             f"{r['output_tokens_per_s'] / first - 1:+.1%}",
         ]
+        if online:
+            cells += [f"{r['ttft_ms_p50']:.1f}", f"{r['ttft_ms_p90']:.1f}"]
+            cells.append(f"{r['tpot_ms_p50']:.2f}" if "tpot_ms_p50" in r else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -305,6 +327,13 @@ def print_result(r: dict) -> None:
         print(
             f"roofline bound {r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "
             f"{r['roofline_fraction']:.0%}; {step}, bound {r['decode_step_bound_ms']:.2f} ms"
+        )
+    if "ttft_ms_p50" in r:
+        nan = float("nan")
+        print(
+            f"request rate {r['request_rate']}/s: TTFT p50 {r['ttft_ms_p50']:.1f} ms, "
+            f"p90 {r['ttft_ms_p90']:.1f} ms, p99 {r['ttft_ms_p99']:.1f} ms | TPOT p50 "
+            f"{r.get('tpot_ms_p50', nan):.2f} ms, p90 {r.get('tpot_ms_p90', nan):.2f} ms"
         )
     if "saved" in r:
         print(f"history saved to {r['saved']}")

@@ -1,0 +1,126 @@
+"""Requests that arrive over time: Poisson arrivals at a request rate, and per-request latencies.
+
+`python -m workbench bench --request-rate R` serves the benchmark's requests as they arrive
+(seeded exponential gaps, mean 1/R seconds) instead of all at once, and reports time to first
+token (TTFT), time per output token after the first (TPOT) and end-to-end latency as percentiles.
+Policies and chunk sizes only show their differences when requests arrive while others run:
+`--request-rate 30 --sweep policy=prefill_first,mixed`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core import SamplingParams
+from ..llm import LLM
+from ..scheduler.scheduler import StepOutcome
+
+
+def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> list[float]:
+    """Arrival times in seconds from the start; `rate` requests/s (inf: all at time 0)."""
+    if not rate > 0:
+        raise ValueError(f"request rate must be > 0, got {rate}")
+    if math.isinf(rate):
+        return [0.0] * num_requests
+    rng = random.Random(seed)
+    t, times = 0.0, []
+    for _ in range(num_requests):
+        t += rng.expovariate(rate)
+        times.append(t)
+    return times
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One request, in seconds from the start of serving."""
+
+    arrival: float
+    first_token: float
+    finish: float
+    output_tokens: int
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        if self.output_tokens < 2:
+            return None
+        return (self.finish - self.first_token) / (self.output_tokens - 1)
+
+
+def serve(
+    llm: LLM,
+    prompts: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    arrivals: Sequence[float],
+    on_step: Callable[[StepOutcome], None] | None = None,
+) -> list[Timing]:
+    """Add each request when its arrival time has come, step until every one has finished.
+
+    A token counts as delivered when the step that collected it returns (the host has it).
+    When nothing runs and the next request is not due yet, the loop sleeps until it is.
+    """
+    for i, (ids, sp) in enumerate(zip(prompts, params)):
+        llm.check_request(ids, sp, i)  # every request is valid before the clock starts
+    sched = llm.scheduler
+    order = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+    index_of: dict[int, int] = {}
+    first: dict[int, float] = {}
+    finish: dict[int, float] = {}
+    count = [0] * len(prompts)
+    start = time.perf_counter()
+    due = 0
+    while len(finish) < len(prompts):
+        now = time.perf_counter() - start
+        while due < len(order) and arrivals[order[due]] <= now:
+            i = order[due]
+            index_of[sched.add_request(list(prompts[i]), params[i])] = i
+            due += 1
+        outcome = sched.step()
+        if outcome is None:
+            if due < len(order):  # idle until the next arrival
+                time.sleep(max(0.0, arrivals[order[due]] - (time.perf_counter() - start)))
+                continue
+            break
+        t = time.perf_counter() - start
+        for req, token in zip(outcome.batch.sampled_reqs, outcome.tokens):
+            if token is not None:
+                i = index_of[req.uid]
+                first.setdefault(i, t)
+                count[i] += 1
+        for req in outcome.finished:
+            finish[index_of[req.uid]] = t
+        if on_step is not None:
+            on_step(outcome)
+        sched.hooks.raise_pending()
+    outcome = sched.flush()
+    if outcome is not None and on_step is not None:
+        on_step(outcome)
+    for uid in index_of:
+        sched.finished.pop(uid, None)
+    return [Timing(arrivals[i], first[i], finish[i], count[i]) for i in range(len(prompts))]
+
+
+def latency_summary(timings: list[Timing]) -> dict:
+    """Percentiles (ms) of TTFT, TPOT and end-to-end latency."""
+
+    def pct(values: list[float], name: str) -> dict:
+        if not values:
+            return {}
+        p = np.percentile(np.asarray(values) * 1e3, [50, 90, 99])
+        return {f"{name}_ms_p{q}": round(float(v), 2) for q, v in zip((50, 90, 99), p)}
+
+    tpots = [t.tpot for t in timings if t.tpot is not None]
+    return {
+        **pct([t.ttft for t in timings], "ttft"),
+        **pct(tpots, "tpot"),
+        **pct([t.finish - t.arrival for t in timings], "e2e"),
+    }
