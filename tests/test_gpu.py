@@ -272,3 +272,24 @@ def test_hooks_fire_once_per_step_with_cuda_graphs():
             assert fired[(name, r.step)] == 1, (name, r.step)
     assert fired[("RequestFinish", records[-1].step)] >= 1
     wb.check_integrity()
+
+
+def test_abort_with_overlap_and_cuda_graphs():
+    """An aborted request's pages are freed only once the replay that writes its KV is collected;
+    the others run to exactly max_tokens and the pool balances."""
+    from workbench import Workbench
+
+    wb = Workbench(MODEL, num_pages=PAGES, max_running_reqs=16, cuda_graph_max_bs=16, overlap=True)
+    uids = [
+        wb.add_request(p, SamplingParams(max_tokens=20, ignore_eos=True))
+        for p in random_prompts(8, 8, 64, seed=7)
+    ]
+    wb.step(4)
+    victim = uids[3]
+    assert any(r.uid == victim for r in wb.scheduler.in_flight.batch.reqs)
+    partial = wb.abort(victim)
+    wb.run(progress=False)
+    wb.check_integrity()
+    outputs = {o["uid"]: o for o in wb.outputs()}
+    assert outputs[victim]["finish_reason"] == "abort" and partial["completion_tokens"] < 20
+    assert all(outputs[u]["completion_tokens"] == 20 for u in uids if u != victim)
