@@ -122,8 +122,28 @@ def test_compare_views_read_the_runs():
     assert (lat.ttft_steps == r.first_token_step - r.arrival_step + 1).all()
     assert (lat.ttft_steps >= 1).all()
     assert table.loc["mixed", "mean TTFT (steps)"] == round(lat.ttft_steps.mean(), 2)
+    assert not any(c.endswith("ms/step") for c in table.columns)  # no profile with "light"
     spec = compare_chart(runs).to_dict()
     assert len(spec["vconcat"]) == 3
     assert "http" not in str(spec["datasets"])  # data inline, nothing to fetch
     with pytest.raises(ValueError, match="unit"):
         compare_chart(runs, unit="hours")
+
+
+def test_profiled_runs_compare_by_kernel_family():
+    runs = {}
+    for budget in (4, 64):
+        wb = Workbench("tiny-llama", record="full", max_extend_tokens=budget, max_running_reqs=4)
+        for p in PROMPTS[:3]:
+            wb.add_request(p, greedy(3))
+        wb.run(progress=False)
+        runs[f"chunk {budget}"] = wb.history
+    table = compare_table(runs)
+    families = [c for c in table.columns if c.endswith("ms/step")]
+    assert {"attention ms/step", "matmul ms/step", "idle ms/step"} <= set(families)
+    assert (table[families] >= 0).all().all() and (table["matmul ms/step"] > 0).all()
+    # the families add up to the steps' mean wall time (idle fills the rest of each step)
+    total = table[families].sum(axis=1)
+    assert (
+        (total - table["mean step wall (ms)"]).abs() < 0.01 * table["mean step wall (ms)"]
+    ).all()

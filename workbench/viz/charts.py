@@ -356,6 +356,8 @@ _CPU_LEAVES = {
     "aten::index_select",
     "aten::neg",
     "aten::neg_",
+    "aten::sub",
+    "aten::sub_",
 }
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from .charts import WIDTH, _alt, _binned_steps
+from .charts import WIDTH, _alt, _binned_steps, breakdown_table
 from .report import summary
 
 
@@ -34,7 +34,8 @@ def request_latencies(history) -> pd.DataFrame:
 
 
 def compare_table(runs: Mapping[str, object]) -> pd.DataFrame:
-    """One row per run: the report's headline figures and latency percentiles (steps and ms)."""
+    """One row per run: the report's headline figures, latency percentiles (steps and ms) and,
+    for runs profiled with record="full", the mean ms per step of each kernel family."""
     rows = {}
     for label, history in runs.items():
         lat = request_latencies(history)
@@ -49,6 +50,12 @@ def compare_table(runs: Mapping[str, object]) -> pd.DataFrame:
                 "mean step device (ms)": round(float(history.steps.device_ms.mean()), 3),
             }
         )
+        breakdown = breakdown_table(history)
+        if not breakdown.empty:
+            per_step = breakdown.groupby("family").ms.sum() / history.steps.step.nunique()
+            row.update(
+                {f"{family} ms/step": round(float(ms), 3) for family, ms in per_step.items()}
+            )
         rows[label] = row
     return pd.DataFrame.from_dict(rows, orient="index")
 
