@@ -86,6 +86,7 @@ def test_bad_sampling_values(llm, kwargs, message):
         (dict(max_extend_tokens=0), "max_extend_tokens"),
         (dict(cache="lru"), "cache must be one of"),
         (dict(dtype="float7"), "unknown dtype"),
+        (dict(policy="shortest_first"), "policy must be one of .*mixed"),
     ],
 )
 def test_bad_engine_options(kwargs, message):
