@@ -141,3 +141,10 @@ def test_bench_with_a_request_rate_reports_latencies():
     assert r["request_rate"] == 50.0
     assert r["output_tokens"] == sum(random_workload(4, (8, 24), (4, 12), 0).output_lens)
     assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p90"] <= r["ttft_ms_p99"] < r["e2e_ms_p99"]
+
+
+def test_bench_splits_the_hosts_time_per_step():
+    r = json.loads(_bench("--json"))
+    # on the CPU the forward runs inside launch: nothing is left to wait for at collect
+    assert r["decode_launch_ms"] > 0 and r["decode_collect_ms"] >= 0
+    assert r["decode_wait_ms"] < 0.1 * r["decode_launch_ms"]

@@ -105,11 +105,12 @@ def run_bench(args: argparse.Namespace) -> dict:
     llm.generate(warm.prompts, SamplingParams(max_tokens=16, temperature=args.temperature))
     llm.scheduler.abort_all()  # the timed run starts at step 0 with an empty cache and history
 
-    steps: list[tuple[float, str, int, int]] = []  # (time, phase, batch size, KV tokens read)
+    steps: list[tuple] = []  # (time, phase, batch size, KV tokens read, (launch, wait, collect ms))
 
     def on_step(outcome) -> None:
         kv = sum(r.device_len for r in outcome.rows)
-        steps.append((time.perf_counter(), outcome.batch.phase, len(outcome.rows), kv))
+        host = (outcome.launched.launch_ms, outcome.wait_ms, outcome.collect_ms)
+        steps.append((time.perf_counter(), outcome.batch.phase, len(outcome.rows), kv, host))
 
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     sync()
@@ -139,6 +140,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         if a[1] == b[1] == "decode" and a[2] == b[2] == top
     ]
     step_ms = statistics.median(g for g, _ in gaps) * 1e3 if gaps else float("nan")
+    at_top = [s[4] for s in steps if s[1] == "decode" and s[2] == top]
+    host = [statistics.median(h[i] for h in at_top) if at_top else float("nan") for i in range(3)]
     step_kv = int(statistics.median(kv for _, kv in gaps)) if gaps else 0
     step_bound_ms = decode_step_bound(engine.model_config, top, step_kv, spec) * 1e3 if gaps else 0
     return dict(
@@ -165,6 +168,9 @@ def run_bench(args: argparse.Namespace) -> dict:
         decode_step_ms=round(step_ms, 3),
         decode_step_kv_tokens=step_kv,
         decode_step_bound_ms=round(step_bound_ms, 3),
+        decode_launch_ms=round(host[0], 3),
+        decode_wait_ms=round(host[1], 3),
+        decode_collect_ms=round(host[2], 3),
         request_rate=args.request_rate,
         **latency,
         **({"saved": str(saved)} if saved else {}),
@@ -328,6 +334,11 @@ def print_result(r: dict) -> None:
             f"roofline bound {r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "
             f"{r['roofline_fraction']:.0%}; {step}, bound {r['decode_step_bound_ms']:.2f} ms"
         )
+    print(
+        f"host per decode step at batch {r['decode_batch']}: launch "
+        f"{r['decode_launch_ms']:.2f} ms, waiting for the device {r['decode_wait_ms']:.2f} ms, "
+        f"collect {r['decode_collect_ms']:.2f} ms"
+    )
     if "ttft_ms_p50" in r:
         nan = float("nan")
         print(

@@ -62,6 +62,7 @@ class InFlight:
     cuda_graph: bool
     overlapped: bool = False  # set when the next batch is launched before this is collected
     page_rows: dict[int, tuple[int, ...]] | None = None  # record="full"
+    launch_ms: float = 0.0  # host time to schedule, prepare and enqueue this batch
 
 
 @dataclass
@@ -77,6 +78,10 @@ class StepOutcome:
     launched: InFlight
     completed_at: float
     record: Any = None
+    # host time in collect: blocked on the device's tokens, then processing them. With overlap,
+    # waiting near zero means the host is the bottleneck; a long wait, the device.
+    wait_ms: float = 0.0
+    collect_ms: float = 0.0
 
 
 class Scheduler:
@@ -254,6 +259,7 @@ class Scheduler:
             padded,
             graph,
             page_rows=page_rows,
+            launch_ms=(self.clock() - launched_at) * 1e3,
         )
 
     def schedule_next_batch(self) -> tuple[Batch | None, list[Admission]]:
@@ -283,9 +289,11 @@ class Scheduler:
 
     def collect(self, launched: InFlight) -> StepOutcome:
         """Process a launched batch's tokens: append, finish, free what nothing uses any more."""
+        start = self.clock()
         with self._range("sample.end"):
             if launched.done is not None:
                 launched.done.synchronize()
+            waited = self.clock() - start
             raw = launched.tokens.tolist()
         batch, step, hooks = launched.batch, launched.index, self.hooks
         if "sample.end" in hooks:
@@ -328,6 +336,7 @@ class Scheduler:
         for req in batch.reqs:
             if req.finish_reason is not None and req not in still_used:
                 self.free_req(req)
+        end = self.clock()
         return StepOutcome(
             step,
             batch,
@@ -336,7 +345,9 @@ class Scheduler:
             tokens,
             finished,
             launched,
-            self.clock(),
+            end,
+            wait_ms=waited * 1e3,
+            collect_ms=(end - start - waited) * 1e3,
         )
 
     def cache_prefix(self, req: Req) -> None:
