@@ -293,3 +293,17 @@ def test_record_renders_as_html_and_pandas():
     frame = record.to_pandas()
     assert list(frame.uid) == [r.uid for r in record.rows]
     assert record.phase == "prefill" and record.num_tokens == 8
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_step_times_split_into_host_and_waiting(overlap):
+    wb = Workbench("tiny-llama", max_extend_tokens=24, overlap=overlap)
+    for p in PROMPTS:
+        wb.add_request(p, greedy(6))
+    wb.run(progress=False)
+    steps = wb.history.steps
+    # on the CPU the forward runs on the host, inside launch: host time covers device time, the
+    # step's wall time covers both, and collect finds the tokens already there
+    assert (steps.host_ms >= steps.device_ms).all()
+    assert (steps.wall_ms + 1e-3 >= steps.host_ms).all()
+    assert (steps.wait_ms >= 0).all() and steps.wait_ms.max() < 0.1 * steps.host_ms.min()

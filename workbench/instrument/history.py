@@ -50,6 +50,8 @@ STEP_COLUMNS = [
     "completed_at",
     "wall_ms",
     "device_ms",
+    "host_ms",
+    "wait_ms",
 ]
 LEDGER_COLUMNS = [
     "step",
@@ -246,6 +248,8 @@ def _build_tables(
                 rec.completed_at,
                 rec.wall_ms,
                 rec.device_ms,
+                rec.host_ms,
+                rec.wait_ms,
             )
         )
         for a in rec.admissions:

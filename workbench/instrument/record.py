@@ -60,6 +60,8 @@ class StepRecord:
     launched_at: float  # seconds since the run started
     completed_at: float
     device_ms: float  # forward and sampling on the device (CUDA events; wall time on the CPU)
+    host_ms: float = 0.0  # host work: schedule, prepare, enqueue, then process the tokens
+    wait_ms: float = 0.0  # host blocked on the device for the tokens (near 0: host-bound)
     page_rows: dict[int, tuple[int, ...]] | None = None  # record="full": table row -> KV slots
     events: tuple[Any, ...] | None = field(default=None, repr=False)  # record="full": profiler
 
@@ -145,7 +147,10 @@ class StepRecord:
         waits = ", ".join(f"#{a.uid}: {a.reason}" for a in self.rejected[:8])
         more = f" (+{len(self.rejected) - 8})" if len(self.rejected) > 8 else ""
         waiting = f"<div>waiting: {html.escape(waits)}{more}</div>" if waits else ""
-        timing = f"{self.wall_ms:.1f} ms wall, {self.device_ms:.1f} ms device"
+        timing = (
+            f"{self.wall_ms:.1f} ms wall, {self.device_ms:.1f} ms device, "
+            f"{self.host_ms:.1f} ms host"
+        )
         return (
             f'<div style="font-family:monospace;font-size:12px">'
             f"<div><b>{html.escape(self.summary())}</b> · {timing}</div>{waiting}"

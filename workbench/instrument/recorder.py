@@ -52,6 +52,8 @@ def build_record(sched: Scheduler, outcome: StepOutcome, events: tuple | None = 
         launched_at=launched.launched_at,
         completed_at=outcome.completed_at,
         device_ms=launched.timer.elapsed_ms(),
+        host_ms=launched.launch_ms + outcome.collect_ms,
+        wait_ms=outcome.wait_ms,
         page_rows=launched.page_rows,
         events=events,
     )

@@ -48,6 +48,7 @@ def compare_table(runs: Mapping[str, object]) -> pd.DataFrame:
                 "p90 TTFT (ms)": round(float(lat.ttft_ms.quantile(0.9)), 1),
                 "mean step wall (ms)": round(float(history.steps.wall_ms.mean()), 3),
                 "mean step device (ms)": round(float(history.steps.device_ms.mean()), 3),
+                "mean step host (ms)": _mean(history.steps, "host_ms"),
             }
         )
         breakdown = breakdown_table(history)
@@ -58,6 +59,11 @@ def compare_table(runs: Mapping[str, object]) -> pd.DataFrame:
             )
         rows[label] = row
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _mean(steps: pd.DataFrame, column: str) -> float | None:
+    """A column's mean, or None for runs saved before the column existed."""
+    return round(float(steps[column].mean()), 3) if column in steps else None
 
 
 def compare_chart(runs: Mapping[str, object], unit: str = "steps"):

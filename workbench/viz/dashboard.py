@@ -168,6 +168,7 @@ class Dashboard(w.VBox):
             f"queue {int(row.queue_len)} · running {int(row.running)} · "
             f"KV free {int(row.kv_free)}/{int(row.kv_total)}{waiting} · "
             f"{row.wall_ms:.1f} ms"
+            + (f" (host {row.host_ms:.1f} ms)" if "host_ms" in row.index else "")
         )
 
     def close(self) -> None:
