@@ -1,7 +1,7 @@
 """Comparing runs: the same requests under different policies, chunk sizes or settings.
 
 `runs` is a mapping from a label to a history (live, or loaded with `load_run`). Latencies are
-given in steps as well as seconds: steps do not depend on the machine or on what else it was
+given in steps as well as in ms: steps do not depend on the machine or on what else it was
 doing, so a comparison made on a laptop holds for the schedule, if not for the clock.
 """
 
