@@ -185,7 +185,7 @@ def _check_save(args: argparse.Namespace) -> None:
 
 def save_run(llm: LLM, args: argparse.Namespace) -> Path:
     """The timed run's history as a saved run, named after the settings a sweep varied."""
-    varied = getattr(args, "varied", None) or {}
+    varied = getattr(args, "varied", {})  # absent outside a sweep
     name = "_".join(f"{k}={v}" for k, v in varied.items()) or "run"
     name = re.sub(r"[^A-Za-z0-9=._-]+", "-", name)
     return llm.scheduler.history.save(Path(args.save) / f"{name}.json", llm.run_meta())
@@ -206,8 +206,9 @@ def _value(text: str):
         return text
 
 
-def sweep_configs(args: argparse.Namespace) -> list[tuple[dict, argparse.Namespace]]:
-    """One namespace per combination of the `--sweep` values (the arguments alone if none)."""
+def sweep_configs(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """One namespace per combination of the `--sweep` values (the arguments alone if none);
+    each names the settings it varied in `varied`."""
     axes = []
     for spec in args.sweep:
         key, sep, values = spec.partition("=")
@@ -227,19 +228,19 @@ def sweep_configs(args: argparse.Namespace) -> list[tuple[dict, argparse.Namespa
                 setattr(run, key, value)
             else:
                 run.option.append(f"{key}={value!r}")
-        configs.append((dict(combo), run))
+        configs.append(run)
     return configs
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict]:
     """Run every configuration in turn, freeing each engine before the next is built."""
     configs = sweep_configs(args)
-    for _, run in configs:
+    for run in configs:
         _check_save(run)
     results = []
-    for varied, run in configs:
+    for run in configs:
         result = run_bench(run)
-        result["varied"] = varied
+        result["varied"] = run.varied
         results.append(result)
         if not args.json:
             if "profile" in result:
