@@ -34,8 +34,10 @@ class EngineConfig:
     overlap: bool | None = None  # None: on for cuda, off on cpu (where it cannot overlap)
     cuda_graph: bool = True  # capture decode batches (cuda only)
     fused_kernels: bool | None = None  # FlashInfer norm / rope / SiLU-and-mul; None: if available
-    # FlashInfer's sampling kernel; off by default: its first compile takes minutes (see notes)
-    fused_sampling: bool = False
+    # q/k norm + RoPE + KV store in one Triton kernel (cuda only); None: if Triton exists
+    fused_rope: bool | None = None
+    # one-pass Triton sampling kernel (cuda only; not for top-k / top-p); None: if Triton exists
+    fused_sampling: bool | None = None
     decode_tensor_cores: bool | None = (
         None  # FlashInfer decode on tensor cores; None: GQA group >= 4
     )
@@ -108,6 +110,20 @@ class EngineConfig:
     @property
     def fused_kernels_enabled(self) -> bool:
         return self._flashinfer if self.fused_kernels is None else self.fused_kernels
+
+    @property
+    def fused_sampling_enabled(self) -> bool:
+        return self._triton_kernel(self.fused_sampling)
+
+    @property
+    def fused_rope_enabled(self) -> bool:
+        return self._triton_kernel(self.fused_rope)
+
+    def _triton_kernel(self, choice: bool | None) -> bool:
+        """A Triton kernel runs on cuda only; None: when Triton is installed."""
+        if self.torch_device.type != "cuda":
+            return False
+        return importlib.util.find_spec("triton") is not None if choice is None else choice
 
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)

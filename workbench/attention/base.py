@@ -20,7 +20,8 @@ class AttentionBackend(ABC):
 
     `prepare` runs once per batch, before the forward, and leaves what the kernels need in
     `batch.attn_metadata`; `forward` runs once per layer: it stores the new K/V at
-    `batch.out_loc` and attends each request's queries to its tokens ``[0, device_len)``.
+    `out_loc(batch)` and attends each request's queries to its tokens ``[0, device_len)``.
+    Given k and v as None, it takes them as stored already (by a fused kernel, at `out_loc`).
     """
 
     supports_cuda_graph = False  # True: has graph_metadata() and prepare_replay()
@@ -41,9 +42,18 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        batch: Batch,
     ) -> torch.Tensor:
         """q [tokens, heads, dim], k and v [tokens, kv_heads, dim] -> [tokens, heads, dim]."""
+
+    def out_loc(self, batch: Batch) -> torch.Tensor:
+        """The pool slot of each token of the batch, where its K and V go."""
+        return batch.out_loc
 
 
 # name -> "module:Class", imported on first use (flashinfer only exists on GPU machines)

@@ -138,10 +138,19 @@ class FlashInferBackend(AttentionBackend):
         self._plan(self.graph_wrappers[bs], None, indptr, indices)
 
     # -- the kernel -------------------------------------------------------------------------
+    def out_loc(self, batch: Batch) -> torch.Tensor:
+        return batch.attn_metadata.out_loc  # a graph's static buffer when replayed
+
     def forward(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        batch: Batch,
     ) -> torch.Tensor:
         meta: FlashInferMetadata = batch.attn_metadata
-        self.pool.store(layer_id, meta.out_loc, k, v)
+        if k is not None:
+            self.pool.store(layer_id, meta.out_loc, k, v)
         kv = (self.pool.k(layer_id).unsqueeze(1), self.pool.v(layer_id).unsqueeze(1))
         return meta.wrapper.run(q, kv)

@@ -53,7 +53,8 @@ class TorchBackend(AttentionBackend):
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch
     ) -> torch.Tensor:
-        self.pool.store(layer_id, batch.out_loc, k, v)
+        if k is not None:
+            self.pool.store(layer_id, batch.out_loc, k, v)
         k_cache, v_cache = self.pool.k(layer_id), self.pool.v(layer_id)
         meta: TorchMetadata = batch.attn_metadata
         if meta.padded_slots is not None:  # decode: one query per request

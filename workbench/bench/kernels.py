@@ -44,6 +44,67 @@ def compare(name: str, module: torch.nn.Module, args: tuple, first_output: bool)
     return name, results[False][0], results[True][0], diff
 
 
+def compare_qk_rope(cfg: ModelConfig, n: int, dev: torch.device, dtype: torch.dtype) -> tuple:
+    """q/k norm + RoPE + K/V store: FlashInfer's fused norm and rope kernels with index_copy
+    stores (seven launches with the copies) against the one Triton kernel."""
+    from ..kernels.qk_norm_rope import qk_norm_rope_store
+
+    h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    with torch.device(dev):
+        q_norm = RMSNorm(d, cfg.rms_norm_eps).to(dtype)
+        k_norm = RMSNorm(d, cfg.rms_norm_eps).to(dtype)
+        rope = Rotary(d, 8192, cfg.rope_theta, cfg.rope_scaling)
+        qkv = torch.randn(n, (h + 2 * kvh) * d, dtype=dtype)
+        positions = torch.randint(0, 8192, (n,))
+        slots = torch.randperm(4 * n)[:n]
+        k_cache = torch.zeros(4 * n, kvh, d, dtype=dtype)
+        v_cache = torch.zeros_like(k_cache)
+    for m in (q_norm, k_norm, rope):
+        m.fused = True
+
+    def eager() -> torch.Tensor:
+        q, k, v = qkv.split([h * d, kvh * d, kvh * d], dim=-1)
+        q, k = q_norm(q.view(n, h, d)), k_norm(k.view(n, kvh, d))
+        q, k = rope(positions, q, k)
+        k_cache.index_copy_(0, slots, k)
+        v_cache.index_copy_(0, slots, v.view(n, kvh, d))
+        return q
+
+    def fused() -> torch.Tensor:
+        return qk_norm_rope_store(
+            qkv, positions, rope.cos, rope.sin, q_norm.weight, k_norm.weight,
+            cfg.rms_norm_eps, slots, k_cache, v_cache, h,
+        )  # fmt: skip
+
+    with torch.inference_mode():
+        diff = (eager().float() - fused().float()).abs().max().item()
+        return "q/k norm + rope + kv store", _time(eager), _time(fused), diff
+
+
+def compare_sampling(n: int, vocab: int, dev: torch.device) -> tuple:
+    """Temperature sampling of n rows: the torch exponential race against the Triton kernel.
+    The draws differ (different noise), so the last column is the gap in mean chosen logit."""
+    from ..core import Req, SamplingParams
+    from ..engine.sampler import Sampler
+    from ..kvcache.base import CacheHandle
+
+    reqs = [
+        Req(i, [1, 2], 2, 0, 0, SamplingParams(temperature=0.6), CacheHandle()) for i in range(n)
+    ]
+    for r in reqs:
+        r.complete_one()
+    logits = torch.randn(n, vocab, device=dev, dtype=torch.bfloat16)
+    results = {}
+    for fused in (False, True):
+        sampler = Sampler(vocab, dev, seed=0, fused=fused)
+        args = sampler.prepare(reqs)
+        tokens = sampler.sample(logits, args)
+        chosen = logits.gather(1, tokens.long()[:, None]).float().mean().item()
+        results[fused] = (_time(lambda s=sampler, a=args: s.sample(logits, a)), chosen)
+    diff = abs(results[True][1] - results[False][1])
+    return "sampling T=0.6 (vocab row)", results[False][0], results[True][0], diff
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="dummy:qwen3-0.6b")
@@ -75,6 +136,9 @@ def main(argv: list[str] | None = None) -> None:
                 True,
             ),
         ]
+        rows.append(compare_qk_rope(cfg, n, dev, dtype))
+        if n == 256:
+            rows.append(compare_sampling(n, cfg.vocab_size, dev))
         for name, slow, fast, diff in rows:
             speedup = slow / fast
             print(f"{name:<28} {n:>6} {slow:>9.1f} {fast:>9.1f} {speedup:>7.2f}x {diff:>9.4f}")

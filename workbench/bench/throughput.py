@@ -79,6 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile", action="store_true", help="also profile 10 decode steps at the largest batch"
     )
+    p.add_argument("--profile-trace", metavar="FILE", help="with --profile: Chrome trace JSON")
 
 
 def run_bench(args: argparse.Namespace) -> dict:
@@ -143,6 +144,11 @@ def run_bench(args: argparse.Namespace) -> dict:
     at_top = [s[4] for s in steps if s[1] == "decode" and s[2] == top]
     host = [statistics.median(h[i] for h in at_top) if at_top else float("nan") for i in range(3)]
     step_kv = int(statistics.median(kv for _, kv in gaps)) if gaps else 0
+    # seconds between consecutive step ends, summed by the phase of the later step
+    phase_s: dict[str, float] = {}
+    for prev_t, s in zip([start] + [s[0] for s in steps], steps):
+        phase_s[s[1]] = phase_s.get(s[1], 0.0) + s[0] - prev_t
+    phase_steps = {p: sum(s[1] == p for s in steps) for p in phase_s}
     step_bound_ms = decode_step_bound(engine.model_config, top, step_kv, spec) * 1e3 if gaps else 0
     return dict(
         model=args.model,
@@ -151,6 +157,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         overlap=llm.scheduler.overlap,
         cuda_graph=engine.config.cuda_graph_enabled,
         fused_kernels=engine.config.fused_kernels_enabled,
+        fused_sampling=engine.config.fused_sampling_enabled,
+        fused_rope=engine.config.fused_rope_enabled,
         page_size=args.page_size,
         max_extend_tokens=args.max_extend_tokens,
         policy=engine.config.policy,
@@ -164,6 +172,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         steps=len(steps),
         roofline_tokens_per_s=round(bound.tokens_per_second, 1),
         roofline_fraction=round(bound.seconds / seconds, 3),
+        phase_seconds={p: round(t, 3) for p, t in phase_s.items()},
+        phase_steps=phase_steps,
         decode_batch=top,
         decode_step_ms=round(step_ms, 3),
         decode_step_kv_tokens=step_kv,
@@ -305,7 +315,40 @@ def profile_decode(llm: LLM, args: argparse.Namespace) -> str:
     sort = "self_cuda_time_total" if llm.engine.device.type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=25)
     cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-    return table + "\n" + cpu
+    if args.profile_trace:
+        prof.export_chrome_trace(args.profile_trace)
+    cuda = llm.engine.device.type == "cuda"
+    return "\n".join([table, cpu] + ([device_gaps(prof, steps=10)] if cuda else []))
+
+
+def device_gaps(prof, steps: int) -> str:
+    """How busy the device was over the profiled steps, and where it sat idle."""
+    from torch.autograd import DeviceType
+
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    )
+    if not spans:
+        return "no device activity recorded"
+    busy, gaps, end, prev = 0.0, [], spans[0][0], spans[0][2]
+    for start, stop, name in spans:
+        if start > end:
+            gaps.append((start - end, prev, name))
+        if stop > end:
+            busy += stop - max(start, end)
+            end, prev = stop, name
+    span = end - spans[0][0]
+    idle = sum(g for g, _, _ in gaps)
+    large = sorted(gaps, reverse=True)[:5]
+    lines = [
+        f"device busy {busy / span:.1%} of {span / 1e3:.2f} ms over {steps} steps; idle "
+        f"{idle / steps / 1e3:.3f} ms per step in {len(gaps)} gaps "
+        f"({sum(g > 20 for g, _, _ in gaps)} over 20 us)",
+        *(f"  gap {g:8.1f} us after {a[:60]!r} before {b[:60]!r}" for g, a, b in large),
+    ]
+    return "\n".join(lines)
 
 
 def print_result(r: dict) -> None:
@@ -313,6 +356,8 @@ def print_result(r: dict) -> None:
         f"workbench bench: {r['model']} on {r['device']} ({r['dtype']}), overlap "
         f"{'on' if r['overlap'] else 'off'}, cuda graphs {'on' if r['cuda_graph'] else 'off'}, "
         f"fused kernels {'on' if r['fused_kernels'] else 'off'}, "
+        f"fused rope {'on' if r['fused_rope'] else 'off'}, "
+        f"fused sampling {'on' if r['fused_sampling'] else 'off'}, "
         f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, policy {r['policy']}, "
         f"record {r['record']}"
     )
@@ -324,6 +369,10 @@ def print_result(r: dict) -> None:
         f"output tokens {r['output_tokens']} | seconds {r['seconds']:.2f} | "
         f"output tokens/s {r['output_tokens_per_s']:,.0f}"
     )
+    phases = ", ".join(
+        f"{p} {r['phase_steps'][p]} steps {t:.2f} s" for p, t in r["phase_seconds"].items()
+    )
+    print(f"time by phase: {phases}")
     step = (
         f"decode step at batch {r['decode_batch']} ({r['decode_step_kv_tokens']} KV tokens): "
         f"{r['decode_step_ms']:.2f} ms"

@@ -17,6 +17,12 @@ class ForwardContext:
         self.batch: Batch | None = None  # set by the engine around each forward
 
     def attend(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
     ) -> torch.Tensor:
+        """Attention output; k and v None when a fused kernel already stored them."""
         return self.backend.forward(layer_id, q, k, v, self.batch)
+
+    def kv_target(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where this layer's new K and V go: the pool's K and V buffers and each token's slot."""
+        pool = self.backend.pool
+        return pool.k(layer_id), pool.v(layer_id), self.backend.out_loc(self.batch)

@@ -32,7 +32,7 @@ class Engine:
         self.model = build_model(
             cfg, self.max_seq_len, self.device, self.dtype, self.model_dir, seed=config.seed
         )
-        self.model.use_fused_kernels(config.fused_kernels_enabled)
+        self.model.use_fused_kernels(config.fused_kernels_enabled, config.fused_rope_enabled)
         self.num_pages = config.num_pages or self._pages_from_memory()
         self.pool = KVPool(
             cfg.num_layers,
@@ -58,7 +58,7 @@ class Engine:
         )
         self.ctx = ForwardContext(self.backend)
         self.sampler = Sampler(
-            cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling
+            cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling_enabled
         )
         # NOTE: with cuda_graph=False, decode batches still run padded to the same sizes, only
         # eagerly: the same kernels on the same shapes, so outputs are identical either way.
@@ -110,7 +110,7 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Logits [sampled requests, vocab] in float32."""
+        """Logits [sampled requests, vocab] in the model's dtype."""
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.replay(batch)
         self.ctx.batch = batch

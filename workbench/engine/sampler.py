@@ -4,14 +4,16 @@ Sampling draws ``argmax(p / E)`` with ``E ~ Exp(1)`` per token (the exponential 
 from ``p``), computed as ``argmax(logits / T - log E)``: the same draw without the softmax (the log
 of the normaliser is the same for every token of a row). A seeded request's noise comes from its
 own generator keyed by (seed, output index), so its tokens do not depend on what else shares the
-batch. With `fused_sampling=True` on a GPU, unseeded temperature sampling uses FlashInfer's fused
-kernel instead (the same distribution, one pass over the logits).
+batch. With `fused_sampling` on a GPU (the default where Triton is installed), batches without
+top-k or top-p use the one-pass kernel of `kernels/sampling.py` instead: the same race with Philox
+noise keyed per row by (seed, output index), or by (engine seed, call, row) when unseeded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..core import Req
@@ -26,15 +28,16 @@ class SamplingArgs:
     top_k: torch.Tensor | None = None  # [batch] int64, vocab size where off; None if all off
     top_p: torch.Tensor | None = None  # [batch]; None if all off
     seeded: list[tuple[int, int]] | None = None  # (row, generator key)
+    keys: torch.Tensor | None = None  # [batch] Philox keys; set when the fused kernel samples
 
 
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int, fused: bool = False):
         self.vocab_size, self.device = vocab_size, device
+        self.seed = seed
         self.generator = torch.Generator(device).manual_seed(seed)
-        # FlashInfer's one-pass Gumbel-max over the logits, for unseeded temperature sampling
-        # (a per-request seed needs its own generator, which that kernel cannot take)
-        self.fused = fused
+        self.fused = fused  # the one-pass Triton kernel, for batches without top-k / top-p
+        self._calls = 0  # sample calls: keys the unseeded rows' noise in the fused kernel
 
     def prepare(self, reqs: list[Req]) -> SamplingArgs:
         params = [r.sampling for r in reqs]
@@ -54,6 +57,8 @@ class Sampler:
             args.top_k = to_device(ks, dev)
         if any(p.top_p < 1.0 for p in params):
             args.top_p = to_device([p.top_p for p in params], dev, torch.float32)
+        if self.fused and args.top_k is None and args.top_p is None:
+            return self._prepare_fused(reqs, greedy)
         # NOTE: keyed by the index of the token being sampled, which the device side knows
         # (device_len was advanced by complete_one), so it also holds under overlap scheduling.
         args.seeded = [
@@ -63,19 +68,38 @@ class Sampler:
         ]
         return args
 
+    def _prepare_fused(self, reqs: list[Req], greedy: list[bool]) -> SamplingArgs:
+        """Temperatures with 0 for greedy rows, and one Philox key per row."""
+        self._calls += 1
+        n = len(reqs)
+        seeds = np.full(n, self.seed % 2**64, dtype=np.uint64)
+        # NOTE: the top bit keeps an unseeded row's counter apart from any output index.
+        first = np.uint64(1 << 63 | self._calls << 20)
+        counters = first + np.arange(n, dtype=np.uint64)
+        for i, r in enumerate(reqs):
+            if r.sampling.seed is not None:
+                seeds[i] = r.sampling.seed % 2**64
+                counters[i] = r.device_len - 1 - r.prompt_len
+        temperatures = [0.0 if g else r.sampling.temperature for r, g in zip(reqs, greedy)]
+        return SamplingArgs(
+            all_greedy=False,
+            temperatures=to_device(temperatures, self.device, torch.float32),
+            keys=to_device(philox_keys(seeds, counters), self.device),
+        )
+
     def sample(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
-        """logits: [batch, vocab] float32 -> token ids [batch] int32."""
+        """logits: [batch, vocab] (float32 on the CPU, the model's dtype on a GPU) -> token ids
+        [batch] int32."""
         if args.all_greedy:
             return logits.argmax(-1).to(torch.int32)
+        if args.keys is not None:
+            from ..kernels.sampling import race_sample
+
+            return race_sample(logits, args.temperatures, args.keys).to(torch.int32)
         # a mixed batch: greedy rows take the plain argmax
         greedy = None if args.greedy is None else logits.argmax(-1)
-        logits = logits / args.temperatures[:, None]
-        if self.fused and not args.seeded and args.top_k is None and args.top_p is None:
-            from flashinfer.sampling import sampling_from_logits
-
-            sampled = sampling_from_logits(logits, generator=self.generator)
-        else:
-            sampled = self._exponential_race(logits, args)
+        logits = logits / args.temperatures[:, None]  # float32 (a new tensor)
+        sampled = self._exponential_race(logits, args)
         if greedy is not None:
             sampled = torch.where(args.greedy, greedy, sampled)
         return sampled.to(torch.int32)
@@ -116,3 +140,16 @@ def _exponential(shape, generator: torch.Generator, device: torch.device) -> tor
     if device.type == "cuda":
         return torch.empty(shape, device=device).exponential_(generator=generator)
     return torch.rand(shape, generator=generator, device=device).log_().neg_()
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def philox_keys(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """63-bit keys from (seed, counter) pairs: splitmix64 of their combination, vectorised."""
+    with np.errstate(over="ignore"):
+        x = seeds.astype(np.uint64) * _GOLDEN + counters.astype(np.uint64)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(1)).astype(np.int64)

@@ -35,11 +35,16 @@ class AttentionLayer(nn.Module):
         self.rotary = rotary
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        # set by Decoder.use_fused_kernels(): q/k norm, RoPE and the KV store in one Triton kernel
+        self.fused_rope = False
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        if self.fused_rope:
+            return self.o_proj(self._fused_inputs(qkv, positions, ctx).view(-1, self.q_size))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -48,3 +53,25 @@ class AttentionLayer(nn.Module):
         q, k = self.rotary(positions, q, k)
         out = ctx.attend(self.layer_id, q, k, v)
         return self.o_proj(out.reshape(-1, self.q_size))
+
+    def _fused_inputs(
+        self, qkv: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        from ..kernels.qk_norm_rope import qk_norm_rope_store
+
+        k_cache, v_cache, out_loc = ctx.kv_target(self.layer_id)
+        norm = self.q_norm is not None
+        q = qk_norm_rope_store(
+            qkv,
+            positions,
+            self.rotary.cos,
+            self.rotary.sin,
+            self.q_norm.weight if norm else None,
+            self.k_norm.weight if norm else None,
+            self.q_norm.eps if norm else 0.0,
+            out_loc,
+            k_cache,
+            v_cache,
+            self.num_heads,
+        )
+        return ctx.attend(self.layer_id, q, None, None)
