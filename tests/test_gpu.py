@@ -53,8 +53,28 @@ def hf(llm):
     return model
 
 
-def test_prefill_logits_close_to_transformers(llm, hf):
-    """Same dummy weights in both, bf16 on the GPU: last-position logits of 32 prompts."""
+@pytest.fixture(scope="module")
+def hf_fp32(hf):
+    import copy
+
+    return copy.deepcopy(hf).float()
+
+
+def _logit_gap(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+    err = (a - b).abs()
+    return dict(
+        max=err.max().item(),
+        mean=err.mean().item(),
+        cos=torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item(),
+        top1=(a.argmax(-1) == b.argmax(-1)).float().mean().item(),
+    )
+
+
+def test_prefill_logits_close_to_transformers(llm, hf, hf_fp32):
+    """Same dummy weights, last-position logits of 32 prompts: ours (bf16) against transformers
+    in bf16, and both against transformers in float32. Stated tolerance: max abs error against
+    transformers bf16 within 5% of the largest logit; against float32, a mean error at most 1.5x
+    and a worst-row cosine at most 0.001 below what transformers' own bf16 model gets."""
     prompts = random_prompts(32, 16, 256, seed=1)
     captured = []
     hook = llm.engine.model.register_forward_hook(lambda m, i, out: captured.append(out.clone()))
@@ -62,22 +82,30 @@ def test_prefill_logits_close_to_transformers(llm, hf):
         llm.generate(prompts, SamplingParams(max_tokens=1))
     finally:
         hook.remove()
-    ours = torch.cat(captured)  # one prefill batch, rows in prompt order
+    ours = torch.cat(captured).float()  # one prefill batch, rows in prompt order
     with torch.inference_mode():
-        ref = torch.stack(
-            [hf(torch.tensor([p], device="cuda")).logits[0, -1].float() for p in prompts]
+        ref, ref32 = (
+            torch.stack(
+                [m(torch.tensor([p], device="cuda")).logits[0, -1] for p in prompts]
+            ).float()
+            for m in (hf, hf_fp32)
         )
-    err = (ours - ref).abs()
-    scale = ref.abs().max().item()
-    cos = torch.nn.functional.cosine_similarity(ours, ref, dim=-1).min().item()
-    top1 = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    print(
-        f"\nprefill logits vs transformers (bf16, 32 prompts): max abs err {err.max():.4f}, "
-        f"mean abs err {err.mean():.5f}, max |logit| {scale:.3f}, min cosine {cos:.6f}, "
-        f"top-1 agreement {top1:.0%}"
-    )
-    assert err.max().item() <= 0.05 * scale  # stated tolerance: 5% of the largest logit
-    assert cos > 0.999
+    vs_hf, vs_fp32 = _logit_gap(ours, ref), _logit_gap(ours, ref32)
+    hf_vs_fp32 = _logit_gap(ref, ref32)
+    scale = ref32.abs().max().item()
+    print(f"\nprefill logits, 32 prompts, max |logit| {scale:.3f}:")
+    for name, g in (
+        ("ours (bf16) vs transformers bf16", vs_hf),
+        ("ours (bf16) vs transformers fp32", vs_fp32),
+        ("transformers bf16 vs fp32", hf_vs_fp32),
+    ):
+        print(
+            f"  {name}: max abs err {g['max']:.4f}, mean abs err {g['mean']:.5f}, "
+            f"min cosine {g['cos']:.6f}, top-1 agreement {g['top1']:.0%}"
+        )
+    assert vs_hf["max"] <= 0.05 * scale
+    assert vs_fp32["mean"] <= 1.5 * hf_vs_fp32["mean"]
+    assert vs_fp32["cos"] >= hf_vs_fp32["cos"] - 0.001
 
 
 def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -98,12 +126,10 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
     return sum(s == n for s in same) / len(a), sum(same) / (n * len(a))
 
 
-def test_greedy_match_rate_against_transformers(llm, hf):
+def test_greedy_match_rate_against_transformers(llm, hf, hf_fp32):
     """Dummy weights give flat logits (near-ties everywhere), so bf16 rounding alone makes greedy
     paths part ways. The fair bar: our bf16 engine follows the float32 reference about as far
     as transformers' own bf16 model does."""
-    import copy
-
     prompts = random_prompts(32, 16, 256, seed=2)
     ours = [
         o["token_ids"]
@@ -111,8 +137,7 @@ def test_greedy_match_rate_against_transformers(llm, hf):
     ]
     llm.check_integrity()
     theirs = [_hf_greedy(hf, p, 32) for p in prompts]
-    fp32 = copy.deepcopy(hf).float()
-    exact = [_hf_greedy(fp32, p, 32) for p in prompts]
+    exact = [_hf_greedy(hf_fp32, p, 32) for p in prompts]
     vs_hf, vs_hf_tokens = _agreement(ours, theirs)
     ours_fp32, ours_fp32_tokens = _agreement(ours, exact)
     hf_fp32, hf_fp32_tokens = _agreement(theirs, exact)

@@ -105,6 +105,42 @@ def compare_sampling(n: int, vocab: int, dev: torch.device) -> tuple:
     return "sampling T=0.6 (vocab row)", results[False][0], results[True][0], diff
 
 
+def first_calls(cfg: ModelConfig, dev: torch.device) -> None:
+    """Seconds of each Triton kernel's first call: its compile on a fresh machine (Triton
+    caches compiled kernels under ~/.triton, so a second process skips it)."""
+    import time
+
+    for name, fn in (
+        ("q/k norm + rope + kv store", lambda: compare_qk_rope(cfg, 8, dev, torch.bfloat16)),
+        ("sampling", lambda: compare_sampling(8, cfg.vocab_size, dev)),
+    ):
+        start = time.perf_counter()
+        fn()
+        print(f"first call of the {name} kernel (with its compile): "
+              f"{time.perf_counter() - start:.1f} s")  # fmt: skip
+
+
+def tune_sampling(n: int, vocab: int, dev: torch.device) -> None:
+    """The sampling kernel's time at batch n over block size, segment and warps."""
+    from ..kernels.sampling import race_sample
+
+    logits = torch.randn(n, vocab, device=dev, dtype=torch.bfloat16)
+    temperatures = torch.full((n,), 0.6, device=dev)
+    keys = torch.arange(n, device=dev)
+    results = []
+    for block in (1024, 2048):
+        for blocks in (4, 8, 16):
+            for warps in (4, 8):
+                t = _time(lambda b=block, s=block * blocks, w=warps: race_sample(
+                    logits, temperatures, keys, b, s, w), repeat=20)  # fmt: skip
+                results.append((t, block, block * blocks, warps))
+    results.sort()
+    print(f"sampling kernel at batch {n}, fastest first (us, block, segment, warps):")
+    print("  " + ", ".join(f"{t:.0f} {b} {s} {w}" for t, b, s, w in results[:8]))
+    print(f"  slowest {results[-1][0]:.0f}; default (1024, 8192, 4) "
+          f"{next(t for t, b, s, w in results if (b, s, w) == (1024, 8192, 4)):.0f}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="dummy:qwen3-0.6b")
@@ -116,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         norm = RMSNorm(h, cfg.rms_norm_eps).to(dtype)
         mlp = GatedMLP(h, cfg.intermediate_size).to(dtype)
         rope = Rotary(d, 8192, cfg.rope_theta, cfg.rope_scaling)
+    first_calls(cfg, dev)
     print(
         f"{'op':<28} {'tokens':>6} {'torch us':>9} {'fused us':>9} {'speedup':>8} {'max diff':>9}"
     )
@@ -142,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, slow, fast, diff in rows:
             speedup = slow / fast
             print(f"{name:<28} {n:>6} {slow:>9.1f} {fast:>9.1f} {speedup:>7.2f}x {diff:>9.4f}")
+    tune_sampling(256, cfg.vocab_size, dev)
 
 
 if __name__ == "__main__":

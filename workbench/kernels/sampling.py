@@ -78,7 +78,12 @@ def race_segments(
 
 
 def race_sample(
-    logits: torch.Tensor, temperatures: torch.Tensor, keys: torch.Tensor
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    keys: torch.Tensor,
+    block: int = BLOCK,
+    segment: int = SEGMENT,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """One token per row of `logits` [batch, vocab] (any float dtype, CUDA).
 
@@ -87,7 +92,7 @@ def race_sample(
     batch, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    segments = -(-vocab // SEGMENT)
+    segments = -(-vocab // segment)
     value = torch.empty(batch, segments, dtype=torch.float32, device=logits.device)
     index = torch.empty(batch, segments, dtype=torch.int32, device=logits.device)
     race_segments[(batch, segments)](
@@ -99,8 +104,9 @@ def race_sample(
         index,
         vocab,
         segments,
-        SEGMENT=SEGMENT,
-        BLOCK=BLOCK,
+        SEGMENT=segment,
+        BLOCK=block,
+        num_warps=num_warps,
     )
     # NOTE: argmax returns the first maximal segment, so ties still go to the smallest column.
     return index.gather(1, value.argmax(1, keepdim=True)).squeeze(1).long()
