@@ -122,7 +122,7 @@ def first_calls(cfg: ModelConfig, dev: torch.device) -> None:
 
 def tune_sampling(n: int, vocab: int, dev: torch.device) -> None:
     """The sampling kernel's time at batch n over block size, segment and warps."""
-    from ..kernels.sampling import race_sample
+    from ..kernels.sampling import BLOCK, NUM_WARPS, SEGMENT, race_sample
 
     logits = torch.randn(n, vocab, device=dev, dtype=torch.bfloat16)
     temperatures = torch.full((n,), 0.6, device=dev)
@@ -137,8 +137,8 @@ def tune_sampling(n: int, vocab: int, dev: torch.device) -> None:
     results.sort()
     print(f"sampling kernel at batch {n}, fastest first (us, block, segment, warps):")
     print("  " + ", ".join(f"{t:.0f} {b} {s} {w}" for t, b, s, w in results[:8]))
-    print(f"  slowest {results[-1][0]:.0f}; default (1024, 8192, 4) "
-          f"{next(t for t, b, s, w in results if (b, s, w) == (1024, 8192, 4)):.0f}")  # fmt: skip
+    default = next(t for t, *c in results if tuple(c) == (BLOCK, SEGMENT, NUM_WARPS))
+    print(f"  slowest {results[-1][0]:.0f}; in use ({BLOCK}, {SEGMENT}, {NUM_WARPS}) {default:.0f}")
 
 
 def main(argv: list[str] | None = None) -> None:
