@@ -38,9 +38,7 @@ class EngineConfig:
     fused_rope: bool | None = None
     # one-pass Triton sampling kernel (cuda only; not for top-k / top-p); None: if Triton exists
     fused_sampling: bool | None = None
-    decode_tensor_cores: bool | None = (
-        None  # FlashInfer decode on tensor cores; None: GQA group >= 4
-    )
+    decode_tensor_cores: bool | None = None  # FlashInfer decode on tensor cores; None: for GQA
     cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
     memory_ratio: float = 0.9  # share of free GPU memory (after weights) given to the KV pool
     # NOTE: a cap, so a 40k-context model does not get a 40k-wide page table on a laptop.

@@ -43,9 +43,10 @@ class FlashInferBackend(AttentionBackend):
         self.dtype = pool.buffer.dtype
         self.num_kv_heads = pool.buffer.shape[3]
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        # NOTE: tensor-core decode pays off from a GQA group of 4 query heads per KV head.
+        # NOTE: tensor-core decode already pays at a GQA group of 2 (Qwen3-0.6B on the H200:
+        # +5.7% and +6.3% on the throughput benchmark, two runs each way).
         choice = config.decode_tensor_cores if config is not None else None
-        self.use_tensor_cores = num_heads // self.num_kv_heads >= 4 if choice is None else choice
+        self.use_tensor_cores = num_heads // self.num_kv_heads >= 2 if choice is None else choice
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend="fa2"
         )

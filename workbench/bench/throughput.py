@@ -114,6 +114,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         steps.append((time.perf_counter(), outcome.batch.phase, len(outcome.rows), kv, host))
 
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
+    gc.collect()
     sync()
     start = time.perf_counter()
     latency = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -66,6 +67,10 @@ class Engine:
         if self.device.type == "cuda" and self.backend.supports_cuda_graph:
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
             self.graphs = GraphRunner(self, max_bs, capture=config.cuda_graph_enabled)
+        # NOTE: one full collection now makes the start-up objects (torch, transformers, the
+        # model) long-lived; otherwise the first full collection falls inside a run: 0.2 s on
+        # its own, seen as a 4% slower throughput benchmark with record="light" on the H200.
+        gc.collect()
 
     def _check_fits(self) -> None:
         if self.device.type != "cuda":
