@@ -115,6 +115,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     gc.collect()
+    collections = _GcWatch()
     sync()
     start = time.perf_counter()
     latency = {}
@@ -128,6 +129,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         latency = latency_summary(timings)
     sync()
     seconds = time.perf_counter() - start
+    collections.stop()
     llm.check_integrity()
 
     saved = save_run(llm, args) if args.save else None
@@ -150,6 +152,12 @@ def run_bench(args: argparse.Namespace) -> dict:
     for prev_t, s in zip([start] + [s[0] for s in steps], steps):
         phase_s[s[1]] = phase_s.get(s[1], 0.0) + s[0] - prev_t
     phase_steps = {p: sum(s[1] == p for s in steps) for p in phase_s}
+    # decode seconds by batch size: where the time goes as requests finish
+    by_batch: dict[str, list[float]] = {}
+    for prev_t, s in zip([start] + [s[0] for s in steps], steps):
+        if s[1] == "decode":
+            bucket = next(f"<={b}" for b in (16, 64, 128, 192, 10**9) if s[2] <= b)
+            by_batch.setdefault(bucket.replace(str(10**9), "max"), []).append(s[0] - prev_t)
     step_bound_ms = decode_step_bound(engine.model_config, top, step_kv, spec) * 1e3 if gaps else 0
     return dict(
         model=args.model,
@@ -175,6 +183,10 @@ def run_bench(args: argparse.Namespace) -> dict:
         roofline_fraction=round(bound.seconds / seconds, 3),
         phase_seconds={p: round(t, 3) for p, t in phase_s.items()},
         phase_steps=phase_steps,
+        decode_by_batch={k: (len(v), round(sum(v), 3)) for k, v in by_batch.items()},
+        gc_collections=collections.count,
+        gc_full_collections=collections.full,
+        gc_seconds=round(collections.seconds, 3),
         decode_batch=top,
         decode_step_ms=round(step_ms, 3),
         decode_step_kv_tokens=step_kv,
@@ -187,6 +199,25 @@ def run_bench(args: argparse.Namespace) -> dict:
         **({"saved": str(saved)} if saved else {}),
         **({"profile": profile} if profile else {}),
     )
+
+
+class _GcWatch:
+    """Counts the garbage collector's passes (and their time) until stop()."""
+
+    def __init__(self) -> None:
+        self.count, self.full, self.seconds, self._t = 0, 0, 0.0, 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.count += 1
+            self.full += info["generation"] == 2
+            self.seconds += time.perf_counter() - self._t
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._on_gc)
 
 
 def _check_save(args: argparse.Namespace) -> None:
@@ -374,6 +405,10 @@ def print_result(r: dict) -> None:
         f"{p} {r['phase_steps'][p]} steps {t:.2f} s" for p, t in r["phase_seconds"].items()
     )
     print(f"time by phase: {phases}")
+    buckets = ", ".join(f"{k} {n} steps {t:.2f} s" for k, (n, t) in r["decode_by_batch"].items())
+    print(f"decode by batch size: {buckets}; garbage collections during the run: "
+          f"{r['gc_collections']}, {r['gc_full_collections']} of them full, "
+          f"{r['gc_seconds']:.2f} s")  # fmt: skip
     step = (
         f"decode step at batch {r['decode_batch']} ({r['decode_step_kv_tokens']} KV tokens): "
         f"{r['decode_step_ms']:.2f} ms"
