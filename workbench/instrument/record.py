@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple
 
+from ..core import ReqView
 from ..scheduler.prefill import Admission
 
 
@@ -48,7 +50,11 @@ class KVState(NamedTuple):
 class StepRecord:
     step: int
     phase: str  # "prefill" | "decode" | "mixed"
-    rows: tuple[LedgerRow, ...]
+    # NOTE: `rows` are built from these on first use: a step keeps the launch snapshots it has
+    # anyway, so recording costs a few references per step, not a tuple per request.
+    _launched: tuple[ReqView, ...] = field(repr=False)  # the batch's rows as launched
+    _tokens: tuple[int | None, ...] = field(repr=False)  # per non-chunk row, in order
+    _finishes: dict[int, str] = field(repr=False)  # uid -> finish reason, for this step's
     admissions: tuple[Admission, ...]
     queue_len: int  # requests waiting after the step
     running: int  # requests in the running set after the step
@@ -64,6 +70,27 @@ class StepRecord:
     wait_ms: float = 0.0  # host blocked on the device for the tokens (near 0: host-bound)
     page_rows: dict[int, tuple[int, ...]] | None = None  # record="full": table row -> KV slots
     events: tuple[Any, ...] | None = field(default=None, repr=False)  # record="full": profiler
+
+    @cached_property
+    def rows(self) -> tuple[LedgerRow, ...]:
+        """One row per request of the batch, with its lengths after the step."""
+        sampled = [r.uid for r in self._launched if r.kind != "chunk"]
+        token_of = dict(zip(sampled, self._tokens))
+        return tuple(
+            LedgerRow(
+                r.uid,
+                r.kind,
+                r.table_idx,
+                r.device_len,  # after the step: what it computed is cached ...
+                r.device_len + 1,  # ... and one more token is known to the device
+                r.max_device_len,
+                r.extend_len,
+                r.cached_tokens,
+                token_of.get(r.uid),
+                self._finishes.get(r.uid),
+            )
+            for r in self._launched
+        )
 
     @property
     def size(self) -> int:

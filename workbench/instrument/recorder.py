@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .record import KVState, LedgerRow, StepRecord
+from .record import KVState, StepRecord
 
 if TYPE_CHECKING:
     from ..scheduler.scheduler import Scheduler, StepOutcome
@@ -12,24 +12,6 @@ if TYPE_CHECKING:
 
 def build_record(sched: Scheduler, outcome: StepOutcome, events: tuple | None = None) -> StepRecord:
     launched = outcome.launched
-    sampled = [r for r in outcome.rows if r.kind != "chunk"]
-    token_of = {r.uid: t for r, t in zip(sampled, outcome.tokens)}
-    finish_of = {req.uid: req.finish_reason for req in outcome.finished}
-    rows = tuple(
-        LedgerRow(
-            r.uid,
-            r.kind,
-            r.table_idx,
-            r.device_len,  # after the step: what it computed is cached ...
-            r.device_len + 1,  # ... and one more token is known to the device
-            r.max_device_len,
-            r.extend_len,
-            r.cached_tokens,
-            token_of.get(r.uid),
-            finish_of.get(r.uid),
-        )
-        for r in outcome.rows
-    )
     cache = sched.cache
     kv = KVState(
         free=cache.free_size,
@@ -40,7 +22,9 @@ def build_record(sched: Scheduler, outcome: StepOutcome, events: tuple | None = 
     return StepRecord(
         step=outcome.index,
         phase=outcome.batch.phase,
-        rows=rows,
+        _launched=tuple(outcome.rows),
+        _tokens=tuple(outcome.tokens),
+        _finishes={req.uid: req.finish_reason for req in outcome.finished},
         admissions=tuple(outcome.admissions),
         queue_len=len(sched.prefill.queue),
         running=len(sched.decode.running),
