@@ -76,3 +76,37 @@ def test_greedy_rows_stay_greedy_beside_sampled_ones(tiny_llm):
     assert outputs[0]["token_ids"] == reference[0]["token_ids"]
     assert outputs[2]["token_ids"] == reference[2]["token_ids"]
     assert outputs[1]["token_ids"] != reference[1]["token_ids"]  # the hot ones did sample
+
+
+def _fused_args(reqs_params: list[SamplingParams], sampler: Sampler, first_output: int = 0):
+    from workbench.core import Req
+    from workbench.kvcache.base import CacheHandle
+
+    reqs = [Req(i, [1, 2], 2, 0, 0, p, CacheHandle()) for i, p in enumerate(reqs_params)]
+    for r in reqs:
+        for _ in range(first_output + 1):
+            r.complete_one()
+    return sampler.prepare(reqs)
+
+
+def test_fused_sampling_keys_follow_the_seed_not_the_batch():
+    """The one-pass GPU kernel draws a row's noise from its key alone. Its host side runs here:
+    a seeded request's key depends only on (seed, output index); unseeded rows get keys that
+    differ from each other and from call to call; greedy rows get temperature 0."""
+    sampler = Sampler(100, torch.device("cpu"), seed=0, fused=True)
+    seeded = SamplingParams(temperature=0.7, seed=42, max_tokens=8)
+    noisy = SamplingParams(temperature=0.7, max_tokens=8)
+    greedy_p = SamplingParams(temperature=0.0, max_tokens=8)
+    alone = _fused_args([seeded], sampler)
+    crowd = _fused_args([noisy, greedy_p, seeded, noisy], sampler)
+    assert alone.keys is not None and crowd.keys is not None
+    assert crowd.keys[2] == alone.keys[0]
+    assert torch.allclose(crowd.temperatures, torch.tensor([0.7, 0.0, 0.7, 0.7]))
+    later = _fused_args([seeded], sampler, first_output=1)
+    assert later.keys[0] != alone.keys[0]  # the next output token draws fresh noise
+    again = _fused_args([noisy, greedy_p, seeded, noisy], sampler)
+    unseeded = [crowd.keys[0], crowd.keys[3], again.keys[0], again.keys[3]]
+    assert len({int(k) for k in unseeded}) == 4
+    assert all(0 <= int(k) < 2**63 for k in crowd.keys)
+    # top-k / top-p stay on the torch path (the kernel has no sort)
+    assert _fused_args([SamplingParams(temperature=0.7, top_k=5)], sampler).keys is None
