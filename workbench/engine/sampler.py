@@ -45,6 +45,10 @@ class Sampler:
             return SamplingArgs(all_greedy=True)
         dev = self.device
         greedy = [p.is_greedy for p in params]
+        top_k = any(p.top_k > 0 for p in params)
+        top_p = any(p.top_p < 1.0 for p in params)
+        if self.fused and not top_k and not top_p:
+            return self._prepare_fused(reqs, greedy)
         args = SamplingArgs(
             all_greedy=False,
             greedy=to_device(greedy, dev, torch.bool) if any(greedy) else None,
@@ -52,13 +56,11 @@ class Sampler:
                 [1.0 if p.is_greedy else p.temperature for p in params], dev, torch.float32
             ),
         )
-        if any(p.top_k > 0 for p in params):
+        if top_k:
             ks = [p.top_k if p.top_k > 0 else self.vocab_size for p in params]
             args.top_k = to_device(ks, dev)
-        if any(p.top_p < 1.0 for p in params):
+        if top_p:
             args.top_p = to_device([p.top_p for p in params], dev, torch.float32)
-        if self.fused and args.top_k is None and args.top_p is None:
-            return self._prepare_fused(reqs, greedy)
         # NOTE: keyed by the index of the token being sampled, which the device side knows
         # (device_len was advanced by complete_one), so it also holds under overlap scheduling.
         args.seeded = [
