@@ -51,7 +51,12 @@ class TorchBackend(AttentionBackend):
         batch.attn_metadata = meta
 
     def forward(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        batch: Batch,
     ) -> torch.Tensor:
         if k is not None:
             self.pool.store(layer_id, batch.out_loc, k, v)
