@@ -148,3 +148,15 @@ def test_bench_splits_the_hosts_time_per_step():
     # on the CPU the forward runs inside launch: nothing is left to wait for at collect
     assert r["decode_launch_ms"] > 0 and r["decode_collect_ms"] >= 0
     assert r["decode_wait_ms"] < 0.1 * r["decode_launch_ms"]
+
+
+def test_bench_splits_the_run_by_phase_and_batch_size():
+    r = json.loads(_bench("--json", "--num-requests", "12"))
+    assert sum(r["phase_steps"].values()) == r["steps"]
+    # the phases tile the timed run: step ends from its start to its end
+    assert sum(r["phase_seconds"].values()) == pytest.approx(r["seconds"], rel=0.05, abs=0.02)
+    steps, seconds = zip(*r["decode_by_batch"].values())
+    assert sum(steps) == r["phase_steps"]["decode"]
+    assert sum(seconds) == pytest.approx(r["phase_seconds"]["decode"], abs=0.005)
+    assert set(r["decode_by_batch"]) <= {"<=16", "<=64", "<=128", "<=192", ">192"}
+    assert r["gc_collections"] >= r["gc_full_collections"] >= 0

@@ -147,17 +147,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     at_top = [s[4] for s in steps if s[1] == "decode" and s[2] == top]
     host = [statistics.median(h[i] for h in at_top) if at_top else float("nan") for i in range(3)]
     step_kv = int(statistics.median(kv for _, kv in gaps)) if gaps else 0
-    # seconds between consecutive step ends, summed by the phase of the later step
-    phase_s: dict[str, float] = {}
-    for prev_t, s in zip([start] + [s[0] for s in steps], steps):
-        phase_s[s[1]] = phase_s.get(s[1], 0.0) + s[0] - prev_t
-    phase_steps = {p: sum(s[1] == p for s in steps) for p in phase_s}
-    # decode seconds by batch size: where the time goes as requests finish
-    by_batch: dict[str, list[float]] = {}
-    for prev_t, s in zip([start] + [s[0] for s in steps], steps):
-        if s[1] == "decode":
-            bucket = next(f"<={b}" for b in (16, 64, 128, 192, 10**9) if s[2] <= b)
-            by_batch.setdefault(bucket.replace(str(10**9), "max"), []).append(s[0] - prev_t)
+    by_phase, by_batch = split_time(steps, start)
     step_bound_ms = decode_step_bound(engine.model_config, top, step_kv, spec) * 1e3 if gaps else 0
     return dict(
         model=args.model,
@@ -181,8 +171,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         steps=len(steps),
         roofline_tokens_per_s=round(bound.tokens_per_second, 1),
         roofline_fraction=round(bound.seconds / seconds, 3),
-        phase_seconds={p: round(t, 3) for p, t in phase_s.items()},
-        phase_steps=phase_steps,
+        phase_seconds={p: round(sum(v), 3) for p, v in by_phase.items()},
+        phase_steps={p: len(v) for p, v in by_phase.items()},
         decode_by_batch={k: (len(v), round(sum(v), 3)) for k, v in by_batch.items()},
         gc_collections=collections.count,
         gc_full_collections=collections.full,
@@ -199,6 +189,23 @@ def run_bench(args: argparse.Namespace) -> dict:
         **({"saved": str(saved)} if saved else {}),
         **({"profile": profile} if profile else {}),
     )
+
+
+BATCH_BUCKETS = (16, 64, 128, 192)
+
+
+def split_time(steps: list[tuple], start: float) -> tuple[dict, dict]:
+    """Seconds between consecutive step ends, by the later step's phase; and decode seconds by
+    batch size (where the time goes as requests finish)."""
+    by_phase: dict[str, list[float]] = {}
+    by_batch: dict[str, list[float]] = {}
+    for prev_t, (t, phase, size, *_) in zip([start] + [s[0] for s in steps], steps):
+        by_phase.setdefault(phase, []).append(t - prev_t)
+        if phase == "decode":
+            top = f">{BATCH_BUCKETS[-1]}"
+            label = next((f"<={b}" for b in BATCH_BUCKETS if size <= b), top)
+            by_batch.setdefault(label, []).append(t - prev_t)
+    return by_phase, by_batch
 
 
 class _GcWatch:
