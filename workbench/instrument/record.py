@@ -54,7 +54,7 @@ class StepRecord:
     # anyway, so recording costs a few references per step, not a tuple per request.
     _launched: tuple[ReqView, ...] = field(repr=False)  # the batch's rows as launched
     _tokens: tuple[int | None, ...] = field(repr=False)  # per non-chunk row, in order
-    _finishes: dict[int, str] = field(repr=False)  # uid -> finish reason, for this step's
+    _finishes: tuple[tuple[int, str], ...] = field(repr=False)  # (uid, reason) finished here
     admissions: tuple[Admission, ...]
     queue_len: int  # requests waiting after the step
     running: int  # requests in the running set after the step
@@ -75,7 +75,7 @@ class StepRecord:
     def rows(self) -> tuple[LedgerRow, ...]:
         """One row per request of the batch, with its lengths after the step."""
         sampled = [r.uid for r in self._launched if r.kind != "chunk"]
-        token_of = dict(zip(sampled, self._tokens))
+        token_of, finish_of = dict(zip(sampled, self._tokens)), dict(self._finishes)
         return tuple(
             LedgerRow(
                 r.uid,
@@ -87,7 +87,7 @@ class StepRecord:
                 r.extend_len,
                 r.cached_tokens,
                 token_of.get(r.uid),
-                self._finishes.get(r.uid),
+                finish_of.get(r.uid),
             )
             for r in self._launched
         )
