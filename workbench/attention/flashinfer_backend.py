@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..core import Batch
-from ..engine.transfer import host_tensor, to_device
+from ..engine.transfer import host_tensor, to_device_many
 from .base import AttentionBackend
 
 WORKSPACE_BYTES = 256 * 2**20
@@ -68,8 +68,7 @@ class FlashInferBackend(AttentionBackend):
         indptr = np.zeros(len(lens) + 1, dtype=np.int64)
         np.cumsum(lens, out=indptr[1:])
         total = int(indptr[-1])
-        lens_d, rows_d = to_device(lens, self.device), to_device(rows, self.device)
-        starts_d = to_device(indptr[:-1], self.device)
+        lens_d, rows_d, starts_d = to_device_many([lens, rows, indptr[:-1]], self.device)
         owner = torch.repeat_interleave(
             torch.arange(len(lens), device=self.device), lens_d, output_size=total
         )

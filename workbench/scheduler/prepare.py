@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core import Batch, ChunkedReq
-from ..engine.transfer import to_device
+from ..engine.transfer import to_device_many
 from .cache import ceil_page
 
 if TYPE_CHECKING:
@@ -36,10 +36,12 @@ def prepare_batch(sched: Scheduler, batch: Batch) -> int:
     sampled = np.array([not isinstance(r, ChunkedReq) for r in reqs], dtype=bool)
     sample_idx = (np.cumsum(extend) - 1)[sampled]
 
-    rows_t, positions_t = to_device(token_rows, device), to_device(positions, device)
+    rows_t, positions_t, out_loc_t, sample_idx_t = to_device_many(
+        [token_rows, positions, out_loc, sample_idx], device
+    )
     batch.positions = positions_t
     batch.input_ids = table.token_pool[rows_t, positions_t]
-    batch.out_loc = to_device(out_loc, device)
-    batch.sample_idx = to_device(sample_idx, device)
+    batch.out_loc = out_loc_t
+    batch.sample_idx = sample_idx_t
     sched.engine.prepare(batch)
     return count

@@ -28,7 +28,7 @@ import torch
 
 from ..core import Batch, Req, ReqView, SamplingParams
 from ..engine.engine import DeviceTimer, Engine
-from ..engine.transfer import to_device
+from ..engine.transfer import to_device_many
 from ..instrument import events as ev
 from ..instrument.history import History
 from ..instrument.hooks import HookRegistry
@@ -276,8 +276,9 @@ class Scheduler:
             return torch.zeros(0, dtype=torch.int32), None
         sampler, device = self.engine.sampler, self.engine.device
         tokens = sampler.sample(logits, sampler.prepare(reqs))
-        rows = to_device([r.table_idx for r in reqs], device)
-        cols = to_device([r.device_len - 1 for r in reqs], device)
+        rows, cols = to_device_many(
+            [[r.table_idx for r in reqs], [r.device_len - 1 for r in reqs]], device
+        )
         self.table.token_pool[rows, cols] = tokens
         if device.type != "cuda":
             return tokens, None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..engine.transfer import to_device
+from ..engine.transfer import to_device, to_device_many
 
 
 class TableManager:
@@ -58,5 +58,5 @@ class TableManager:
         """Point page-table entries at KV slots, on the host and on the device."""
         self.page_table_host[rows, cols] = slots
         if self.device.type != "cpu":
-            index = (to_device(rows, self.device), to_device(cols, self.device))
+            index = tuple(to_device_many([rows, cols], self.device))
             self.page_table.index_put_(index, to_device(slots, self.device, torch.int32))
