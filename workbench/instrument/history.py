@@ -203,7 +203,8 @@ def _build_tables(
     steps, ledger, admissions, events, pages = [], [], [], [], []
     for rec in records:
         by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
-        for r in rec.rows:
+        rows, decisions = rec.rows, rec.admissions  # both built on access: once per record
+        for r in rows:
             by_kind[r.kind] += r.extend_len
             ledger.append(
                 (
@@ -221,7 +222,7 @@ def _build_tables(
                     r.finish,
                 )
             )
-        reasons = sorted({a.reason for a in rec.admissions if not a.admitted})
+        reasons = sorted({a.reason for a in decisions if not a.admitted})
         steps.append(
             (
                 rec.step,
@@ -233,7 +234,7 @@ def _build_tables(
                 by_kind["chunk"],
                 by_kind["decode"],
                 rec.padded_size - rec.size,
-                sum(a.admitted for a in rec.admissions),
+                sum(a.admitted for a in decisions),
                 ",".join(reasons),
                 rec.queue_len,
                 rec.running,
@@ -252,12 +253,12 @@ def _build_tables(
                 rec.wait_ms,
             )
         )
-        for a in rec.admissions:
+        for a in decisions:
             admissions.append((rec.step, a.uid, a.admitted, a.reason, a.extend_len, a.cached_len))
         for e in rec.events or ():
             events.append((rec.step, *e))
         if rec.page_rows:
-            for r in rec.rows:
+            for r in rows:
                 pages.extend(
                     (rec.step, r.uid, r.table_idx, *run)
                     for run in _runs(rec.page_rows[r.table_idx])

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, NamedTuple
 
 from ..core import ReqView
 from ..scheduler.prefill import Admission
+
+
+_EXTEND = ReqView._fields.index("extend_len")
 
 
 class LedgerRow(NamedTuple):
@@ -50,12 +52,14 @@ class KVState(NamedTuple):
 class StepRecord:
     step: int
     phase: str  # "prefill" | "decode" | "mixed"
-    # NOTE: `rows` are built from these on first use: a step keeps the launch snapshots it has
-    # anyway, so recording costs a few references per step, not a tuple per request.
-    _launched: tuple[ReqView, ...] = field(repr=False)  # the batch's rows as launched
+    # NOTE: per-request facts are kept as plain tuples of ints and strings, and `rows` and
+    # `admissions` are built from them on each access. The garbage collector stops tracking such
+    # tuples after one pass; a named tuple it tracks for ever, and a run of 1,000 steps x 256
+    # requests then made one full collection cost 0.3 s on the H200 machine (6% of the run).
+    _launched: tuple[tuple, ...] = field(repr=False)  # ReqView fields, the batch as launched
     _tokens: tuple[int | None, ...] = field(repr=False)  # per non-chunk row, in order
     _finishes: tuple[tuple[int, str], ...] = field(repr=False)  # (uid, reason) finished here
-    admissions: tuple[Admission, ...]
+    _admissions: tuple[tuple, ...] = field(repr=False)  # Admission fields, in decision order
     queue_len: int  # requests waiting after the step
     running: int  # requests in the running set after the step
     kv: KVState
@@ -71,10 +75,11 @@ class StepRecord:
     page_rows: dict[int, tuple[int, ...]] | None = None  # record="full": table row -> KV slots
     events: tuple[Any, ...] | None = field(default=None, repr=False)  # record="full": profiler
 
-    @cached_property
+    @property
     def rows(self) -> tuple[LedgerRow, ...]:
         """One row per request of the batch, with its lengths after the step."""
-        sampled = [r.uid for r in self._launched if r.kind != "chunk"]
+        launched = [ReqView._make(r) for r in self._launched]
+        sampled = [r.uid for r in launched if r.kind != "chunk"]
         token_of, finish_of = dict(zip(sampled, self._tokens)), dict(self._finishes)
         return tuple(
             LedgerRow(
@@ -89,16 +94,21 @@ class StepRecord:
                 token_of.get(r.uid),
                 finish_of.get(r.uid),
             )
-            for r in self._launched
+            for r in launched
         )
 
     @property
+    def admissions(self) -> tuple[Admission, ...]:
+        """The step's admission decisions: admitted, or why a request waits."""
+        return tuple(Admission._make(a) for a in self._admissions)
+
+    @property
     def size(self) -> int:
-        return len(self.rows)
+        return len(self._launched)
 
     @property
     def num_tokens(self) -> int:
-        return sum(r.extend_len for r in self.rows)
+        return sum(r[_EXTEND] for r in self._launched)
 
     @property
     def wall_ms(self) -> float:
@@ -106,11 +116,11 @@ class StepRecord:
 
     @property
     def uids(self) -> tuple[int, ...]:
-        return tuple(r.uid for r in self.rows)
+        return tuple(r[0] for r in self._launched)
 
     @property
     def finished(self) -> tuple[int, ...]:
-        return tuple(r.uid for r in self.rows if r.finish is not None)
+        return tuple(uid for uid, _ in self._finishes)  # in batch order, as collected
 
     @property
     def rejected(self) -> tuple[Admission, ...]:

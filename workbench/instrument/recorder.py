@@ -22,10 +22,10 @@ def build_record(sched: Scheduler, outcome: StepOutcome, events: tuple | None = 
     return StepRecord(
         step=outcome.index,
         phase=outcome.batch.phase,
-        _launched=tuple(outcome.rows),
+        _launched=tuple([tuple(r) for r in outcome.rows]),
         _tokens=tuple(outcome.tokens),
         _finishes=tuple((req.uid, req.finish_reason) for req in outcome.finished),
-        admissions=tuple(outcome.admissions),
+        _admissions=tuple([tuple(a) for a in outcome.admissions]),
         queue_len=len(sched.prefill.queue),
         running=len(sched.decode.running),
         kv=kv,
