@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 from ..core import ReqView
 from ..scheduler.prefill import Admission
 
-
 _EXTEND = ReqView._fields.index("extend_len")
 
 
