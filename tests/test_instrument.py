@@ -330,3 +330,31 @@ def test_records_keep_nothing_per_request_that_the_garbage_collector_tracks(wb):
     # and what they rebuild is the same ledger as the tables
     assert sum(r.size for r in records) == len(wb.history.ledger)
     assert sum(len(r.admissions) for r in records) == len(wb.history.admissions)
+
+
+def test_every_waiting_request_has_a_decision_at_every_step():
+    """The requests behind the first refusal are kept as a slice of the queue, not as decisions;
+    the record, the table and the `reject` hook still give each of them its row, in queue order."""
+    wb = Workbench("tiny-llama", max_running_reqs=2)
+    uids = [wb.add_request(p, greedy(3)) for p in PROMPTS[:6]]
+    rejected = []
+    wb.hooks.add("reject", lambda e: rejected.append((e.step, e.uid, e.reason)))
+    records = wb.run(progress=False)
+    first = records[0]
+    assert [(a.uid, a.admitted, a.reason) for a in first.admissions] == [
+        (uids[0], True, None),
+        (uids[1], True, None),
+        (uids[2], False, "no_slot"),
+        *((uid, False, "queued_behind") for uid in uids[3:]),
+    ]
+    table = wb.history.admissions
+    assert table.groupby("step").size().tolist() == [
+        len(r.admissions) for r in records if len(r.admissions)
+    ]
+    assert sorted(rejected) == sorted(
+        (r.step, a.uid, a.reason) for r in records for a in r.admissions if not a.admitted
+    )
+    # every step a request waited, it has exactly one decision
+    waits = table[~table.admitted]
+    assert not waits.duplicated(["step", "uid"]).any()
+    assert set(waits.reason) == {"no_slot", "queued_behind"}

@@ -14,19 +14,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core import Batch
-from .prefill import DECODE_FIRST, Admission, PrefillAdder
+from .prefill import DECODE_FIRST, Admission, Admissions, PrefillAdder
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 
-def schedule_next_batch(sched: Scheduler) -> tuple[Batch | None, list[Admission]]:
+def schedule_next_batch(sched: Scheduler) -> tuple[Batch | None, Admissions]:
     """The batch `sched.config.policy` chooses now (None: nothing to run), and its admissions."""
     policy, queue = sched.config.policy, sched.prefill.queue
     running = list(sched.decode.running)
-    admissions: list[Admission] = []
+    admissions = Admissions()
     if queue and policy == "decode_first" and running:
-        admissions = [
+        admissions.decided = [
             Admission(p.uid, False, DECODE_FIRST, 0, p.chunked.cached_len if p.chunked else 0)
             for p in queue
         ]

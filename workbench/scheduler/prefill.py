@@ -15,7 +15,7 @@ considered. Once the first request's prefix is in the cache, the waiting one mat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -65,6 +65,33 @@ class Admission(NamedTuple):
     reason: str | None  # None when admitted
     extend_len: int  # tokens of its prompt computed by this batch (0 when refused)
     cached_len: int  # prompt tokens already in the KV pool before this batch
+
+
+class Admissions:
+    """A step's admission decisions, in queue order: those the adder made, then one
+    `queued_behind` refusal per request behind the first that did not fit.
+
+    The requests behind are kept as a slice of the queue and turned into decisions only when
+    something reads them (a `reject` hook, a record): a queue of thousands then costs a step a
+    list copy, not an object per waiting request.
+    """
+
+    __slots__ = ("decided", "behind")
+
+    def __init__(self, decided: list[Admission] | None = None, behind: list[PendingReq] = ()):
+        self.decided = decided if decided is not None else []
+        self.behind = behind
+
+    def __iter__(self) -> Iterator[Admission]:
+        yield from self.decided
+        for pending in self.behind:
+            yield Admission(pending.uid, False, QUEUED_BEHIND, 0, 0)
+
+    def __len__(self) -> int:
+        return len(self.decided) + len(self.behind)
+
+    def __repr__(self) -> str:
+        return f"Admissions({self.decided!r}, {len(self.behind)} queued behind)"
 
 
 def kv_tokens_needed(prompt_len: int, max_tokens: int, cached_len: int, page_size: int) -> int:
@@ -160,31 +187,29 @@ class PrefillManager:
     def add(self, pending: PendingReq) -> None:
         self.queue.append(pending)
 
-    def schedule(self, adder: PrefillAdder) -> tuple[list[Req], list[Admission]]:
+    def schedule(self, adder: PrefillAdder) -> tuple[list[Req], Admissions]:
         """Admit from the head of the queue until a request does not fit."""
-        decisions: list[Admission] = []
+        decisions = Admissions()
         admitted: dict[PendingReq, Req] = {}
-        refused: str | None = None
-        for pending in self.queue:
-            if refused is not None:
-                decisions.append(Admission(pending.uid, False, QUEUED_BEHIND, 0, 0))
-                continue
+        for i, pending in enumerate(self.queue):
             cached_before = pending.chunked.cached_len if pending.chunked else 0
             result = adder.try_add_one(pending)
             if isinstance(result, str):
+                decisions.decided.append(Admission(pending.uid, False, result, 0, cached_before))
                 if result != WAIT_FOR_PREFIX:  # waiting for a prefix does not block the queue
-                    refused = result
-                decisions.append(Admission(pending.uid, False, result, 0, cached_before))
+                    decisions.behind = self.queue[i + 1 :]
+                    break
                 continue
             admitted[pending] = result
-            decisions.append(
+            decisions.decided.append(
                 Admission(pending.uid, True, None, result.extend_len, result.cached_len)
             )
-        # NOTE: unfinished chunks go back to the head of the queue, keeping their resources.
-        chunked = []
-        for pending, req in admitted.items():
-            if isinstance(req, ChunkedReq):
-                pending.chunked = req
-                chunked.append(pending)
-        self.queue = chunked + [p for p in self.queue if p not in admitted]
+        if admitted:
+            # NOTE: unfinished chunks go back to the head of the queue, keeping their resources.
+            chunked = []
+            for pending, req in admitted.items():
+                if isinstance(req, ChunkedReq):
+                    pending.chunked = req
+                    chunked.append(pending)
+            self.queue = chunked + [p for p in self.queue if p not in admitted]
         return list(admitted.values()), decisions

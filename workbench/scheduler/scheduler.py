@@ -40,7 +40,7 @@ from .cache import CacheManager, ceil_page
 from .decode import DecodeManager
 from .integrity import check_integrity
 from .policy import schedule_next_batch
-from .prefill import Admission, PendingReq, PrefillManager
+from .prefill import Admissions, PendingReq, PrefillManager
 from .prepare import prepare_batch
 
 RECORD_LEVELS = ("off", "light", "full")
@@ -53,7 +53,7 @@ class InFlight:
     index: int
     batch: Batch
     rows: list[ReqView]  # the ledgers as launched
-    admissions: list[Admission]
+    admissions: Admissions
     tokens: torch.Tensor  # host copy of the sampled tokens (filled asynchronously on a GPU)
     done: torch.cuda.Event | None  # recorded after the copy; None on the CPU
     launched_at: float
@@ -72,7 +72,7 @@ class StepOutcome:
     index: int
     batch: Batch
     rows: list[ReqView]  # the batch's ledgers as launched (before the forward moved them)
-    admissions: list[Admission]
+    admissions: Admissions
     tokens: list[int | None]  # per sampled request; None where dropped (past its end)
     finished: list[Req]  # requests whose last token came from this batch
     launched: InFlight
@@ -202,7 +202,7 @@ class Scheduler:
             if self.prefill.queue and not self.decode.running and self.in_flight is None:
                 head = self.prefill.queue[0]
                 raise RuntimeError(
-                    f"request {head.uid} can never be admitted ({admissions[0].reason}); "
+                    f"request {head.uid} can never be admitted ({admissions.decided[0].reason}); "
                     "it should have been rejected when it was added"
                 )
             return None
@@ -262,7 +262,7 @@ class Scheduler:
             launch_ms=(self.clock() - launched_at) * 1e3,
         )
 
-    def schedule_next_batch(self) -> tuple[Batch | None, list[Admission]]:
+    def schedule_next_batch(self) -> tuple[Batch | None, Admissions]:
         """The configured policy's batch and the admission decisions behind it."""
         return schedule_next_batch(self)
 
@@ -426,11 +426,11 @@ class Scheduler:
         return req
 
     # -- hook helpers -----------------------------------------------------------------------
-    def _emit_admissions(self, batch: Batch | None, admissions: list[Admission]) -> None:
+    def _emit_admissions(self, batch: Batch | None, admissions: Admissions) -> None:
         hooks, step = self.hooks, self.step_index
         if "admit" in hooks and batch is not None:
             by_uid = {r.uid: r for r in batch.reqs}
-            for a in admissions:
+            for a in admissions.decided:  # the requests behind were all refused
                 if a.admitted:
                     req = by_uid[a.uid]
                     kind = ReqView.of(req, decoding=False).kind
@@ -443,7 +443,7 @@ class Scheduler:
                 if not a.admitted:
                     hooks.emit("reject", ev.Reject(step, a.uid, a.reason))
         if "schedule.end" in hooks and (batch is not None or admissions):
-            admitted = sum(a.admitted for a in admissions)
+            admitted = sum(a.admitted for a in admissions.decided)
             phase = None if batch is None else batch.phase
             uids = () if batch is None else tuple(r.uid for r in batch.reqs)
             hooks.emit(
