@@ -8,7 +8,6 @@ import numpy as np
 
 from ..core import Batch, ChunkedReq
 from ..engine.transfer import to_device_many
-from .cache import ceil_page
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -18,20 +17,24 @@ def prepare_batch(sched: Scheduler, batch: Batch) -> int:
     """Fill `batch.positions`, `input_ids`, `out_loc`, `sample_idx` and the attention metadata;
     returns the number of KV pages allocated."""
     ps, reqs, device, table = sched.page_size, batch.reqs, sched.engine.device, sched.table
-    first = np.array([ceil_page(r.cached_len, ps) for r in reqs])  # allocated before this batch
-    end = np.array([ceil_page(r.device_len, ps) for r in reqs])
-    new_pages = (end - first) // ps
-    count = int(new_pages.sum())
+    # NOTE: one pass over the requests; the rest is whole-array work (a decode batch of 256
+    # otherwise spent most of its host time in per-request numpy calls).
+    ledger = np.array(
+        [(r.table_idx, r.cached_len, r.device_len) for r in reqs], dtype=np.int64
+    ).reshape(-1, 3)
+    rows, cached, device_len = ledger[:, 0], ledger[:, 1], ledger[:, 2]
+    first = -(-cached // ps) * ps  # slots up to here were allocated before this batch
+    end = -(-device_len // ps) * ps
+    new_slots = end - first
+    count = int(new_slots.sum()) // ps
     if count > 0:
         pages = sched.cache.allocate_pages(count)
         slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
-        rows = np.repeat([r.table_idx for r in reqs], new_pages * ps)
-        cols = np.concatenate([np.arange(a, b) for a, b in zip(first, end)])
-        table.write_slots(rows, cols, slots)
+        table.write_slots(np.repeat(rows, new_slots), _ranges(first, end), slots)
 
-    extend = np.array([r.extend_len for r in reqs])
-    positions = np.concatenate([np.arange(r.cached_len, r.device_len) for r in reqs])
-    token_rows = np.repeat([r.table_idx for r in reqs], extend)
+    extend = device_len - cached
+    positions = _ranges(cached, device_len)
+    token_rows = np.repeat(rows, extend)
     out_loc = table.page_table_host[token_rows, positions]
     sampled = np.array([not isinstance(r, ChunkedReq) for r in reqs], dtype=bool)
     sample_idx = (np.cumsum(extend) - 1)[sampled]
@@ -45,3 +48,10 @@ def prepare_batch(sched: Scheduler, batch: Batch) -> int:
     batch.sample_idx = sample_idx_t
     sched.engine.prepare(batch)
     return count
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(a, b) for a, b in zip(starts, ends)])`` in whole-array steps."""
+    lens = ends - starts
+    before = np.cumsum(lens) - lens  # where each range begins in the output
+    return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - before, lens)
