@@ -30,15 +30,16 @@ def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
 
 
 def make_llm(**options) -> LLM:
-    options.setdefault("num_pages", PAGES)
+    options.setdefault("num_pages", PAGES // options.get("page_size", 1))
     options.setdefault("max_running_reqs", 64)
     options.setdefault("cuda_graph_max_bs", 64)
     return LLM(MODEL, **options)
 
 
-@pytest.fixture(scope="module")
-def llm() -> LLM:
-    return make_llm()
+@pytest.fixture(scope="module", params=[1, 16], ids=lambda ps: f"page{ps}")
+def llm(request) -> LLM:
+    """Page size 1, and 16: FlashInfer then reads pages of 16 slots (another indexing)."""
+    return make_llm(page_size=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,9 @@ def test_prefill_logits_close_to_transformers(llm, hf, hf_fp32):
     vs_hf, vs_fp32 = _logit_gap(ours, ref), _logit_gap(ours, ref32)
     hf_vs_fp32 = _logit_gap(ref, ref32)
     scale = ref32.abs().max().item()
-    print(f"\nprefill logits, 32 prompts, max |logit| {scale:.3f}:")
+    print(
+        f"\nprefill logits, page size {llm.config.page_size}, 32 prompts, max |logit| {scale:.3f}:"
+    )
     for name, g in (
         ("ours (bf16) vs transformers bf16", vs_hf),
         ("ours (bf16) vs transformers fp32", vs_fp32),
@@ -142,7 +145,8 @@ def test_greedy_match_rate_against_transformers(llm, hf, hf_fp32):
     ours_fp32, ours_fp32_tokens = _agreement(ours, exact)
     hf_fp32, hf_fp32_tokens = _agreement(theirs, exact)
     print(
-        f"\ngreedy, 32 prompts x 32 tokens: ours (bf16) vs transformers (bf16) {vs_hf:.0%} "
+        f"\ngreedy, page size {llm.config.page_size}, 32 prompts x 32 tokens: "
+        f"ours (bf16) vs transformers (bf16) {vs_hf:.0%} "
         f"identical ({vs_hf_tokens:.0%} of tokens before the first divergence); against "
         f"transformers float32: ours {ours_fp32:.0%} ({ours_fp32_tokens:.0%}), "
         f"transformers bf16 {hf_fp32:.0%} ({hf_fp32_tokens:.0%})"
