@@ -15,7 +15,7 @@ considered. Once the first request's prefix is in the cache, the waiting one mat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -78,7 +78,9 @@ class Admissions:
 
     __slots__ = ("decided", "behind")
 
-    def __init__(self, decided: list[Admission] | None = None, behind: list[PendingReq] = ()):
+    def __init__(
+        self, decided: list[Admission] | None = None, behind: Sequence[PendingReq] = ()
+    ) -> None:
         self.decided = decided if decided is not None else []
         self.behind = behind
 
