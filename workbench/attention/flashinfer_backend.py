@@ -31,7 +31,7 @@ class _PagedKV(NamedTuple):
     indptr: torch.Tensor  # [batch + 1] int32, host (pinned): where each request's pages start
     indices: torch.Tensor  # [pages] int32, device: page ids
     last_page_len: torch.Tensor  # [batch] int32, host (pinned): tokens in each last page
-    lens: torch.Tensor  # [batch] int32, host (pinned): KV tokens per request
+    lens: np.ndarray  # [batch]: KV tokens per request
 
 
 @dataclass
@@ -73,8 +73,8 @@ class FlashInferBackend(AttentionBackend):
 
     # -- metadata ---------------------------------------------------------------------------
     def _kv_indices(self, rows: list[int], kv_lens: list[int]) -> _PagedKV:
-        """The requests' pages covering KV positions ``[0, kv_len)``: host indptr, last-page
-        lengths and KV lengths (pinned), device page ids."""
+        """The requests' pages covering KV positions ``[0, kv_len)``: host indptr and last-page
+        lengths (pinned), device page ids."""
         ps = self.page_size
         lens = np.asarray(kv_lens, dtype=np.int64)
         num_pages = -(-lens // ps)
@@ -93,7 +93,7 @@ class FlashInferBackend(AttentionBackend):
             host_tensor(indptr, torch.int32, pinned=True),
             indices,
             host_tensor(lens - (num_pages - 1) * ps, torch.int32, pinned=True),
-            host_tensor(lens, torch.int32, pinned=True),
+            lens,
         )
 
     def _plan(self, wrapper: Any, qo_indptr: torch.Tensor | None, kv: _PagedKV) -> None:
@@ -112,7 +112,7 @@ class FlashInferBackend(AttentionBackend):
                 kv.last_page_len,
                 *heads,
                 causal=True,
-                seq_lens=kv.lens,
+                seq_lens=host_tensor(kv.lens, torch.int32, pinned=True),
                 **common,
             )
         self._plan_done.record()
