@@ -80,6 +80,12 @@ def test_decode_first_admits_only_when_nothing_runs():
     records = _run("decode_first")
     refused = [a for r in records for a in r.admissions if a.reason == DECODE_FIRST]
     assert refused  # requests arrived while others decoded, and waited with that reason
+    # one decision per waiting request and step; a prompt held back part-way through its
+    # chunks still says how much of it is computed
+    for rec in records:
+        uids = [a.uid for a in rec.admissions]
+        assert len(uids) == len(set(uids))
+    assert any(a.cached_len > 0 for a in refused)
     for before, rec in zip(records, records[1:]):
         if rec.phase == "prefill":
             assert before.running == 0

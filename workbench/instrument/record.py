@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..core import ReqView
-from ..scheduler.prefill import QUEUED_BEHIND, Admission
+from ..scheduler.prefill import Admission
 
 _EXTEND = ReqView._fields.index("extend_len")
 
@@ -59,7 +59,8 @@ class StepRecord:
     _tokens: tuple[int | None, ...] = field(repr=False)  # per non-chunk row, in order
     _finishes: tuple[tuple[int, str], ...] = field(repr=False)  # (uid, reason) finished here
     _admissions: tuple[tuple, ...] = field(repr=False)  # Admission fields, in decision order
-    _behind: tuple[int, ...] = field(repr=False)  # uids queued behind the first refusal
+    _behind: tuple[int, ...] = field(repr=False)  # uids refused as a group, after the others
+    _behind_reason: str = field(repr=False)  # why they were: queued_behind or decode_first
     queue_len: int  # requests waiting after the step
     running: int  # requests in the running set after the step
     kv: KVState
@@ -100,7 +101,7 @@ class StepRecord:
     @property
     def admissions(self) -> tuple[Admission, ...]:
         """The step's admission decisions: admitted, or why a request waits."""
-        behind = (Admission(uid, False, QUEUED_BEHIND, 0, 0) for uid in self._behind)
+        behind = (Admission(uid, False, self._behind_reason, 0, 0) for uid in self._behind)
         return (*(Admission._make(a) for a in self._admissions), *behind)
 
     @property

@@ -27,6 +27,7 @@ def build_record(sched: Scheduler, outcome: StepOutcome, events: tuple | None = 
         _finishes=tuple((req.uid, req.finish_reason) for req in outcome.finished),
         _admissions=tuple([tuple(a) for a in outcome.admissions.decided]),
         _behind=tuple([p.uid for p in outcome.admissions.behind]),
+        _behind_reason=outcome.admissions.behind_reason,
         queue_len=len(sched.prefill.queue),
         running=len(sched.decode.running),
         kv=kv,

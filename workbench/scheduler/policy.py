@@ -26,10 +26,13 @@ def schedule_next_batch(sched: Scheduler) -> tuple[Batch | None, Admissions]:
     running = list(sched.decode.running)
     admissions = Admissions()
     if queue and policy == "decode_first" and running:
+        # NOTE: a prompt part-way through its chunks sits at the head of the queue; it keeps
+        # its own decision, which carries how much of it is computed.
+        chunked = [p for p in queue[:1] if p.chunked is not None]
         admissions.decided = [
-            Admission(p.uid, False, DECODE_FIRST, 0, p.chunked.cached_len if p.chunked else 0)
-            for p in queue
+            Admission(p.uid, False, DECODE_FIRST, 0, p.chunked.cached_len) for p in chunked
         ]
+        admissions.behind, admissions.behind_reason = queue[len(chunked) :], DECODE_FIRST
     elif queue:
         budget = sched.config.max_extend_tokens
         if policy == "mixed":

@@ -68,32 +68,37 @@ class Admission(NamedTuple):
 
 
 class Admissions:
-    """A step's admission decisions, in queue order: those the adder made, then one
-    `queued_behind` refusal per request behind the first that did not fit.
+    """A step's admission decisions, in queue order: those made one by one (`decided`), then
+    the requests refused as a group (`behind`, all for `behind_reason`): those queued behind the
+    first that did not fit, or with policy="decode_first" every one that waits for the decodes.
 
-    The requests behind are kept as a slice of the queue and turned into decisions only when
-    something reads them (a `reject` hook, a record): a queue of thousands then costs a step a
-    list copy, not an object per waiting request.
+    The group is kept as a slice of the queue and turned into decisions only when something
+    reads them (a `reject` hook, a record): a queue of thousands then costs a step a list copy,
+    not an object per waiting request.
     """
 
-    __slots__ = ("decided", "behind")
+    __slots__ = ("decided", "behind", "behind_reason")
 
     def __init__(
-        self, decided: list[Admission] | None = None, behind: Sequence[PendingReq] = ()
+        self,
+        decided: list[Admission] | None = None,
+        behind: Sequence[PendingReq] = (),
+        behind_reason: str = QUEUED_BEHIND,
     ) -> None:
         self.decided = decided if decided is not None else []
         self.behind = behind
+        self.behind_reason = behind_reason
 
     def __iter__(self) -> Iterator[Admission]:
         yield from self.decided
         for pending in self.behind:
-            yield Admission(pending.uid, False, QUEUED_BEHIND, 0, 0)
+            yield Admission(pending.uid, False, self.behind_reason, 0, 0)
 
     def __len__(self) -> int:
         return len(self.decided) + len(self.behind)
 
     def __repr__(self) -> str:
-        return f"Admissions({self.decided!r}, {len(self.behind)} queued behind)"
+        return f"Admissions({self.decided!r}, {len(self.behind)} x {self.behind_reason})"
 
 
 def kv_tokens_needed(prompt_len: int, max_tokens: int, cached_len: int, page_size: int) -> int:
