@@ -200,10 +200,18 @@ def _build_tables(
 ) -> dict[str, pd.DataFrame]:
     import pandas as pd
 
-    steps, ledger, admissions, events, pages = [], [], [], [], []
+    steps, ledger, events, pages = [], [], [], []
+    admissions: dict[str, list] = {c: [] for c in ADMISSION_COLUMNS}  # built column by column
     for rec in records:
         by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
-        rows, decisions = rec.rows, rec.admissions  # both built on access: once per record
+        rows = rec.rows  # built on access: once per record
+        # NOTE: the decisions straight from the record's storage: a long queue gives a group
+        # refusal per step (`_behind`), which goes in as whole columns, not one tuple per row.
+        decided, behind = rec._admissions, rec._behind
+        _add_admissions(admissions, rec.step, decided, behind, rec._behind_reason)
+        reasons = {reason for _, admitted, reason, _, _ in decided if not admitted}
+        if behind:
+            reasons.add(rec._behind_reason)
         for r in rows:
             by_kind[r.kind] += r.extend_len
             ledger.append(
@@ -222,7 +230,6 @@ def _build_tables(
                     r.finish,
                 )
             )
-        reasons = sorted({a.reason for a in decisions if not a.admitted})
         steps.append(
             (
                 rec.step,
@@ -234,8 +241,8 @@ def _build_tables(
                 by_kind["chunk"],
                 by_kind["decode"],
                 rec.padded_size - rec.size,
-                sum(a.admitted for a in decisions),
-                ",".join(reasons),
+                sum(admitted for _, admitted, _, _, _ in decided),
+                ",".join(sorted(reasons)),
                 rec.queue_len,
                 rec.running,
                 rec.kv.free,
@@ -253,8 +260,6 @@ def _build_tables(
                 rec.wait_ms,
             )
         )
-        for a in decisions:
-            admissions.append((rec.step, a.uid, a.admitted, a.reason, a.extend_len, a.cached_len))
         for e in rec.events or ():
             events.append((rec.step, *e))
         if rec.page_rows:
@@ -266,12 +271,34 @@ def _build_tables(
     frames = {
         "steps": pd.DataFrame(steps, columns=STEP_COLUMNS),
         "ledger": pd.DataFrame(ledger, columns=LEDGER_COLUMNS).astype({"token": "Int64"}),
-        "admissions": pd.DataFrame(admissions, columns=ADMISSION_COLUMNS),
+        # (no rows: the same untyped empty table as the others)
+        "admissions": pd.DataFrame(
+            admissions if admissions["step"] else [], columns=ADMISSION_COLUMNS
+        ),
         "events": pd.DataFrame(events, columns=EVENT_COLUMNS),
         "pages": pd.DataFrame(pages, columns=PAGE_COLUMNS),
     }
     frames["requests"] = _requests_table(frames["steps"], frames["ledger"], arrivals, aborts)
     return {name: _text_as_string(_rounded(frame)) for name, frame in frames.items()}
+
+
+def _add_admissions(
+    columns: dict[str, list], step: int, decided: tuple, behind: tuple, behind_reason: str
+) -> None:
+    """One step's decisions onto the admissions columns: those made one by one, then the group."""
+    for uid, admitted, reason, extend_len, cached_len in decided:
+        for name, value in zip(
+            ADMISSION_COLUMNS, (step, uid, admitted, reason, extend_len, cached_len)
+        ):
+            columns[name].append(value)
+    n = len(behind)
+    if n:
+        columns["step"].extend([step] * n)
+        columns["uid"].extend(behind)
+        columns["admitted"].extend([False] * n)
+        columns["reason"].extend([behind_reason] * n)
+        columns["extend_len"].extend([0] * n)
+        columns["cached_len"].extend([0] * n)
 
 
 def _rounded(frame: pd.DataFrame) -> pd.DataFrame:
@@ -308,34 +335,36 @@ def _requests_table(
 
     end_s = dict(zip(steps["step"], steps["completed_at"]))
     start_s = dict(zip(steps["step"], steps["launched_at"]))
+    # NOTE: whole-table aggregations (one pass each), not a filter per request: a history of
+    # thousands of requests rebuilds this after every step in a live view.
+    by_uid = ledger.groupby("uid", sort=False)
+    first_step = by_uid["step"].min().to_dict()
+    cached_of = by_uid["cached_tokens"].first().to_dict()
+    sampled = ledger[ledger["token"].notna()].groupby("uid", sort=False)["step"]
+    first_token, counts = sampled.min().to_dict(), sampled.size().to_dict()
+    done = ledger[ledger["finish"].notna()].drop_duplicates("uid")
+    finish_of = dict(zip(done["uid"], zip(done["finish"], done["step"])))
     rows = []
-    by_uid = dict(tuple(ledger.groupby("uid"))) if len(ledger) else {}
     for uid, (step, seconds, prompt, max_tokens) in sorted(arrivals.items()):
-        mine = by_uid.get(uid)
-        first = mine["step"].min() if mine is not None else None
-        sampled = mine[mine["token"].notna()] if mine is not None else None
-        first_tok = sampled["step"].min() if sampled is not None and len(sampled) else None
-        done = mine[mine["finish"].notna()] if mine is not None else None
-        fin = done.iloc[0] if done is not None and len(done) else None
-        count = len(sampled) if sampled is not None else 0
-        cached = int(mine["cached_tokens"].iloc[0]) if mine is not None else 0
+        first, first_tok = first_step.get(uid), first_token.get(uid)
+        count = counts.get(uid, 0)
+        fin = finish_of.get(uid)  # (reason, step)
         t_first = end_s.get(first_tok) if first_tok is not None else None
-        t_fin = end_s.get(fin["step"]) if fin is not None else None
+        t_fin = end_s.get(fin[1]) if fin is not None else None
         if fin is None and uid in aborts:  # ended by Scheduler.abort, between steps
-            fin = {"finish": "abort", "step": aborts[uid][0]}
-            t_fin = aborts[uid][1]
+            fin, t_fin = ("abort", aborts[uid][0]), aborts[uid][1]
         rows.append(
             (
                 uid,
                 prompt,
                 max_tokens,
-                cached,
+                int(cached_of.get(uid, 0)),
                 count,
-                None if fin is None else fin["finish"],
+                None if fin is None else fin[0],
                 step,
                 first,
                 first_tok,
-                None if fin is None else fin["step"],
+                None if fin is None else fin[1],
                 seconds,
                 start_s.get(first) if first is not None else None,
                 t_first,
