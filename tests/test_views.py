@@ -117,3 +117,28 @@ def test_dashboard_on_a_saved_run_has_no_engine_buttons(run):
     dash = Dashboard(loaded)
     assert dash.buttons == {} and dash.slider.max == len(loaded) - 1
     assert "step" in dash.status.value
+
+
+@pytest.mark.parametrize(("requests", "tokens"), [(40, 150), (130, 40)])
+def test_many_long_requests_stay_under_the_row_limit(requests, tokens):
+    """Lines of many requests over many steps are sampled and thinned, and the picked request
+    is always drawn (40 x 150: few lines, long; 130 x 40: more lines than are drawn)."""
+    wb = Workbench("tiny-llama", max_running_reqs=requests)
+    for i in range(requests):
+        wb.add_request([1 + i % 50, 2, 3], SamplingParams(max_tokens=tokens, ignore_eos=True))
+    wb.run(progress=False)
+    assert len(wb.history.ledger) > 5000
+    picked = 1  # with 130 requests, not in the every-k-th sample
+    for name in ALL_CHARTS:
+        spec = getattr(viz, name)(wb.history).to_dict()
+        assert sum(len(d) for d in spec.get("datasets", {}).values()) <= 5000, name
+    spec = viz.ledger_lines(wb.history, picked).to_dict()
+    (drawn,) = [d for d in spec["datasets"].values() if d and "uid" in d[0]]
+    lines = {row["uid"] for row in drawn}
+    assert picked in lines and len(lines) <= 61
+    # each drawn line still starts and ends where the request did
+    ledger = wb.history.ledger
+    for uid in lines:
+        steps = [row["step"] for row in drawn if row["uid"] == uid]
+        mine = ledger[ledger.uid == uid].step
+        assert min(steps) == mine.min() and max(steps) == mine.max()

@@ -31,6 +31,8 @@ HOOK_COLORS = {
     "step.end": "#9a8c98",
 }
 MAX_BARS = 600  # steps shown one bar each; longer runs are binned
+MAX_LINES = 60  # requests drawn as lines; more are sampled
+MAX_POINTS = 4000  # points of all lines together; longer lines are thinned along the steps
 
 WIDTH = 520
 
@@ -162,9 +164,18 @@ def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int 
     """Each request's cached_len over the steps it ran in (one line per request)."""
     alt = _alt()
     ledger = history.ledger[["step", "uid", "cached_len", "kind"]]
-    if ledger.uid.nunique() > 60 or len(ledger) > 4000:  # many requests: a sample of them
-        keep = sorted(ledger.uid.unique())[:: max(1, ledger.uid.nunique() // 60)]
+    uids = sorted(ledger.uid.unique())
+    title = "Lengths over steps"
+    if len(uids) > MAX_LINES:  # many requests: a sample of them, and always the picked one
+        keep = set(uids[:: -(-len(uids) // MAX_LINES)]) | {highlight_uid}
         ledger = ledger[ledger.uid.isin(keep)]
+        title += f" ({ledger.uid.nunique()} of {len(uids)} requests)"
+    if len(ledger) > MAX_POINTS:  # long lines: every k-th step, and each line's two ends
+        lines = ledger.uid.nunique()
+        stride = -(-len(ledger) // (MAX_POINTS - 2 * lines))
+        ends = ~ledger.uid.duplicated() | ~ledger.uid.duplicated(keep="last")
+        ledger = ledger[(ledger.step % stride == 0) | ends]
+        title += f" (one point every {stride} steps)"
     chart = (
         alt.Chart(ledger)
         .mark_line(point=len(ledger) < 400)
@@ -177,7 +188,7 @@ def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int 
         )
     )
     return _with_rule(alt, chart, highlight_step, "step").properties(
-        width=WIDTH, height=160, title="Lengths over steps"
+        width=WIDTH, height=160, title=title
     )
 
 
