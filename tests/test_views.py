@@ -136,6 +136,11 @@ def test_many_long_requests_stay_under_the_row_limit(requests, tokens):
     (drawn,) = [d for d in spec["datasets"].values() if d and "uid" in d[0]]
     lines = {row["uid"] for row in drawn}
     assert picked in lines and len(lines) <= 61
+    # charts with a row per request stay a screen tall
+    last = int(wb.history.steps.step.iloc[-1])
+    heights = [viz.ledger_bars(wb.history, last // 2).to_dict()["height"]]
+    heights.append(viz.admissions(wb.history).to_dict()["height"])
+    assert all(h <= 480 for h in heights), heights
     # each drawn line still starts and ends where the request did
     ledger = wb.history.ledger
     for uid in lines:

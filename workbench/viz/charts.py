@@ -32,6 +32,7 @@ HOOK_COLORS = {
 }
 MAX_BARS = 600  # steps shown one bar each; longer runs are binned
 MAX_LINES = 60  # requests drawn as lines; more are sampled
+MAX_HEIGHT = 480  # pixels of a chart with one row per request
 MAX_POINTS = 4000  # points of all lines together; longer lines are thinned along the steps
 
 WIDTH = 520
@@ -41,6 +42,11 @@ def _alt():
     import altair as alt
 
     return alt
+
+
+def _rows_height(rows: int, per_row: int = 16) -> int:
+    """A chart with one row per request: readable rows for a few, at most MAX_HEIGHT for many."""
+    return max(60, min(per_row * rows, MAX_HEIGHT))
 
 
 def _binned_steps(steps: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
@@ -155,7 +161,7 @@ def ledger_bars(history, step: int, highlight_uid: int | None = None):
             tooltip=["uid:O", "kind:N", "part:N", "start:Q", "end:Q", "tokens:Q"],
         )
         .properties(
-            width=WIDTH, height=max(60, 16 * rows.uid.nunique()), title=f"Ledgers at step {step}"
+            width=WIDTH, height=_rows_height(rows.uid.nunique()), title=f"Ledgers at step {step}"
         )
     )
 
@@ -215,7 +221,7 @@ def page_table(history, step: int, highlight_uid: int | None = None):
         )
         .properties(
             width=WIDTH,
-            height=max(60, 16 * segments.uid.nunique()),
+            height=_rows_height(segments.uid.nunique()),
             title=f"Page table at step {step} (slot runs)",
         )
     )
@@ -247,7 +253,7 @@ def admissions(history, highlight_uid: int | None = None):
             opacity=_highlight(alt, highlight_uid),
             tooltip=["step:O", "uid:O", "decision:N", "extend_len:Q", "cached_len:Q"],
         )
-        .properties(width=WIDTH, height=max(60, 14 * frame.uid.nunique()), title="Admissions")
+        .properties(width=WIDTH, height=_rows_height(frame.uid.nunique(), 14), title="Admissions")
     )
 
 
