@@ -33,6 +33,7 @@ HOOK_COLORS = {
 MAX_BARS = 600  # steps shown one bar each; longer runs are binned
 MAX_LINES = 60  # requests drawn as lines; more are sampled
 MAX_HEIGHT = 480  # pixels of a chart with one row per request
+LABELLED_ROWS = 40  # requests whose ids fit along such a chart's axis
 MAX_POINTS = 4000  # points of all lines together; longer lines are thinned along the steps
 
 WIDTH = 520
@@ -42,6 +43,12 @@ def _alt():
     import altair as alt
 
     return alt
+
+
+def _request_axis(alt, rows: int):
+    """An axis of request ids: labelled while they fit, bare beyond (the tooltip names each)."""
+    labelled = rows <= LABELLED_ROWS
+    return alt.Axis(labels=labelled, ticks=labelled)
 
 
 def _rows_height(rows: int, per_row: int = 16) -> int:
@@ -151,9 +158,9 @@ def ledger_bars(history, step: int, highlight_uid: int | None = None):
     opacity = _highlight(alt, highlight_uid)
     return (
         alt.Chart(parts)
-        .mark_bar(stroke="#555", strokeWidth=0.3)
+        .mark_bar(stroke="#555", strokeWidth=0.3 if rows.uid.nunique() <= LABELLED_ROWS else 0)
         .encode(
-            y=alt.Y("uid:O", title="request"),
+            y=alt.Y("uid:O", title="request", axis=_request_axis(alt, rows.uid.nunique())),
             x=alt.X("start:Q", title="tokens (prompt + max_tokens)"),
             x2="end:Q",
             color=_scale(alt, "part", colors),
@@ -212,7 +219,12 @@ def page_table(history, step: int, highlight_uid: int | None = None):
         alt.Chart(segments)
         .mark_bar(stroke="white", strokeWidth=0.4)
         .encode(
-            y=alt.Y("label:N", title="request (row)", sort=alt.SortField("uid")),
+            y=alt.Y(
+                "label:N",
+                title="request (row)",
+                sort=alt.SortField("uid"),
+                axis=_request_axis(alt, segments.uid.nunique()),
+            ),
             x=alt.X("pos_start:Q", title="token position"),
             x2="pos_end:Q",
             color=_scale(alt, "owner", colors),
@@ -248,7 +260,7 @@ def admissions(history, highlight_uid: int | None = None):
         .mark_rect()
         .encode(
             x=alt.X("step:O"),
-            y=alt.Y("uid:O", title="request"),
+            y=alt.Y("uid:O", title="request", axis=_request_axis(alt, frame.uid.nunique())),
             color=alt.Color("decision:N", scale=alt.Scale(scheme="tableau10")),
             opacity=_highlight(alt, highlight_uid),
             tooltip=["step:O", "uid:O", "decision:N", "extend_len:Q", "cached_len:Q"],
