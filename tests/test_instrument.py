@@ -358,3 +358,20 @@ def test_every_waiting_request_has_a_decision_at_every_step():
     waits = table[~table.admitted]
     assert not waits.duplicated(["step", "uid"]).any()
     assert set(waits.reason) == {"no_slot", "queued_behind"}
+
+
+def test_tables_built_step_by_step_equal_tables_built_at_once(wb):
+    """A live history adds only the new records to its tables; the result must be what a
+    build from all the records gives, also after the records start over."""
+    from workbench.instrument.history import TABLES, _build_tables
+
+    sharing_workload(wb)
+    history = wb.history
+    while wb.step(3) is not None:
+        history.ledger  # noqa: B018 (builds the tables so far)
+        whole = _build_tables(history.records, history.arrivals, history.aborts)
+        for name in TABLES:
+            pd.testing.assert_frame_equal(history.tables()[name], whole[name], check_exact=True)
+    assert len(history.ledger) > 30
+    history.records.clear()
+    assert history.steps.empty and history.ledger.empty

@@ -138,6 +138,7 @@ class History(_Tables):
         self.aborts: dict[int, tuple[int, float]] = {}  # uid -> step it was aborted before, s
         self.meta: dict[str, Any] = {}
         self._cache: dict[str, pd.DataFrame] | None = None
+        self._rows = _TableRows()
 
     def arrive(self, uid: int, step: int, seconds: float, prompt_len: int, max_tokens: int) -> None:
         self.arrivals[uid] = (step, seconds, prompt_len, max_tokens)
@@ -158,8 +159,14 @@ class History(_Tables):
         return self.records[i]
 
     def tables(self) -> dict[str, pd.DataFrame]:
+        if not self._rows.follows(self.records):  # the records were cleared or replaced
+            self._rows, self._cache = _TableRows(), None
+        if len(self._rows.records) < len(self.records):
+            self._cache = None
         if self._cache is None:
-            self._cache = _build_tables(self.records, self.arrivals, self.aborts)
+            for rec in self.records[len(self._rows.records) :]:
+                self._rows.add(rec)
+            self._cache = self._rows.frames(self.arrivals, self.aborts)
         return self._cache
 
 
@@ -198,23 +205,43 @@ def load_run(path: str | Path) -> RunHistory:
 def _build_tables(
     records: list[StepRecord], arrivals: dict, aborts: dict
 ) -> dict[str, pd.DataFrame]:
-    import pandas as pd
-
-    steps, ledger, events, pages = [], [], [], []
-    admissions: dict[str, list] = {c: [] for c in ADMISSION_COLUMNS}  # built column by column
+    rows = _TableRows()
     for rec in records:
+        rows.add(rec)
+    return rows.frames(arrivals, aborts)
+
+
+class _TableRows:
+    """The tables' rows so far, record by record; a live history keeps one and adds only the
+    records that came since its last tables (a view redraws after every step)."""
+
+    def __init__(self) -> None:
+        self.records: list[StepRecord] = []  # those added, to tell when a history started over
+        self.steps: list[tuple] = []
+        self.ledger: list[tuple] = []
+        self.admissions: dict[str, list] = {c: [] for c in ADMISSION_COLUMNS}  # by column
+        self.events: list[tuple] = []
+        self.pages: list[tuple] = []
+
+    def follows(self, records: list[StepRecord]) -> bool:
+        """Whether `records` begins with what was added here (else start again)."""
+        n = len(self.records)
+        return n <= len(records) and (n == 0 or records[n - 1] is self.records[-1])
+
+    def add(self, rec: StepRecord) -> None:
+        self.records.append(rec)
         by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
         rows = rec.rows  # built on access: once per record
         # NOTE: the decisions straight from the record's storage: a long queue gives a group
         # refusal per step (`_behind`), which goes in as whole columns, not one tuple per row.
         decided, behind = rec._admissions, rec._behind
-        _add_admissions(admissions, rec.step, decided, behind, rec._behind_reason)
+        _add_admissions(self.admissions, rec.step, decided, behind, rec._behind_reason)
         reasons = {reason for _, admitted, reason, _, _ in decided if not admitted}
         if behind:
             reasons.add(rec._behind_reason)
         for r in rows:
             by_kind[r.kind] += r.extend_len
-            ledger.append(
+            self.ledger.append(
                 (
                     rec.step,
                     r.uid,
@@ -230,7 +257,7 @@ def _build_tables(
                     r.finish,
                 )
             )
-        steps.append(
+        self.steps.append(
             (
                 rec.step,
                 rec.phase,
@@ -261,25 +288,30 @@ def _build_tables(
             )
         )
         for e in rec.events or ():
-            events.append((rec.step, *e))
+            self.events.append((rec.step, *e))
         if rec.page_rows:
             for r in rows:
-                pages.extend(
+                self.pages.extend(
                     (rec.step, r.uid, r.table_idx, *run)
                     for run in _runs(rec.page_rows[r.table_idx])
                 )
-    frames = {
-        "steps": pd.DataFrame(steps, columns=STEP_COLUMNS),
-        "ledger": pd.DataFrame(ledger, columns=LEDGER_COLUMNS).astype({"token": "Int64"}),
-        # (no rows: the same untyped empty table as the others)
-        "admissions": pd.DataFrame(
-            admissions if admissions["step"] else [], columns=ADMISSION_COLUMNS
-        ),
-        "events": pd.DataFrame(events, columns=EVENT_COLUMNS),
-        "pages": pd.DataFrame(pages, columns=PAGE_COLUMNS),
-    }
-    frames["requests"] = _requests_table(frames["steps"], frames["ledger"], arrivals, aborts)
-    return {name: _text_as_string(_rounded(frame)) for name, frame in frames.items()}
+
+    def frames(self, arrivals: dict, aborts: dict) -> dict[str, pd.DataFrame]:
+        import pandas as pd
+
+        admissions = self.admissions
+        frames = {
+            "steps": pd.DataFrame(self.steps, columns=STEP_COLUMNS),
+            "ledger": pd.DataFrame(self.ledger, columns=LEDGER_COLUMNS).astype({"token": "Int64"}),
+            # (no rows: the same untyped empty table as the others)
+            "admissions": pd.DataFrame(
+                admissions if admissions["step"] else [], columns=ADMISSION_COLUMNS
+            ),
+            "events": pd.DataFrame(self.events, columns=EVENT_COLUMNS),
+            "pages": pd.DataFrame(self.pages, columns=PAGE_COLUMNS),
+        }
+        frames["requests"] = _requests_table(frames["steps"], frames["ledger"], arrivals, aborts)
+        return {name: _text_as_string(_rounded(frame)) for name, frame in frames.items()}
 
 
 def _add_admissions(
