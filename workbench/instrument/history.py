@@ -161,10 +161,10 @@ class History(_Tables):
     def tables(self) -> dict[str, pd.DataFrame]:
         if not self._rows.follows(self.records):  # the records were cleared or replaced
             self._rows, self._cache = _TableRows(), None
-        if len(self._rows.records) < len(self.records):
+        if self._rows.count < len(self.records):
             self._cache = None
         if self._cache is None:
-            for rec in self.records[len(self._rows.records) :]:
+            for rec in self.records[self._rows.count :]:
                 self._rows.add(rec)
             self._cache = self._rows.frames(self.arrivals, self.aborts)
         return self._cache
@@ -216,7 +216,8 @@ class _TableRows:
     records that came since its last tables (a view redraws after every step)."""
 
     def __init__(self) -> None:
-        self.records: list[StepRecord] = []  # those added, to tell when a history started over
+        self.count = 0  # records added
+        self.last: StepRecord | None = None  # the last of them, to tell a history started over
         self.steps: list[tuple] = []
         self.ledger: list[tuple] = []
         self.admissions: dict[str, list] = {c: [] for c in ADMISSION_COLUMNS}  # by column
@@ -225,11 +226,11 @@ class _TableRows:
 
     def follows(self, records: list[StepRecord]) -> bool:
         """Whether `records` begins with what was added here (else start again)."""
-        n = len(self.records)
-        return n <= len(records) and (n == 0 or records[n - 1] is self.records[-1])
+        n = self.count
+        return n <= len(records) and (n == 0 or records[n - 1] is self.last)
 
     def add(self, rec: StepRecord) -> None:
-        self.records.append(rec)
+        self.count, self.last = self.count + 1, rec
         by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
         rows = rec.rows  # built on access: once per record
         # NOTE: the decisions straight from the record's storage: a long queue gives a group

@@ -156,20 +156,19 @@ def ledger_bars(history, step: int, highlight_uid: int | None = None):
     parts["tokens"] = parts.end - parts.start
     colors = {"cached": "#8d99ae", "extend": "#e63946", "remain": "#edf2f4"}
     opacity = _highlight(alt, highlight_uid)
+    n = rows.uid.nunique()
     return (
         alt.Chart(parts)
-        .mark_bar(stroke="#555", strokeWidth=0.3 if rows.uid.nunique() <= LABELLED_ROWS else 0)
+        .mark_bar(stroke="#555", strokeWidth=0.3 if n <= LABELLED_ROWS else 0)
         .encode(
-            y=alt.Y("uid:O", title="request", axis=_request_axis(alt, rows.uid.nunique())),
+            y=alt.Y("uid:O", title="request", axis=_request_axis(alt, n)),
             x=alt.X("start:Q", title="tokens (prompt + max_tokens)"),
             x2="end:Q",
             color=_scale(alt, "part", colors),
             opacity=opacity,
             tooltip=["uid:O", "kind:N", "part:N", "start:Q", "end:Q", "tokens:Q"],
         )
-        .properties(
-            width=WIDTH, height=_rows_height(rows.uid.nunique()), title=f"Ledgers at step {step}"
-        )
+        .properties(width=WIDTH, height=_rows_height(n), title=f"Ledgers at step {step}")
     )
 
 
