@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-all lab bench lint format clean chromium
+.PHONY: demo test test-all lab bench gpu-check lint format clean chromium
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,22 @@ bench:
 	else \
 		$(MAKE) $(STAMP) && $(PY) -m workbench bench $(ARGS); \
 	fi
+
+# On a GPU machine, with a python3 that has torch (CUDA), flashinfer-python and the notebook extra
+# (`pip install -e '.[gpu,notebook,dev]'`): the GPU tests (the correctness matrix among them), then
+# every notebook executed there on a dummy model. One summary line per part; logs in out/gpu-check/.
+GPU_PYTHON ?= python3
+GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -q -p no:cacheprovider
+gpu-check:
+	@mkdir -p out/gpu-check; fail=0; start=$$(date +%s); \
+	$(GPU_PYTEST) tests --ignore=tests/test_notebooks.py > out/gpu-check/tests.log 2>&1 || fail=1; \
+	echo "gpu tests: $$(tail -n 1 out/gpu-check/tests.log)"; \
+	grep -h "^GPU matrix:" out/gpu-check/tests.log || echo "GPU matrix: no summary (see the log)"; \
+	$(GPU_PYTEST) tests/test_notebooks.py > out/gpu-check/notebooks.log 2>&1 || fail=1; \
+	grep -h "^notebook " out/gpu-check/notebooks.log; \
+	echo "notebooks: $$(tail -n 1 out/gpu-check/notebooks.log)"; \
+	echo "gpu-check: $$([ $$fail = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - start )) s"; \
+	exit $$fail
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks

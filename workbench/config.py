@@ -13,6 +13,9 @@ Policy = Literal["prefill_first", "decode_first", "mixed"]
 
 CACHE_KINDS = ("naive", "radix")
 POLICIES = ("prefill_first", "decode_first", "mixed")
+# What a loaded engine can change without reloading weights, resizing the KV pool or capturing
+# CUDA graphs again: the scheduler's settings (`LLM.reconfigure`).
+SCHEDULER_SETTINGS = ("max_extend_tokens", "policy", "cache", "overlap", "share_threshold")
 
 
 @dataclass(frozen=True)

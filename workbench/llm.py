@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .config import EngineConfig
+from .config import SCHEDULER_SETTINGS, EngineConfig
 from .core import Req, SamplingParams
 from .engine.engine import Engine
 from .scheduler.cache import ceil_page
@@ -58,6 +58,32 @@ class LLM:
         self.engine = Engine(self.config)
         self.tokenizer = _load_tokenizer(self.engine.model_dir)
         self.scheduler = Scheduler(self.engine, record=record)
+
+    def reconfigure(self, record: str | None = None, **settings: Any) -> None:
+        """Change the scheduler's settings (`max_extend_tokens`, `policy`, `cache`, `overlap`,
+        `share_threshold`) and the record level, keeping the loaded engine: the same weights,
+        KV pool and CUDA graphs. Only while nothing is waiting or running; the prefix cache
+        starts empty, hooks stay. ``llm.reconfigure(max_extend_tokens=64, policy="mixed")``."""
+        engine_only = sorted(set(settings) - set(SCHEDULER_SETTINGS))
+        if engine_only:
+            raise ValueError(
+                f"reconfigure changes {SCHEDULER_SETTINGS} and record; {engine_only} belong to "
+                "the engine: build a new LLM for those"
+            )
+        record = self.scheduler.record if record is None else record
+        if record not in RECORD_LEVELS:
+            raise ValueError(f"record must be one of {RECORD_LEVELS}, got {record!r}")
+        config = self.config.with_(**settings)  # validates
+        old = self.scheduler
+        if not old.is_idle:
+            raise RuntimeError(
+                "reconfigure needs an idle engine: requests are waiting or running "
+                "(finish them, abort them, or reset)"
+            )
+        old.abort_all()  # lets go of the prefix cache's pages
+        self.scheduler = Scheduler(self.engine, record=record, config=config)
+        self.scheduler.hooks = old.hooks
+        self.config = config
 
     def run_meta(self) -> dict:
         """The settings a saved run carries with it."""

@@ -173,6 +173,19 @@ class Workbench:
         self.scheduler.check_integrity()
         self._notify(final=True)
 
+    def reconfigure(self, record: str | None = None, **settings: Any) -> None:
+        """Another schedule on the same engine (weights, KV pool and CUDA graphs kept):
+        `max_extend_tokens`, `policy`, `cache`, `overlap`, `share_threshold`, `record`. Only
+        when every request is done; the history starts again, hooks stay."""
+        if self._future:
+            raise RuntimeError(
+                f"reconfigure needs an idle workbench: {len(self._future)} requests are due to "
+                "arrive (run them, abort them, or reset)"
+            )
+        self.llm.reconfigure(record=record, **settings)
+        self.scheduler, self.config = self.llm.scheduler, self.llm.config
+        self._notify(final=True)
+
     # -- results ----------------------------------------------------------------------------
     def outputs(self) -> list[dict]:
         """The finished requests, as `LLM.generate` returns them, by uid."""

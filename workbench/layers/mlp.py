@@ -17,7 +17,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.fused:
+        if self.fused and gate_up.numel() > 0:  # NOTE: FlashInfer's kernels fail on zero rows
             from flashinfer.activation import silu_and_mul
 
             return self.down_proj(silu_and_mul(gate_up))

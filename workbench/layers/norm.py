@@ -21,7 +21,7 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``norm(x)``; or, given the residual stream, ``(norm(residual + x), residual + x)``."""
-        if self.fused:
+        if self.fused and x.numel() > 0:  # NOTE: FlashInfer's kernels fail on zero rows
             from flashinfer.norm import fused_add_rmsnorm, rmsnorm
 
             if residual is None:

@@ -43,7 +43,7 @@ class Rotary(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.fused:
+        if self.fused and q.numel() > 0:  # NOTE: FlashInfer's kernels fail on zero rows
             from flashinfer.rope import apply_rope_with_cos_sin_cache_inplace
 
             if not hasattr(self, "cos_sin"):  # [positions, head_dim]: cos half, then sin half

@@ -27,6 +27,9 @@ class ModelConfig:
     qkv_bias: bool  # Qwen2
     qk_norm: bool  # Qwen3
     eos_token_ids: tuple[int, ...]
+    # how a model without weight files is filled: "normal" (seeded random) or "induction"
+    # (planted circuits, models/induction.py); the config's "workbench_init" key
+    dummy_init: str = "normal"
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
@@ -60,6 +63,7 @@ class ModelConfig:
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
             eos_token_ids=eos_ids,
+            dummy_init=raw.get("workbench_init", "normal"),
         )
 
     @classmethod

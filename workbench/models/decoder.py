@@ -81,6 +81,10 @@ class Decoder(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             x, residual = layer(x, residual, positions, ctx)
+        if sample_idx.shape[0] == 0:
+            # NOTE: a batch of prompt chunks alone samples nothing; fused kernels (FlashInfer's
+            # add-norm) fail on zero rows, so the last norm and the LM head are skipped.
+            return x.new_empty((0, self.cfg.vocab_size))
         # NOTE: the last add, norm and LM head only where a token is sampled (all per-position).
         x, _ = self.norm(x[sample_idx], residual[sample_idx])
         return self.lm_head(x)

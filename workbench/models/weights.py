@@ -47,6 +47,10 @@ def build_model(
         model = Decoder(cfg, max_positions)
     if weights_dir is not None and any(Path(weights_dir).glob("*.safetensors")):
         load_safetensors(model, Path(weights_dir))
+    elif cfg.dummy_init == "induction":
+        from .induction import init_induction
+
+        init_induction(model, seed)
     else:
         init_dummy(model, seed)
     model.eval().requires_grad_(False)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config import EngineConfig
 from ..core import Batch, Req, ReqView, SamplingParams
 from ..engine.engine import DeviceTimer, Engine
 from ..engine.transfer import to_device_many
@@ -85,10 +86,12 @@ class StepOutcome:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, record: str = "off") -> None:
+    def __init__(self, engine: Engine, record: str = "off", config: EngineConfig | None = None):
+        """`config`: the scheduler's settings (policy, token budget, cache, overlap), when they
+        differ from those the engine was built with (`LLM.reconfigure`)."""
         if record not in RECORD_LEVELS:
             raise ValueError(f"record must be one of {RECORD_LEVELS}, got {record!r}")
-        cfg = engine.config
+        cfg = config if config is not None else engine.config
         self.engine, self.config = engine, cfg
         self.table = engine.table
         self.page_size = cfg.page_size

@@ -1,0 +1,168 @@
+"""Seeded weights with two planted attention circuits: a model whose greedy output is known.
+
+Random weights in bf16 give flat logits: near-ties everywhere, so two correct settings of the
+engine (another chunk size, page size or policy) part ways after a few tokens and a token
+comparison proves nothing. A wider random init does not help (measured on the CPU with
+Qwen3-0.6B's shapes: the top-two logit gap stays near 0.2 standard deviations, and bf16
+against float32 agreed on 3 of 12 greedy answers). This model has peaked logits by construction
+and still depends on the whole context, through the KV cache:
+
+- layer 0, every head: a *previous-token* head. q and k are constants (a constant dimension of
+  every embedding, through q/k norm), placed on the fastest RoPE pairs with k rotated one
+  position ahead, so the score peaks at distance one (every other distance is at least 30 lower,
+  checked up to 40,960 positions). Its values copy the token's embedding into a second subspace.
+- layer 1, every head: an *induction* head. q is a random projection of the current token, k the
+  same projection of the previous token written by layer 0, on the slowest RoPE pairs (nearly
+  position-free up to 8,192 tokens): position ``s`` matches when token ``s - 1`` equals the current
+  token, and the head copies token ``s``, three times stronger than the current token itself.
+- the MLPs and any further layers are seeded random (std 0.02), as in `init_dummy`.
+
+So after ``A B C D A B C D A B``, greedy decoding continues ``C D A B ...``: the answer is known
+without a reference, every token reads keys written a whole period earlier (other pages, other
+chunks, a prefix shared through the radix cache), and the winning logit leads by hundreds of
+bf16 rounding errors. Prompts must repeat a pattern of distinct tokens at least once before
+their last token; a token with no earlier occurrence gets an arbitrary answer.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import torch
+
+from .decoder import Decoder
+
+PREV_PAIRS = 12  # fastest RoPE pairs for the previous-token score
+MATCH_PAIRS = 16  # slowest RoPE pairs for the induction match
+NORM_GAIN = 5.0  # q/k norm weight on the pairs used: scores of about 280 at a match
+COPY_GAIN = 3.0  # the copied token against the current one, in the residual stream
+
+
+def planted_layout(hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
+    """Width of the token subspace (whole KV heads); raises if the shapes leave no room."""
+    if head_dim < 2 * (PREV_PAIRS + MATCH_PAIRS) or heads % kv_heads:
+        raise ValueError(f"the induction init needs head_dim >= 56, got {head_dim}")
+    copy_heads = min(kv_heads, (hidden - 1) // (2 * head_dim))
+    if copy_heads < 1:
+        raise ValueError(
+            f"the induction init needs hidden_size >= 2 * head_dim + 1, got {hidden} "
+            f"for head_dim {head_dim}"
+        )
+    return copy_heads * head_dim
+
+
+@torch.no_grad()
+def init_induction(model: Decoder, seed: int) -> None:
+    """Fill `model` with the planted weights (built in float32 on the CPU, so the same seed
+    gives the same model on any device and dtype)."""
+    cfg = model.cfg
+    if cfg.architecture != "Qwen3ForCausalLM" or not cfg.tie_word_embeddings:
+        raise ValueError("the induction init needs a Qwen3 model with tied embeddings")
+    d, hd, nh, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    if cfg.num_layers < 2:
+        raise ValueError("the induction init needs at least 2 layers")
+    m = planted_layout(d, nh, nkv, hd)
+    group, half = nh // nkv, hd // 2
+    # residual dimensions: the token's subspace, the previous token's, and a constant one
+    main, prev, const = torch.arange(m), torch.arange(m, 2 * m), 2 * m
+    gen = torch.Generator().manual_seed(seed)
+    params = {name: torch.zeros(p.shape) for name, p in model.named_parameters()}
+
+    def noise(name: str) -> None:
+        params[name].normal_(0.0, 0.02, generator=gen)
+
+    emb = params["embed_tokens.weight"]
+    emb[:, main] = torch.randn(emb.shape[0], m, generator=gen)
+    emb[:, const] = 1.0
+    planted = ("layers.0.self_attn.", "layers.1.self_attn.")
+    for name in params:
+        if name.startswith(planted):
+            continue  # set below; what is not set stays zero
+        if name.endswith("norm.weight"):
+            params[name].fill_(1.0)
+        elif name != "embed_tokens.weight":
+            noise(name)
+
+    inv_freq = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    fast = torch.arange(PREV_PAIRS)
+    slow = torch.arange(half - MATCH_PAIRS, half)
+    slow_dims = torch.cat([slow, slow + half])
+    q_rows, kv_rows = nh * hd, nkv * hd
+    # the residual's rms at each layer's input (the norms divide by it)
+    rms0 = math.sqrt((m + 1) / d)  # embedding: token subspace and the constant
+    rms1 = math.sqrt((2 * m + 1) / d)  # plus the previous token, copied by layer 0
+
+    # layer 0: previous-token heads; values copy the token subspace into the `prev` subspace
+    a = "layers.0.self_attn."
+    qkv, o = params[a + "qkv_proj.weight"], params[a + "o_proj.weight"]
+    for h in range(nh):
+        qkv[h * hd + fast, const] = 1.0
+    angle = inv_freq[fast].float()
+    for g in range(nkv):
+        rows = q_rows + g * hd
+        qkv[rows + fast, const] = angle.cos()
+        qkv[rows + half + fast, const] = angle.sin()
+    params[a + "q_norm.weight"][fast] = NORM_GAIN
+    params[a + "k_norm.weight"][torch.cat([fast, fast + half])] = NORM_GAIN
+    for g in range(m // hd):
+        dims = torch.arange(g * hd, (g + 1) * hd)
+        qkv[q_rows + kv_rows + dims, dims] = 1.0  # v: the token subspace, unscaled
+        o[prev[dims], g * group * hd + torch.arange(hd)] = rms0  # back to the embedding's scale
+
+    # layer 1: induction heads; q from the current token, k from the previous one, same map
+    a = "layers.1.self_attn."
+    qkv, o = params[a + "qkv_proj.weight"], params[a + "o_proj.weight"]
+    for g in range(nkv):
+        proj = torch.randn(2 * MATCH_PAIRS, m, generator=gen)
+        for h in range(g * group, (g + 1) * group):
+            qkv[(h * hd + slow_dims)[:, None], main] = proj
+        qkv[(q_rows + g * hd + slow_dims)[:, None], prev] = proj
+    params[a + "q_norm.weight"][slow_dims] = NORM_GAIN
+    params[a + "k_norm.weight"][slow_dims] = NORM_GAIN
+    for g in range(m // hd):
+        dims = torch.arange(g * hd, (g + 1) * hd)
+        qkv[q_rows + kv_rows + dims, dims] = 1.0
+        o[dims, g * group * hd + torch.arange(hd)] = COPY_GAIN * rms1
+
+    for name, param in model.named_parameters():
+        param.copy_(params[name].to(param.dtype))
+
+
+def pattern_continuation(prompt: list[int], n: int) -> list[int]:
+    """The `n` tokens the planted model answers greedily: each time, the token that followed
+    the earlier occurrences of the last one. Raises ValueError for a prompt whose answer the
+    construction does not fix: a last token seen nowhere before, followed by different tokens
+    at different places, or a first token that occurs again (position 0 has no previous token,
+    so layer 0 copies the token itself there, like a BOS token)."""
+    seq = list(prompt)
+    if seq[0] in seq[1:]:
+        raise ValueError("the first token of the prompt occurs again")
+    for _ in range(n):
+        followers = {seq[i + 1] for i in range(len(seq) - 1) if seq[i] == seq[-1]}
+        if len(followers) != 1:
+            raise ValueError(
+                f"token {seq[-1]} at position {len(seq) - 1} is followed by "
+                f"{sorted(followers) or 'nothing'} earlier: no single answer"
+            )
+        seq.append(followers.pop())
+    return seq[len(prompt) :]
+
+
+def pattern_prompts(
+    rng: random.Random, lengths: Sequence[int], period: int, header_len: int = 4
+) -> list[list[int]]:
+    """Prompts of the given lengths that the planted model answers decisively: one header of
+    distinct tokens, then one pattern of `period` distinct tokens repeated. They share a
+    prefix (each is a prefix of the longest), as requests sharing a document do. Token ids are
+    drawn from [1000, 150000), clear of special tokens."""
+    if min(lengths) < header_len + period + 1:
+        raise ValueError(
+            f"each length must be at least {header_len + period + 1} (header {header_len}, "
+            f"period {period}, and one more token so the last one occurred before)"
+        )
+    tokens = rng.sample(range(1000, 150000), header_len + period)
+    header, pattern = tokens[:header_len], tokens[header_len:]
+    body = pattern * -(-max(lengths) // period)
+    return [header + body[: n - header_len] for n in lengths]
