@@ -158,8 +158,10 @@ def test_matrix(page_size, graphs, chunk, policy, overlap):
             assert got == want, f"request {i} differs from the pattern's continuation"
             exact += 1
     assert 3 <= len(outputs[uids[decode_victim]]["token_ids"]) < 64
-    # mid-prompt whenever a step boundary falls inside its prompt: chunks, or overlap
-    assert aborted[prompt_victim] == (chunk < len(requests[prompt_victim].prompt) or overlap)
+    # mid-prompt at least whenever its prompt cannot run in one step (a smaller budget, which
+    # other prompts may share) or the step boundary falls while it is in flight (overlap)
+    if chunk < len(requests[prompt_victim].prompt) or overlap:
+        assert aborted[prompt_victim]
     phases = set(wb.history.steps.phase)
     assert ("mixed" in phases) == (policy == "mixed" and chunk > 8)
     if graphs:
