@@ -1,11 +1,14 @@
-"""Bad input: a ValueError naming the problem, raised before any resource is taken; the same
-LLM keeps working afterwards."""
+"""Bad input: a TypeError or ValueError naming the parameter, the value and what is allowed,
+raised before any resource is taken; the same LLM keeps working afterwards. And odd but valid
+input (numpy and torch token ids, a 2-d array as a batch) is accepted and runs right."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
-from workbench import LLM, SamplingParams
+from workbench import LLM, SamplingParams, Workbench
 from workbench.config import EngineConfig
 
 from .conftest import greedy, hf_greedy, run
@@ -28,6 +31,7 @@ def state(llm: LLM) -> tuple:
         cache.free_size,
         cache.prefix_cache.size,
         cache.in_use_size,
+        len(sched.finished),
     )
 
 
@@ -38,60 +42,153 @@ def assert_still_serves(llm: LLM) -> None:
 
 
 @pytest.mark.parametrize(
-    ("prompts", "sampling", "message"),
+    ("prompts", "sampling", "error", "message"),
     [
-        ([""], None, "prompt 0 is empty"),
-        ([[]], None, "prompt 0 is empty"),
-        (["fine", ""], None, "prompt 1 is empty"),
-        ([list(range(60))], greedy(10), "longer than the context of 64"),
-        ([list(range(30))], greedy(20), "more than the KV pool can ever hold"),
-        ([[1, 2, -1]], None, "outside the vocabulary"),
-        ([[1, 49152]], None, "outside the vocabulary"),
-        (["a", "b"], [greedy(2)], "2 prompts but 1 sampling params"),
-        (["a"], {"max_tokens": 3}, "must be a SamplingParams"),
+        ([""], None, ValueError, "prompt 0 is empty"),
+        ([[]], None, ValueError, "prompt 0 is empty"),
+        (["fine", ""], None, ValueError, "prompt 1 is empty"),
+        ([list(range(60))], greedy(10), ValueError, "longer than the context of 64"),
+        ([list(range(30))], greedy(20), ValueError, "more than the KV pool can ever hold"),
+        ([[1, 2, -1]], None, ValueError, "outside the vocabulary"),
+        ([[1, 49152]], None, ValueError, "outside the vocabulary"),
+        (["a", "b"], [greedy(2)], ValueError, "2 prompts but 1 sampling params"),
+        (["a"], {"max_tokens": 3}, TypeError, "sampling must be a SamplingParams"),
+        (["a"], 5, TypeError, "sampling must be a SamplingParams.*got 5"),
+        (None, None, TypeError, "prompts must be .*got None"),
+        ({"a": 1}, None, TypeError, "prompts must be .*dict"),
+        ([None], None, TypeError, "prompt 0 must be a string or token ids.*None"),
+        ([[True, False, True]], None, TypeError, "prompt 0 must hold integer token ids; item 0"),
+        ([[1, 2.0]], None, TypeError, "item 1 is 2.0"),
+        ([b"hello"], None, TypeError, "prompt 0 must be a string or token ids.*bytes"),
+        ([{3, 4, 5}], None, TypeError, "prompt 0 must be a string or token ids.*set"),
+        ([np.array([1.0, 2.0])], None, TypeError, "1-d array of integer token ids"),
+        ([np.array([True, False])], None, TypeError, "1-d array of integer token ids"),
+        (np.ones((2, 2, 2), dtype=np.int64), None, TypeError, "1-d or 2-d"),
+        (["a\ud800b"], None, ValueError, "prompt 0 is not valid text"),
     ],
 )
-def test_bad_request_is_refused_before_taking_anything(llm, prompts, sampling, message):
+def test_bad_request_is_refused_before_taking_anything(llm, prompts, sampling, error, message):
     before = state(llm)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         llm.generate(prompts, sampling)
     assert state(llm) == before
     llm.check_integrity()
     assert_still_serves(llm)
 
 
+def test_a_bad_on_step_is_refused_before_anything_is_queued(llm):
+    before = state(llm)
+    with pytest.raises(TypeError, match="on_step must be a function or None, got 123"):
+        llm.generate(["hello"], greedy(3), on_step=123)
+    assert state(llm) == before
+    assert_still_serves(llm)
+
+
+def test_an_on_step_that_raises_ends_the_call_and_frees_it(llm):
+    """A callback that fails after the first step: the call's requests are gone, nothing is
+    left running, and the next call is served."""
+
+    def boom(outcome):
+        raise KeyError("on purpose")
+
+    before = state(llm)
+    with pytest.raises(KeyError, match="on purpose"):
+        llm.generate(["hello there", "and more"], greedy(6), on_step=boom)
+    assert state(llm)[:3] == before[:3] and llm.scheduler.is_idle
+    assert not llm.scheduler.finished
+    llm.check_integrity()
+    assert_still_serves(llm)
+
+
+def test_token_ids_as_numpy_and_torch(llm):
+    """Integer scalars and 1-d integer arrays are token ids; a 2-d array is a batch."""
+    ids = [llm.encode(p) for p in ("Hello, my name is", "The sky is blue and")]
+    expected = hf_greedy("tiny-llama", ids, 4)
+    width = min(map(len, ids))
+    square = [p[:width] for p in ids]
+    forms = {
+        "numpy ints": [[np.int64(t) for t in p] for p in ids],
+        "numpy arrays": [np.array(p, dtype=np.int32) for p in ids],
+        "torch tensors": [torch.tensor(p) for p in ids],
+        "torch scalars": [[torch.tensor(t) for t in p] for p in ids],
+    }
+    for name, prompts in forms.items():
+        outputs, _ = run(llm, prompts, greedy(4))
+        assert [o["token_ids"] for o in outputs] == expected, name
+    batch_expected = hf_greedy("tiny-llama", square, 4)
+    for batch in (np.array(square), torch.tensor(square)):
+        outputs, _ = run(llm, batch, greedy(4))
+        assert [o["token_ids"] for o in outputs] == batch_expected
+    one, _ = run(llm, np.array(ids[0]), greedy(4))  # a 1-d array is one prompt
+    assert [o["token_ids"] for o in one] == expected[:1]
+
+
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "error", "message"),
     [
-        (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
-        (dict(max_tokens=-3), "max_tokens"),
-        (dict(temperature=-0.1), "temperature must be >= 0"),
-        (dict(temperature=float("nan")), "temperature"),
-        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-        (dict(top_p=1.5), "top_p"),
-        (dict(top_k=0), "top_k must be -1"),
+        (dict(max_tokens=0), ValueError, "max_tokens must be an integer >= 1, got 0"),
+        (dict(max_tokens=-3), ValueError, "max_tokens"),
+        (dict(max_tokens=True), TypeError, "max_tokens must be an integer >= 1, got True"),
+        (dict(max_tokens=2.0), TypeError, "max_tokens must be an integer"),
+        (dict(temperature=-0.1), ValueError, "temperature must be a finite number >= 0"),
+        (dict(temperature=float("nan")), ValueError, "temperature"),
+        (dict(temperature=float("inf")), ValueError, "temperature"),
+        (dict(temperature=1e-300), ValueError, "temperature must be 0 .* or at least 1e-05"),
+        (dict(temperature="0.7"), TypeError, "temperature must be a number"),
+        (dict(top_p=0.0), ValueError, r"top_p must be a finite number in \(0.0, 1.0\]"),
+        (dict(top_p=1.5), ValueError, "top_p"),
+        (dict(top_k=0), ValueError, "top_k must be -1"),
+        (dict(top_k=10**20), ValueError, "top_k must be an integer in"),
+        (dict(top_k=5.0), TypeError, "top_k must be an integer"),
+        (dict(temperature=0.7, seed=1.5), TypeError, "seed must be an integer"),
+        (dict(temperature=0.7, seed="a"), TypeError, "seed must be an integer"),
+        (dict(seed=-1), ValueError, "seed must be an integer in"),
+        (dict(ignore_eos="no"), TypeError, "ignore_eos must be True or False, got 'no'"),
     ],
 )
-def test_bad_sampling_values(llm, kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_sampling_values(llm, kwargs, error, message):
+    with pytest.raises(error, match=message):
         SamplingParams(**kwargs)
     assert_still_serves(llm)
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "error", "message"),
     [
-        (dict(page_size=3), "page_size must be a power of two"),
-        (dict(page_size=0), "page_size must be a power of two"),
-        (dict(max_extend_tokens=0), "max_extend_tokens"),
-        (dict(cache="lru"), "cache must be one of"),
-        (dict(dtype="float7"), "unknown dtype"),
-        (dict(policy="shortest_first"), "policy must be one of .*mixed"),
+        (dict(page_size=3), ValueError, "page_size must be a power of two"),
+        (dict(page_size=0), ValueError, "page_size must be an integer in"),
+        (dict(page_size=16.0), TypeError, "page_size must be an integer"),
+        (dict(max_extend_tokens=0), ValueError, "max_extend_tokens"),
+        (dict(max_extend_tokens=1.5), TypeError, "max_extend_tokens must be an integer"),
+        (dict(share_threshold=-1), ValueError, "share_threshold must be an integer >= 0"),
+        (dict(cache="lru"), ValueError, "cache must be one of"),
+        (dict(dtype="float7"), ValueError, "dtype must be one of"),
+        (dict(dtype=16), TypeError, "dtype must be a string"),
+        (dict(policy="shortest_first"), ValueError, "policy must be one of .*mixed"),
+        (dict(overlap="no"), TypeError, "overlap must be True or False, got 'no'"),
+        (dict(cuda_graph=1), TypeError, "cuda_graph must be True or False"),
+        (dict(max_seq_len=0), ValueError, "max_seq_len must be an integer >= 1, got 0"),
+        (dict(max_seq_len=-5), ValueError, "max_seq_len must be an integer >= 1, got -5"),
+        (dict(num_pages=2.5), TypeError, "num_pages must be an integer"),
+        (dict(num_pages=0), ValueError, "num_pages must be an integer >= 1"),
+        (dict(max_running_reqs=True), TypeError, "max_running_reqs must be an integer"),
+        (dict(memory_ratio=0), ValueError, r"memory_ratio must be a finite number in \(0.0"),
+        (dict(device="tpu"), ValueError, "device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+        (dict(device=0), TypeError, "device must be a string"),
+        (dict(attention="xformers"), ValueError, "attention must be one of"),
+        (dict(record="all"), ValueError, "record must be one of"),
+        (dict(seed=None), TypeError, "seed must be an integer"),
     ],
 )
-def test_bad_engine_options(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_engine_options(kwargs, error, message):
+    with pytest.raises(error, match=message):
         LLM("tiny-llama", **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_cuda_without_a_gpu_is_named():
+    with pytest.raises(ValueError, match="device 'cuda' is not available: torch sees 0"):
+        LLM("tiny-llama", device="cuda")
 
 
 def test_unknown_model_names_the_choices():
@@ -99,9 +196,47 @@ def test_unknown_model_names_the_choices():
         LLM("no-such-model")
     with pytest.raises(ValueError, match="unknown model 'dummy:gpt-17'"):
         LLM("dummy:gpt-17")
+    with pytest.raises(TypeError, match="model must be a name or a path"):
+        LLM(17)
 
 
 def test_bad_engine_options_fail_before_loading_a_model(monkeypatch):
     """EngineConfig checks its knobs on construction, so nothing heavy has started."""
     with pytest.raises(ValueError, match="power of two"):
         EngineConfig(model="smollm2", page_size=6)
+
+
+def test_a_context_that_is_not_whole_pages():
+    """max_seq_len 100 with pages of 16: a request may use all 100 positions (the page table
+    is 112 wide, so the last page fits), in prefill and in decode, and the engine goes on."""
+    llm = LLM("tiny-llama", page_size=16, max_seq_len=100, num_pages=64)
+    for prompt_len, max_tokens in ((99, 1), (90, 10), (4, 3)):
+        prompt = [5] * prompt_len
+        outputs, _ = run(llm, [prompt], greedy(max_tokens))
+        assert outputs[0]["token_ids"] == hf_greedy("tiny-llama", [prompt], max_tokens)[0]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda wb: wb.add_request("hi", greedy(2), arrival_step=-1), ValueError, "arrival_step"),
+        (lambda wb: wb.add_request("hi", greedy(2), arrival_step=1.5), TypeError, "arrival_step"),
+        (lambda wb: wb.add_request("hi", {"max_tokens": 2}), TypeError, "SamplingParams"),
+        (lambda wb: wb.step(0), ValueError, "n must be an integer >= 1, got 0"),
+        (lambda wb: wb.step(True), TypeError, "n must be an integer"),
+        (lambda wb: wb.run(max_steps="10"), TypeError, "max_steps must be an integer"),
+        (lambda wb: wb.run(progress="yes"), TypeError, "progress must be True or False"),
+        (lambda wb: wb.run_until(5), TypeError, "predicate must be a function"),
+        (lambda wb: wb.abort("3"), TypeError, "uid must be an integer"),
+        (lambda wb: wb.abort(99), ValueError, "no request 99"),
+        (lambda wb: wb.reconfigure(max_extend_tokens=0), ValueError, "max_extend_tokens"),
+    ],
+)
+def test_bad_workbench_calls(call, error, message):
+    wb = Workbench("tiny-llama", max_running_reqs=2)
+    with pytest.raises(error, match=message):
+        call(wb)
+    assert wb.scheduler.is_idle and not wb._future
+    wb.add_request("The capital of France is", greedy(3))
+    wb.run(progress=False)
+    wb.check_integrity()

@@ -3,7 +3,8 @@
 from .core import SamplingParams
 from .instrument.history import load_run
 from .llm import LLM
+from .scheduler.scheduler import StepError
 from .workbench import Workbench
 
-__all__ = ["LLM", "SamplingParams", "Workbench", "load_run"]
+__all__ = ["LLM", "SamplingParams", "StepError", "Workbench", "load_run"]
 __version__ = "0.1.0"

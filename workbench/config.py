@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -16,6 +17,14 @@ POLICIES = ("prefill_first", "decode_first", "mixed")
 # What a loaded engine can change without reloading weights, resizing the KV pool or capturing
 # CUDA graphs again: the scheduler's settings (`LLM.reconfigure`).
 SCHEDULER_SETTINGS = ("max_extend_tokens", "policy", "cache", "overlap", "share_threshold")
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 @dataclass(frozen=True)
@@ -52,20 +61,42 @@ class EngineConfig:
     share_threshold: int = 32
 
     def __post_init__(self) -> None:
-        if self.page_size < 1 or self.page_size & (self.page_size - 1):
-            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
-        if self.max_extend_tokens < 1:
-            raise ValueError(f"max_extend_tokens must be >= 1, got {self.max_extend_tokens}")
-        if self.max_running_reqs < 1:
-            raise ValueError(f"max_running_reqs must be >= 1, got {self.max_running_reqs}")
-        if self.cache not in CACHE_KINDS:
-            raise ValueError(f"cache must be one of {CACHE_KINDS}, got {self.cache!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if not 0.0 < self.memory_ratio <= 1.0:
-            raise ValueError(f"memory_ratio must be in (0, 1], got {self.memory_ratio}")
-        if self.num_pages is not None and self.num_pages < 1:
-            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+        from . import validate as V
+
+        if not isinstance(self.model, str | os.PathLike):
+            raise TypeError(f"model must be a name or a path, got {self.model!r}")
+        page_size = V.integer("page_size", self.page_size, 1, 2**16)
+        if page_size & (page_size - 1):
+            raise ValueError(f"page_size must be a power of two (1, 2, 4, ...), got {page_size}")
+        checked = dict(
+            device=_check_device(self.device),
+            page_size=page_size,
+            max_extend_tokens=V.integer("max_extend_tokens", self.max_extend_tokens, 1),
+            cache=V.choice("cache", self.cache, CACHE_KINDS),
+            max_running_reqs=V.integer("max_running_reqs", self.max_running_reqs, 1, 2**16),
+            num_pages=V.optional_integer("num_pages", self.num_pages, 1),
+            max_seq_len=V.optional_integer("max_seq_len", self.max_seq_len, 1),
+            policy=V.choice("policy", self.policy, POLICIES),
+            seed=V.integer("seed", self.seed, 0, 2**63 - 1),
+            overlap=V.optional_boolean("overlap", self.overlap),
+            cuda_graph=V.boolean("cuda_graph", self.cuda_graph),
+            fused_kernels=V.optional_boolean("fused_kernels", self.fused_kernels),
+            fused_rope=V.optional_boolean("fused_rope", self.fused_rope),
+            fused_sampling=V.optional_boolean("fused_sampling", self.fused_sampling),
+            decode_tensor_cores=V.optional_boolean("decode_tensor_cores", self.decode_tensor_cores),
+            cuda_graph_max_bs=V.integer("cuda_graph_max_bs", self.cuda_graph_max_bs, 1),
+            memory_ratio=V.real("memory_ratio", self.memory_ratio, 0.0, 1.0, low_open=True),
+            max_seq_len_cap=V.integer("max_seq_len_cap", self.max_seq_len_cap, 1),
+            kv_memory_gb=V.real("kv_memory_gb", self.kv_memory_gb, 0.0, low_open=True),
+            share_threshold=V.integer("share_threshold", self.share_threshold, 0),
+        )
+        if self.attention is not None:
+            from .attention import BACKENDS
+
+            checked["attention"] = V.choice("attention", self.attention, sorted(BACKENDS))
+        for name, value in checked.items():  # plain Python values (numpy ints become ints)
+            object.__setattr__(self, name, value)
+        self.torch_dtype  # noqa: B018 (checks the dtype)
 
     @property
     def torch_device(self) -> torch.device:
@@ -77,14 +108,11 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         if self.dtype is None:
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
-        if isinstance(self.dtype, torch.dtype):
-            return self.dtype
-        name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(
-            self.dtype, self.dtype
-        )
-        dtype = getattr(torch, str(name), None)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ValueError(f"unknown dtype {self.dtype!r}")
+        if not isinstance(self.dtype, str | torch.dtype):
+            raise TypeError(f"dtype must be a string, a torch.dtype or None, got {self.dtype!r}")
+        dtype = DTYPES.get(str(self.dtype).removeprefix("torch."))
+        if dtype is None:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)} or None, got {self.dtype!r}")
         return dtype
 
     @property
@@ -128,3 +156,24 @@ class EngineConfig:
 
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)
+
+
+def _check_device(device: str | torch.device | None) -> str | None:
+    """None, "cpu", "cuda" or "cuda:N" for a GPU that exists."""
+    if device is None:
+        return None
+    if not isinstance(device, str | torch.device):
+        raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got {device!r}")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (parsed.index or 0) >= count:
+            raise ValueError(
+                f"device {str(device)!r} is not available: torch sees {count} CUDA GPUs here"
+            )
+    return str(parsed)

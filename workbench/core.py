@@ -11,11 +11,17 @@ if TYPE_CHECKING:
     from .kvcache.base import CacheHandle
 
 Phase = Literal["prefill", "decode", "mixed"]
+MIN_TEMPERATURE = 1e-5  # logits / temperature must stay finite in float32
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens for one request. `temperature=0` (the default) is greedy."""
+    """How to pick tokens for one request. `temperature=0` (the default) is greedy.
+
+    Checked on construction (a TypeError or ValueError naming the field): `max_tokens` an
+    integer >= 1; `temperature` 0 or a finite number >= 1e-5 (smaller ones overflow the
+    logits); `top_k` -1 (off) or >= 1 (beyond the vocabulary it keeps every token); `top_p` in
+    (0, 1]; `ignore_eos` a bool; `seed` None or an integer in [0, 2**63)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -25,14 +31,27 @@ class SamplingParams:
     seed: int | None = None  # same seed, same tokens, whatever else is in the batch
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}")
+        from . import validate as V
+
+        temperature = V.real("temperature", self.temperature, low=0.0, allowed=">= 0")
+        if 0.0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE} (smaller ones "
+                f"overflow the logits), got {self.temperature!r}"
+            )
+        top_k = V.integer("top_k", self.top_k, -1, 2**31 - 1)
+        if top_k == 0:
+            raise ValueError("top_k must be -1 (off) or an integer >= 1, got 0")
+        checked = dict(
+            max_tokens=V.integer("max_tokens", self.max_tokens, 1),
+            temperature=temperature,
+            top_k=top_k,
+            top_p=V.real("top_p", self.top_p, 0.0, 1.0, low_open=True),
+            ignore_eos=V.boolean("ignore_eos", self.ignore_eos),
+            seed=V.optional_integer("seed", self.seed, 0, 2**63 - 1),
+        )
+        for name, value in checked.items():  # plain Python values (numpy ints become ints)
+            object.__setattr__(self, name, value)
 
     @property
     def is_greedy(self) -> bool:
@@ -59,13 +78,19 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
     device_len: int = field(init=False)  # set here, then moved by complete_one()
     max_device_len: int = field(init=False)
-    finish_reason: str | None = field(
-        default=None, init=False
-    )  # "stop" | "length", by the scheduler
+    # "stop" | "length" | "abort" | "error", set by the scheduler
+    finish_reason: str | None = field(default=None, init=False)
+    error: str | None = field(default=None, init=False)  # finish_reason "error": what failed
+    # KV slots its page-table row holds, in whole pages: set by prepare_batch when it allocates.
+    # Between steps it is ceil_page(cached_len); only a batch in flight (or one that failed)
+    # has allocated more.
+    alloc_len: int = field(init=False)
+    released: bool = field(default=False, init=False)  # its slot and pages were given back
 
     def __post_init__(self) -> None:
         self.device_len = len(self.token_ids)
         self.max_device_len = self.prompt_len + self.sampling.max_tokens
+        self.alloc_len = self.cached_len  # admission: whole pages matched in the prefix cache
         assert 0 <= self.cached_len < self.device_len <= self.max_device_len, self
 
     @property

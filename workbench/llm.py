@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
 from .core import Req, SamplingParams
 from .engine.engine import Engine
@@ -40,8 +42,7 @@ class LLM:
         record: str = "off",
         **engine_options: Any,
     ) -> None:
-        if record not in RECORD_LEVELS:
-            raise ValueError(f"record must be one of {RECORD_LEVELS}, got {record!r}")
+        V.choice("record", record, RECORD_LEVELS)
         self.config = EngineConfig(
             model=model,
             device=device,
@@ -71,8 +72,7 @@ class LLM:
                 "the engine: build a new LLM for those"
             )
         record = self.scheduler.record if record is None else record
-        if record not in RECORD_LEVELS:
-            raise ValueError(f"record must be one of {RECORD_LEVELS}, got {record!r}")
+        V.choice("record", record, RECORD_LEVELS)
         config = self.config.with_(**settings)  # validates
         old = self.scheduler
         if not old.is_idle:
@@ -105,24 +105,22 @@ class LLM:
 
     # -- requests ---------------------------------------------------------------------------
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
-        """Token ids of a prompt (a string, or ids checked against the vocabulary)."""
+        """Token ids of a prompt: a string, or token ids (a list, tuple or 1-d integer array)
+        checked against the vocabulary."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError(f"prompt {index} is empty")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"prompt {index} is not valid text: {exc}") from None
             return self.tokenizer(prompt).input_ids
-        ids = list(prompt)
-        vocab = self.engine.model_config.vocab_size
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(
-                f"prompt {index} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}"
-            )
-        return ids
+        return V.token_ids(f"prompt {index}", prompt, self.engine.model_config.vocab_size)
 
     def check_request(self, token_ids: list[int], sampling: SamplingParams, index: int = 0) -> None:
-        """Raise ValueError if this request could never run; takes no resources."""
+        """Raise TypeError or ValueError if this request could never run; takes nothing."""
         if not isinstance(sampling, SamplingParams):
-            raise ValueError(
+            raise TypeError(
                 f"sampling for prompt {index} must be a SamplingParams, got {sampling!r}"
             )
         if not token_ids:
@@ -149,18 +147,20 @@ class LLM:
         sampling: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[int]:
         """Validate every prompt, then queue them all (nothing is queued if one is bad)."""
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and len(prompts) > 0 and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if not prompts:
-            return []
+        prompts = V.prompt_batch(prompts)
         if sampling is None:
             sampling = SamplingParams()
-        params = (
-            [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
-        )
+        if isinstance(sampling, SamplingParams):
+            params = [sampling] * len(prompts)
+        elif isinstance(sampling, list | tuple) and all(
+            isinstance(p, SamplingParams) for p in sampling
+        ):
+            params = list(sampling)
+        else:
+            raise TypeError(
+                "sampling must be a SamplingParams, a list of them (one per prompt) or None, "
+                f"got {sampling!r}"
+            )
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         requests = []
@@ -177,23 +177,46 @@ class LLM:
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
         on_step: Callable[[StepOutcome], None] | None = None,
     ) -> list[dict]:
-        """Generate for every prompt; one dict per prompt, in input order."""
+        """Generate for every prompt; one dict per prompt, in input order.
+
+        All or nothing: if anything raises meanwhile (a step, a hook, `on_step`), every request
+        of this call ends, what they hold is freed, and the exception reaches the caller; the
+        engine keeps serving."""
+        V.callable_or_none("on_step", on_step)
         uids = self.add_requests(prompts, sampling)
-        pending = set(uids)
-        while pending:
-            outcome = self.scheduler.step()
-            if outcome is None:
-                break
-            if on_step is not None:
+        try:
+            pending = set(uids)
+            while pending:
+                outcome = self.scheduler.step()
+                if outcome is None:
+                    break
+                if on_step is not None:
+                    on_step(outcome)
+                pending.difference_update(r.uid for r in outcome.finished)
+                self.scheduler.hooks.raise_pending()
+            # overlap: a batch launched after the last one we needed may still be in flight
+            outcome = self.scheduler.flush()
+            if outcome is not None and on_step is not None:
                 on_step(outcome)
-            pending.difference_update(r.uid for r in outcome.finished)
             self.scheduler.hooks.raise_pending()
-        # overlap: a batch launched after the last one we needed may still be in flight
-        outcome = self.scheduler.flush()
-        if outcome is not None and on_step is not None:
-            on_step(outcome)
-        self.scheduler.hooks.raise_pending()
+        except BaseException:
+            self._drop(uids)
+            raise
         return [self.output(self.scheduler.finished.pop(uid)) for uid in uids]
+
+    def _drop(self, uids: list[int]) -> None:
+        """End the requests of a call that failed: abort those still waiting or running, let
+        the batch in flight finish, and forget them all."""
+        sched = self.scheduler
+        for uid in uids:
+            if uid not in sched.finished:
+                with contextlib.suppress(ValueError):  # not waiting or running any more
+                    sched.abort(uid)
+        with contextlib.suppress(Exception):  # a failure there frees that batch itself
+            sched.flush()
+        for uid in uids:
+            sched.finished.pop(uid, None)
+        sched.hooks.clear_pending()
 
     def output(self, req: Req) -> dict:
         ids = req.token_ids[req.prompt_len :]
@@ -202,6 +225,7 @@ class LLM:
             "token_ids": ids,
             "text": self.decode(ids),
             "finish_reason": req.finish_reason,
+            "error": req.error,  # what failed, when finish_reason is "error"
             "prompt_tokens": req.prompt_len,
             "completion_tokens": len(ids),
             "cached_tokens": req.cached_tokens,

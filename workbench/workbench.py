@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import validate as V
 from .core import SamplingParams
 from .instrument.hooks import HookRegistry
 from .instrument.record import StepRecord
@@ -68,6 +69,7 @@ class Workbench:
     ) -> int:
         """Queue a request (checked now); with `arrival_step`, it joins the queue at that step."""
         sampling = sampling if sampling is not None else SamplingParams()
+        arrival_step = V.optional_integer("arrival_step", arrival_step, 0)
         ids = self.llm.encode(prompt)
         self.llm.check_request(ids, sampling)
         if arrival_step is None or arrival_step <= self.step_index:
@@ -84,6 +86,7 @@ class Workbench:
         in `history.requests` says when it was aborted. What it held is freed (with overlap, once
         the batch in flight that still computes for it is collected).
         """
+        uid = V.integer("uid", uid, 0)
         future = next((f for f in self._future if f[1] == uid), None)
         if future is not None:  # it arrives now, and is aborted at once
             self._future.remove(future)
@@ -104,6 +107,7 @@ class Workbench:
 
         A hook that raised during a step raises HookError here, after that step completed.
         """
+        n = V.integer("n", n, 1)
         record = None
         try:
             for _ in range(n):
@@ -131,6 +135,8 @@ class Workbench:
         """Step until every request is done (or `max_steps`); the records of those steps."""
         from tqdm.auto import tqdm
 
+        max_steps = V.optional_integer("max_steps", max_steps, 0)
+        progress = V.boolean("progress", progress)
         records: list[StepRecord] = []
         bar = tqdm(total=max_steps, desc="steps", unit="step", disable=not progress, leave=False)
         try:
@@ -152,6 +158,9 @@ class Workbench:
     ) -> StepRecord | None:
         """Step until a record satisfies `predicate` (a conditional breakpoint); that record,
         or None if the run ended (or `max_steps` passed) first."""
+        if not callable(predicate):
+            raise TypeError(f"predicate must be a function of a StepRecord, got {predicate!r}")
+        max_steps = V.optional_integer("max_steps", max_steps, 0)
         taken = 0
         try:
             while max_steps is None or taken < max_steps:

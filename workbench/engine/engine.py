@@ -44,7 +44,9 @@ class Engine:
             self.dtype,
             self.device,
         )
-        self.table = TableManager(config.max_running_reqs, self.max_seq_len, self.device)
+        # NOTE: whole pages: a request near the context limit allocates its last page in full.
+        width = -(-self.max_seq_len // config.page_size) * config.page_size
+        self.table = TableManager(config.max_running_reqs, width, self.device)
         self.backend = create_backend(
             config.attention_backend,
             pool=self.pool,
@@ -55,7 +57,7 @@ class Engine:
         )
         # padded (dummy) requests read the dummy slot, never a live request's KV
         self.table.write_row(
-            self.table.dummy_row, 0, np.full(self.max_seq_len, self.pool.dummy_slot, np.int32)
+            self.table.dummy_row, 0, np.full(width, self.pool.dummy_slot, np.int32)
         )
         self.ctx = ForwardContext(self.backend)
         self.sampler = Sampler(

@@ -135,7 +135,9 @@ class History(_Tables):
     def __init__(self) -> None:
         self.records: list[StepRecord] = []
         self.arrivals: dict[int, tuple[int, float, int, int]] = {}  # uid -> step, s, prompt, max
-        self.aborts: dict[int, tuple[int, float]] = {}  # uid -> step it was aborted before, s
+        # uid -> (step it ended before, seconds, reason): ended between steps ("abort") or by a
+        # step that failed ("error"), so no record carries its finish
+        self.aborts: dict[int, tuple[int, float, str]] = {}
         self.meta: dict[str, Any] = {}
         self._cache: dict[str, pd.DataFrame] | None = None
         self._rows = _TableRows()
@@ -144,8 +146,8 @@ class History(_Tables):
         self.arrivals[uid] = (step, seconds, prompt_len, max_tokens)
         self._cache = None
 
-    def abort(self, uid: int, step: int, seconds: float) -> None:
-        self.aborts[uid] = (step, seconds)
+    def abort(self, uid: int, step: int, seconds: float, reason: str = "abort") -> None:
+        self.aborts[uid] = (step, seconds, reason)
         self._cache = None
 
     def append(self, record: StepRecord) -> None:
@@ -384,8 +386,9 @@ def _requests_table(
         fin = finish_of.get(uid)  # (reason, step)
         t_first = end_s.get(first_tok) if first_tok is not None else None
         t_fin = end_s.get(fin[1]) if fin is not None else None
-        if fin is None and uid in aborts:  # ended by Scheduler.abort, between steps
-            fin, t_fin = ("abort", aborts[uid][0]), aborts[uid][1]
+        if fin is None and uid in aborts:  # aborted between steps, or its step failed
+            step_ended, t_fin, reason = aborts[uid]
+            fin = (reason, step_ended)
         rows.append(
             (
                 uid,

@@ -113,6 +113,10 @@ class HookRegistry:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise HookError(f"hook {fn!r} on {name!r} raised {first!r}{more}") from first
 
+    def clear_pending(self) -> None:
+        """Forget hook errors not raised yet (a call that failed for another reason)."""
+        self._errors.clear()
+
     def __repr__(self) -> str:
         hooks = {name: len(fns) for name, fns in self._listeners.items()}
         return f"HookRegistry({hooks})"

@@ -115,15 +115,20 @@ class CacheManager:
         `row_slots` is the request's page-table row up to its allocated end. Returns the tokens
         offered and how many of them the cache already held.
         """
-        ps = self.page_size
-        insert_len = floor_page(kv_len, ps)
+        insert_len = floor_page(kv_len, self.page_size)
         kept_len = self.prefix_cache.insert(token_ids[:insert_len], row_slots[:insert_len])
         # NOTE: [0, handle.cached_len) came from the cache itself; what follows up to kept_len
         # duplicates pages the cache already holds, so it is ours to free.
         self.free_slots(row_slots[handle.cached_len : kept_len])
-        self.free_slots(row_slots[insert_len : ceil_page(kv_len, ps)])
+        self.free_slots(row_slots[insert_len:])
         self.unlock(handle)
         return insert_len, kept_len
+
+    def discard(self, row_slots: np.ndarray, handle: CacheHandle) -> None:
+        """A request that failed gives its own pages back without offering them to the prefix
+        cache (their KV may be incomplete); `row_slots` as for `release`."""
+        self.free_slots(row_slots[handle.cached_len :])
+        self.unlock(handle)
 
     def free_pages_among(self, slots: np.ndarray) -> np.ndarray:
         pages = np.unique(slots // self.page_size)

@@ -13,9 +13,12 @@ def check_integrity(cache: CacheManager, table: TableManager, live: list[Req]) -
     """Every KV page is free, cached, or used by exactly one live request; no live request's row
     points at a free page; every request slot is free or held by exactly one live request."""
     ps, rows = cache.page_size, table.page_table_host
-    used = [
-        rows[r.table_idx, r.cache_handle.cached_len : ceil_page(r.cached_len, ps)] for r in live
-    ]
+    for r in live:  # between steps, nothing is allocated beyond what was computed
+        assert r.alloc_len == ceil_page(r.cached_len, ps), (
+            f"request {r.uid} holds KV slots up to {r.alloc_len}, but {r.cached_len} are computed"
+        )
+        assert not r.released, f"request {r.uid} is live but was released"
+    used = [rows[r.table_idx, r.cache_handle.cached_len : r.alloc_len] for r in live]
     cache.check_integrity(np.concatenate(used) if used else None)
     for r in live:
         stale = cache.free_pages_among(rows[r.table_idx, : ceil_page(r.cached_len, ps)])

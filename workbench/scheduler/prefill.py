@@ -182,6 +182,7 @@ class PrefillAdder:
         )
         if pending.chunked is not None:
             req.cached_tokens = pending.chunked.cached_tokens
+            req.alloc_len = pending.chunked.alloc_len
         return req
 
 

@@ -29,6 +29,8 @@ def prepare_batch(sched: Scheduler, batch: Batch) -> int:
     count = int(new_slots.sum()) // ps
     if count > 0:
         pages = sched.cache.allocate_pages(count)
+        for req, alloc_len in zip(reqs, end.tolist()):
+            req.alloc_len = alloc_len
         slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
         table.write_slots(np.repeat(rows, new_slots), _ranges(first, end), slots)
 

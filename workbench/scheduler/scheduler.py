@@ -47,6 +47,18 @@ from .prepare import prepare_batch
 RECORD_LEVELS = ("off", "light", "full")
 
 
+class StepError(RuntimeError):
+    """A scheduler step failed; the requests of its batch ended with finish_reason "error" and
+    gave back what they held. The engine keeps serving the others."""
+
+    def __init__(self, stage: str, uids: list[int], message: str) -> None:
+        self.stage, self.uids = stage, uids
+        super().__init__(
+            f"a step failed in {stage} ({message}); requests {uids} ended with "
+            'finish_reason="error" and their KV pages and slots were freed'
+        )
+
+
 @dataclass
 class InFlight:
     """A launched batch whose tokens have not been processed yet."""
@@ -109,6 +121,7 @@ class Scheduler:
         self.record = record
         self.history = History()
         self.step_index = 0
+        self._stage = "prepare"  # where launch is: names the stage of a step that fails
         self._next_uid = 0
         self._t0 = time.perf_counter()
 
@@ -197,7 +210,7 @@ class Scheduler:
         return outcome
 
     def launch(self) -> InFlight | None:
-        hooks, step, launched_at = self.hooks, self.step_index, self.clock()
+        launched_at = self.clock()
         with self._range("schedule.end"):
             batch, admissions = self.schedule_next_batch()
         self._emit_admissions(batch, admissions)
@@ -209,6 +222,17 @@ class Scheduler:
                     "it should have been rejected when it was added"
                 )
             return None
+        self._stage = "prepare"
+        try:
+            return self._launch(batch, admissions, launched_at)
+        except BaseException as exc:
+            error = self._fail_batch(batch, exc, self._stage)
+            if error is exc:
+                raise
+            raise error from exc
+
+    def _launch(self, batch: Batch, admissions: Admissions, launched_at: float) -> InFlight:
+        hooks, step = self.hooks, self.step_index
         with self._range("batch.prepared"):
             new_pages = prepare_batch(self, batch)
             rows = batch.views()
@@ -233,11 +257,14 @@ class Scheduler:
         timer = self.engine.timer()
         with self._range("forward.end"):
             timer.start()
+            self._stage = "forward"
             logits = self.engine.forward(batch)
             for req in batch.reqs:
                 req.complete_one()
+            self._stage = "sample"
             tokens, done = self.sample(batch, logits)
             timer.stop()
+        self._stage = "cache"
         if "forward.end" in hooks:
             ledger = tuple(batch.views())
             hooks.emit("forward.end", ev.ForwardEnd(step, batch.phase, ledger))
@@ -293,6 +320,15 @@ class Scheduler:
 
     def collect(self, launched: InFlight) -> StepOutcome:
         """Process a launched batch's tokens: append, finish, free what nothing uses any more."""
+        try:
+            return self._collect(launched)
+        except BaseException as exc:
+            error = self._fail_batch(launched.batch, exc, "collect")
+            if error is exc:
+                raise
+            raise error from exc
+
+    def _collect(self, launched: InFlight) -> StepOutcome:
         start = self.clock()
         with self._range("sample.end"):
             if launched.done is not None:
@@ -338,7 +374,7 @@ class Scheduler:
         # aborted chunk is freed here too.
         still_used = set(self.in_flight.batch.reqs) if self.in_flight is not None else set()
         for req in batch.reqs:
-            if req.finish_reason is not None and req not in still_used:
+            if req.finish_reason is not None and not req.released and req not in still_used:
                 self.free_req(req)
         end = self.clock()
         return StepOutcome(
@@ -376,17 +412,70 @@ class Scheduler:
             self.hooks.emit("cache.insert", event)
 
     def free_req(self, req: Req) -> None:
-        row_slots = self.table.page_table_host[
-            req.table_idx, : ceil_page(req.cached_len, self.page_size)
-        ]
+        """Give back a request's slot and pages; its computed full pages go to the prefix cache,
+        unless it failed (then its KV may be incomplete and nothing of it is shared)."""
+        assert not req.released, f"request {req.uid} released twice"
+        req.released = True
+        row_slots = self.table.page_table_host[req.table_idx, : req.alloc_len].copy()
+        if req.finish_reason == "error":
+            self.cache.discard(row_slots, req.cache_handle)
+            self.table.free(req.table_idx)
+            return
         inserted, kept = self.cache.release(
-            req.token_ids, req.cached_len, row_slots.copy(), req.cache_handle
+            req.token_ids, req.cached_len, row_slots, req.cache_handle
         )
         self.table.free(req.table_idx)
         if "cache.insert" in self.hooks and self.cache.shares and inserted:
             self.hooks.emit(
                 "cache.insert", ev.CacheInsert(self.step_index, req.uid, inserted, kept)
             )
+
+    def _fail_batch(self, batch: Batch, exc: BaseException, stage: str) -> BaseException:
+        """A step failed part-way: every request of its batch that had not ended ends with
+        finish_reason "error", and what it holds is freed now, or once the batch in flight that
+        still computes for it is collected. The engine keeps serving; the returned exception
+        (a StepError naming the requests, or a KeyboardInterrupt as it was) is for the caller."""
+        message = f"{type(exc).__name__}: {exc}"
+        in_flight = {r.uid: r for r in self.in_flight.batch.reqs} if self.in_flight else {}
+        failed = []
+        for req in batch.reqs:
+            if req.finish_reason is None:
+                req.finish_reason, req.error = "error", message
+                self.decode.running.pop(req, None)
+                self.finished[req.uid] = req
+                failed.append(req)
+            other = in_flight.get(req.uid)
+            if req.released or other is req:
+                continue  # a batch in flight still computes for it: freed when collected
+            if other is None:
+                self.free_req(req)
+                continue
+            # NOTE: a prompt's chunks are separate objects over one row, and the later one
+            # holds every page of the earlier. Freeing now is safe: the chunk in flight writes
+            # its pages before any batch launched later runs (one stream).
+            other.finish_reason, other.error = req.finish_reason, req.error
+            keep, drop = (req, other) if req.alloc_len >= other.alloc_len else (other, req)
+            self.free_req(keep)
+            drop.released = True
+        dropped = {r.uid for r in failed}
+        self.prefill.queue = [p for p in self.prefill.queue if p.uid not in dropped]
+        for req in failed:
+            self.history.abort(req.uid, self.step_index, self.clock(), "error")
+            if "request.finish" in self.hooks:
+                self.hooks.emit(
+                    "request.finish",
+                    ev.RequestFinish(
+                        self.step_index,
+                        req.uid,
+                        "error",
+                        req.prompt_len,
+                        req.cached_tokens,
+                        req.output_len,
+                    ),
+                )
+        if not isinstance(exc, Exception):  # KeyboardInterrupt and the like: as they were
+            return exc
+        return StepError(stage, [r.uid for r in failed], message)
 
     def abort(self, uid: int) -> Req:
         """Stop a request wherever it is: waiting, part-way through its prompt, or decoding.
@@ -476,9 +565,13 @@ class Scheduler:
         self.history = History()
 
     def check_integrity(self) -> None:
-        """KV pool accounting: every page free, cached, or used by exactly one live request."""
-        assert self.in_flight is None, "check integrity between steps, with nothing in flight"
-        check_integrity(self.cache, self.table, self.live_reqs)
+        """KV pool accounting: every page free, cached, or used by exactly one request that
+        holds it (running, part-way through its prompt, or in the batch in flight); any time
+        between steps, with overlap too."""
+        holders = {id(r): r for r in self.live_reqs}
+        if self.in_flight is not None:  # ended requests wait there for the batch to complete
+            holders |= {id(r): r for r in self.in_flight.batch.reqs if not r.released}
+        check_integrity(self.cache, self.table, list(holders.values()))
 
 
 _NULL = contextlib.nullcontext()

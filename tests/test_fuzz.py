@@ -1,0 +1,105 @@
+"""Fuzz whole workloads (slow): random settings, arrivals, shared prefixes, aborts in every
+state and tight pools that evict, with the KV pool's integrity checked after every step and
+every finished greedy answer compared with Hugging Face.
+
+`pytest -m slow tests/test_fuzz.py` runs WORKBENCH_FUZZ workloads (default 1000; seed from
+WORKBENCH_FUZZ_SEED) and prints the counts.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+
+import pytest
+
+from workbench import SamplingParams, Workbench
+
+from .conftest import hf_greedy
+
+_engines: dict[tuple, Workbench] = {}
+
+
+def engine(page_size: int, slots: int, pool_tokens: int) -> Workbench:
+    """Engines by what only an engine fixes; the schedule is reconfigured per workload."""
+    key = (page_size, slots, pool_tokens)
+    if key not in _engines:
+        _engines[key] = Workbench(
+            "tiny-llama",
+            page_size=page_size,
+            max_running_reqs=slots,
+            num_pages=pool_tokens // page_size,
+            max_seq_len=256,
+        )
+    return _engines[key]
+
+
+def workload(rng: random.Random, counts: Counter) -> None:
+    page_size = rng.choice([1, 2, 4, 8, 16])
+    wb = engine(page_size, rng.choice([1, 2, 4, 6]), rng.choice([128, 256, 1024]))
+    wb.reset()
+    wb.reconfigure(
+        policy=rng.choice(["prefill_first", "decode_first", "mixed"]),
+        cache=rng.choice(["radix", "radix", "naive"]),
+        max_extend_tokens=rng.choice([1, 2, 3, 5, 8, 16, 31, 64, 8192]),
+        overlap=rng.random() < 0.5,
+        share_threshold=rng.choice([0, 4, 32]),
+        record=rng.choice(["off", "light", "light"]),
+    )
+    capacity = wb.scheduler.cache.total_size
+    prefixes = [[rng.randrange(100, 600) for _ in range(rng.randint(1, 60))] for _ in range(2)]
+    requests = {}
+    for _ in range(rng.randint(1, 8)):
+        prompt = rng.choice(prefixes)[: rng.randint(1, 60)] if rng.random() < 0.6 else []
+        prompt = prompt + [rng.randrange(100, 600) for _ in range(rng.randint(1, 30))]
+        max_tokens = rng.randint(1, 12)
+        if -(-(len(prompt) + max_tokens) // page_size) * page_size > capacity:
+            continue
+        sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=rng.random() < 0.8)
+        uid = wb.add_request(prompt, sampling, arrival_step=rng.choice([None, *range(12)]))
+        requests[uid] = (prompt, sampling)
+    aborts = {uid: rng.randint(0, 20) for uid in requests if rng.random() < 0.2}
+    steps = 0
+    while not wb.is_done:
+        for uid, at in list(aborts.items()):
+            if at <= steps:
+                del aborts[uid]
+                if uid not in wb.scheduler.finished:
+                    wb.abort(uid)
+                    counts["aborts"] += 1
+        wb.step()
+        wb.check_integrity()
+        steps += 1
+        assert steps < 5000, "no progress"
+    counts["steps"] += steps
+    for out in wb.outputs():
+        prompt, sampling = requests[out["uid"]]
+        want = hf_greedy("tiny-llama", [prompt], sampling.max_tokens, sampling.ignore_eos)[0]
+        if out["finish_reason"] == "abort":
+            assert out["token_ids"] == want[: len(out["token_ids"])]
+        else:
+            assert out["token_ids"] == want, (out, wb.config)
+            counts["requests compared"] += 1
+    counts["workloads"] += 1
+
+
+@pytest.mark.slow
+def test_fuzz_workloads():
+    n = int(os.environ.get("WORKBENCH_FUZZ", "1000"))
+    seed = int(os.environ.get("WORKBENCH_FUZZ_SEED", "0"))
+    counts: Counter = Counter()
+    start = time.perf_counter()
+    for i in range(n):
+        rng = random.Random(seed * 1_000_003 + i)
+        try:
+            workload(rng, counts)
+        except Exception as exc:
+            raise AssertionError(f"workload {i} (seed {seed}) failed") from exc
+    print(
+        f"\nfuzz: {counts['workloads']} workloads clean, {counts['steps']} steps with the "
+        f"integrity check after each, {counts['requests compared']} answers equal to Hugging "
+        f"Face greedy, {counts['aborts']} aborts; {time.perf_counter() - start:.0f} s"
+    )
+    _engines.clear()

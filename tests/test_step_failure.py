@@ -1,0 +1,173 @@
+"""A step is all or nothing: when anything raises inside it, the requests of its batch end with
+finish_reason "error", what they held is freed (with overlap, once the batch in flight that
+still uses it completes), the caller gets a StepError naming them, and the same engine goes on
+serving. Faults are injected at each stage of a step, with overlap off and on, on the CPU and
+(with `pytest -m gpu`) on the GPU. The planted induction model gives every run's exact answer.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from workbench import SamplingParams, StepError, Workbench
+from workbench.core import Req
+from workbench.models.induction import pattern_continuation, pattern_prompts
+
+MODEL = "dummy:qwen3-induction"
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    ),
+]
+_workbenches: dict[str, Workbench] = {}
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_workbenches():
+    yield
+    _workbenches.clear()
+
+
+def workbench(device: str, **settings) -> Workbench:
+    if device not in _workbenches:
+        _workbenches[device] = Workbench(
+            MODEL, device=device, num_pages=4096, max_running_reqs=8, cuda_graph_max_bs=8
+        )
+    wb = _workbenches[device]
+    wb.reset()
+    wb.reconfigure(**settings)
+    return wb
+
+
+def inject(monkeypatch, wb: Workbench, stage: str, at: int, error=InjectedFault) -> None:
+    """Raise `error` the `at`-th time the stage runs: after allocating (prepare), instead of
+    the forward or the sampler, or while appending a sampled token on the host (collect)."""
+    from workbench.scheduler import scheduler as module
+
+    calls = [0]
+
+    def wrap(fn, before: bool):
+        def faulty(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == at and before:
+                raise error(f"{stage} fault")
+            out = fn(*args, **kwargs)
+            if calls[0] == at:
+                raise error(f"{stage} fault")
+            return out
+
+        return faulty
+
+    if stage == "prepare":
+        monkeypatch.setattr(module, "prepare_batch", wrap(module.prepare_batch, before=False))
+    elif stage == "forward":
+        monkeypatch.setattr(wb.engine, "forward", wrap(wb.engine.forward, before=True))
+    elif stage == "sample":
+        sampler = wb.engine.sampler
+        monkeypatch.setattr(sampler, "sample", wrap(sampler.sample, before=True))
+    else:
+        monkeypatch.setattr(Req, "append_host", wrap(Req.append_host, before=True))
+
+
+def submit(wb: Workbench, seed: int) -> dict[int, list[int]]:
+    rng = random.Random(seed)
+    prompts = [pattern_prompts(rng, [rng.randint(14, 60)], rng.randint(3, 9))[0] for _ in range(4)]
+    prompts += pattern_prompts(rng, [90], period=13)  # chunked under a budget of 24
+    arrivals = [0, 0, 1, 2, 3]
+    return {
+        wb.add_request(p, SamplingParams(max_tokens=10, ignore_eos=True), arrival_step=a): p
+        for p, a in zip(prompts, arrivals)
+    }
+
+
+@pytest.mark.parametrize("at", [4, 9])  # early: chunks in flight; later: decodes
+@pytest.mark.parametrize("stage", ["prepare", "forward", "sample", "collect"])
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_step_that_fails_ends_its_batch_and_frees_it(device, overlap, stage, at, monkeypatch):
+    wb = workbench(device, overlap=overlap, max_extend_tokens=24)
+    prompts = submit(wb, seed=at)
+    inject(monkeypatch, wb, stage, at=at)
+    with pytest.raises(StepError, match=f"{stage} fault") as info:
+        wb.run(progress=False)
+    error = info.value
+    assert error.stage == stage and error.uids
+    assert set(error.uids) <= set(prompts)
+    assert isinstance(error.__cause__, InjectedFault)
+    wb.check_integrity()  # right away; with overlap a batch may still be in flight
+    failed = {o["uid"]: o for o in wb.outputs() if o["finish_reason"] == "error"}
+    assert set(failed) == set(error.uids)
+    assert all("InjectedFault: " + stage in o["error"] for o in failed.values())
+
+    monkeypatch.undo()  # the fault is gone: the others finish, exactly
+    wb.run(progress=False)
+    wb.check_integrity()
+    outputs = {o["uid"]: o for o in wb.outputs()}
+    assert set(outputs) == set(prompts)
+    for uid, prompt in prompts.items():
+        got, want = outputs[uid]["token_ids"], pattern_continuation(prompt, 10)
+        if uid in failed:
+            assert outputs[uid]["finish_reason"] == "error" and got == want[: len(got)]
+        else:
+            assert outputs[uid]["finish_reason"] == "length" and got == want
+    requests = wb.history.requests.set_index("uid")
+    assert (requests.loc[list(failed), "finish_reason"] == "error").all()
+
+    fresh = submit(wb, seed=99)  # the same engine serves the next requests
+    wb.run(progress=False)
+    wb.check_integrity()
+    outputs = {o["uid"]: o for o in wb.outputs()}
+    assert all(outputs[u]["token_ids"] == pattern_continuation(p, 10) for u, p in fresh.items())
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_interrupt_inside_a_step_frees_its_batch_too(device, overlap, monkeypatch):
+    """Ctrl-C in a notebook while a step runs: the KeyboardInterrupt reaches the caller as it
+    is, and the batch it hit is freed like a failed one."""
+    wb = workbench(device, overlap=overlap, max_extend_tokens=24)
+    prompts = submit(wb, seed=7)
+    inject(monkeypatch, wb, "forward", at=3, error=KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        wb.run(progress=False)
+    wb.check_integrity()
+    monkeypatch.undo()
+    wb.run(progress=False)
+    wb.check_integrity()
+    outputs = {o["uid"]: o for o in wb.outputs()}
+    assert {o["finish_reason"] for o in outputs.values()} <= {"length", "error"}
+    assert sum(o["finish_reason"] == "error" for o in outputs.values()) >= 1
+    for uid, prompt in prompts.items():
+        got = outputs[uid]["token_ids"]
+        assert got == pattern_continuation(prompt, 10)[: len(got)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_generate_after_a_failed_step_leaves_nothing_behind(device, monkeypatch):
+    """LLM.generate is all or nothing for the whole call: a failed step ends every request of
+    the call (the batch's with "error", the rest aborted), and nothing is left in the engine."""
+    wb = workbench(device, overlap=True, max_extend_tokens=24)
+    llm = wb.llm
+    rng = random.Random(3)
+    prompts = [pattern_prompts(rng, [rng.randint(14, 60)], 5)[0] for _ in range(5)]
+    inject(monkeypatch, wb, "sample", at=3)
+    with pytest.raises(StepError):
+        llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert llm.scheduler.is_idle and not llm.scheduler.finished
+    llm.check_integrity()
+    monkeypatch.undo()
+    out = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert [o["token_ids"] for o in out] == [pattern_continuation(p, 8) for p in prompts]
+    llm.check_integrity()
