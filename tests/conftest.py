@@ -58,6 +58,19 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, ignore_eos=True)
 
 
+# Tests that run on the CPU and, with `pytest -m gpu` on a CUDA machine, on the GPU too.
+CPU_AND_GPU = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    ),
+]
+
+
 @pytest.fixture(scope="session")
 def tiny_llm() -> LLM:
     return LLM("tiny-llama", max_running_reqs=8)

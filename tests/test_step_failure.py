@@ -10,23 +10,15 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from workbench import SamplingParams, StepError, Workbench
 from workbench.core import Req
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
+from .conftest import CPU_AND_GPU
+
 MODEL = "dummy:qwen3-induction"
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-        ],
-    ),
-]
+DEVICES = CPU_AND_GPU
 _workbenches: dict[str, Workbench] = {}
 
 

@@ -20,18 +20,11 @@ from workbench.core import ChunkedReq
 from workbench.engine.sampler import SamplingArgs
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
+from .conftest import CPU_AND_GPU
+
 MODEL = "dummy:qwen3-induction"
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-        ],
-    ),
-]
+DEVICES = CPU_AND_GPU
 
 _engines: dict[tuple[str, int], LLM] = {}
 

@@ -103,19 +103,22 @@ def token_ids(name: str, value: Any, vocab_size: int) -> list[int]:
             )
         ids = [int(t) for t in value.tolist()]
     elif isinstance(value, list | tuple):
-        ids = []
-        for i, t in enumerate(value):
-            number = _as_integer(t)
-            if number is None:
-                raise TypeError(f"{name} must hold integer token ids; item {i} is {_kind(t)}")
-            ids.append(number)
+        if all(type(t) is int for t in value):  # the common case, without a call per token
+            ids = list(value)
+        else:
+            ids = []
+            for i, t in enumerate(value):
+                number = _as_integer(t)
+                if number is None:
+                    raise TypeError(f"{name} must hold integer token ids; item {i} is {_kind(t)}")
+                ids.append(number)
     else:
         raise TypeError(
             f"{name} must be a string or token ids (a list, tuple or 1-d integer array), "
             f"got {_kind(value)}"
         )
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
         raise ValueError(
             f"{name} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
         )
@@ -134,7 +137,9 @@ def prompt_batch(value: Any) -> list[Any]:
             return list(value)
         raise TypeError(f"prompts as an array must be 1-d or 2-d, got {value.ndim}-d")
     if isinstance(value, list | tuple):
-        if value and all(_as_integer(t) is not None for t in value):
+        if value and (
+            all(type(t) is int for t in value) or all(_as_integer(t) is not None for t in value)
+        ):
             return [value]  # one prompt of token ids
         return list(value)
     raise TypeError(
@@ -183,4 +188,6 @@ def _array_kind(value: Any) -> str:
     torch = _torch()
     if value.dtype == torch.bool:
         return "bool"
-    return str(value.dtype).removeprefix("torch.") if value.is_floating_point() else "int"
+    if value.is_floating_point() or value.is_complex():
+        return str(value.dtype).removeprefix("torch.")
+    return "int"

@@ -42,8 +42,10 @@ COPY_GAIN = 3.0  # the copied token against the current one, in the residual str
 
 def planted_layout(hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
     """Width of the token subspace (whole KV heads); raises if the shapes leave no room."""
-    if head_dim < 2 * (PREV_PAIRS + MATCH_PAIRS) or heads % kv_heads:
+    if head_dim < 2 * (PREV_PAIRS + MATCH_PAIRS):
         raise ValueError(f"the induction init needs head_dim >= 56, got {head_dim}")
+    if heads % kv_heads:
+        raise ValueError(f"the induction init needs whole GQA groups, got {heads}/{kv_heads}")
     copy_heads = min(kv_heads, (hidden - 1) // (2 * head_dim))
     if copy_heads < 1:
         raise ValueError(
@@ -60,6 +62,8 @@ def init_induction(model: Decoder, seed: int) -> None:
     cfg = model.cfg
     if cfg.architecture != "Qwen3ForCausalLM" or not cfg.tie_word_embeddings:
         raise ValueError("the induction init needs a Qwen3 model with tied embeddings")
+    if cfg.rope_scaling is not None:  # the planted scores assume RoPE's plain frequencies
+        raise ValueError("the induction init needs RoPE without scaling")
     d, hd, nh, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     if cfg.num_layers < 2:
         raise ValueError("the induction init needs at least 2 layers")
