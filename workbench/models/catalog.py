@@ -4,14 +4,15 @@
   de-quantised once by transformers and saved as float32 safetensors (exact with the GGUF load).
 - ``"tiny-llama"``, ``"tiny-qwen2"``, ``"tiny-qwen3"``: seeded random models of those architectures
   with SmolLM2's tokenizer, a few MB, for fast tests.
-- ``"dummy:<name>"``: a config from ``data/configs/<name>.json`` and no weights: the engine fills
-  them with seeded random values (for benchmarking a real architecture).
+- ``"dummy:<name>"``: a config from ``workbench/data/configs/<name>.json`` and no weights: the
+  engine fills them with seeded random values (for benchmarking a real architecture).
 - a local Hugging Face directory, or a ``.gguf`` file (converted like SmolLM2's).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import importlib.util
 import os
 import shutil
@@ -20,7 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+# NOTE: inside the package, so an installed wheel has it too (the checkout's top-level `data`
+# is a link to it).
+DATA_DIR = Path(str(importlib.resources.files("workbench") / "data"))
 
 # Small but not degenerate: several heads, GQA, head_dim independent of hidden size.
 TINY_CONFIGS: dict[str, dict] = {
