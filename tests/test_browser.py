@@ -1,5 +1,7 @@
-"""The quickstart notebook in a real JupyterLab, in a real (headless) Chromium: run all cells, press
-Step in the dashboard, and check that the step counter advanced and the charts redrew.
+"""Every notebook in a real JupyterLab, in a real (headless) Chromium, with no network: run all
+cells; every chart must draw (an SVG or a canvas), no script may fail to load, nothing may come
+from outside the local server, and no cell may show an error. In the quickstart, press Step in
+the dashboard and check that the step counter advanced and the charts redrew.
 
 Needs Debian's chromium (/usr/bin/chromium) and the Python package playwright; `make test` installs
 both (the browser is never downloaded by playwright). Screenshots go to out/test-artifacts/.
@@ -30,6 +32,7 @@ BROWSER_ARGS = [
 ]
 
 pytestmark = pytest.mark.browser
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def _free_port() -> int:
@@ -43,7 +46,13 @@ def lab(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.fail("chromium is not installed: `make test` installs it (apt-get install chromium)")
     root = tmp_path_factory.mktemp("lab")
-    shutil.copy(ROOT / "notebooks" / "01_quickstart.ipynb", root)
+    for notebook in NOTEBOOKS:
+        shutil.copy(notebook, root)
+    # every cell drawn, also off screen (the default skips rendering what is out of view)
+    settings = tmp_path_factory.mktemp("settings")
+    tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text('{"windowingMode": "none"}')
     port = _free_port()
     log = open(root / "jupyter.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
@@ -60,6 +69,7 @@ def lab(tmp_path_factory):
             "--ServerApp.password=",
             f"--ServerApp.root_dir={root}",
             "--LabApp.expose_app_in_browser=True",
+            f"--LabApp.user_settings_dir={settings}",
             "--LabApp.news_url=",
         ],
         stdout=log,
@@ -198,4 +208,50 @@ def test_quickstart_dashboard_steps_in_a_real_browser(lab):
         outside = [u for u in urls if not u.startswith((base, "data:", "blob:"))]
         assert urls and not outside, f"loaded from the network: {outside[:5]}"
         page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=False)
+        browser.close()
+
+
+def _open_and_run(page, base: str, lab_log: Path, name: str) -> None:
+    page.goto(f"{base}/lab/tree/{name}?reset")
+    page.wait_for_selector(".jp-Notebook", timeout=60_000)
+    page.wait_for_function("window.jupyterapp !== undefined", timeout=60_000)
+    _start_kernel(page, lab_log)
+    _run_all(page, lab_log)
+    no_news = page.get_by_role("button", name="No", exact=True)
+    if no_news.count():
+        no_news.first.click()
+
+
+# Every chart output of the notebook (widget or HTML): drawn when it holds an SVG or a canvas.
+CHARTS = """() => Array.from(document.querySelectorAll('.jp-OutputArea-output .vega-embed'))
+    .map(el => el.querySelector('svg, canvas') !== null)"""
+
+
+@pytest.mark.parametrize(
+    "notebook", [n.name for n in NOTEBOOKS if not n.name.startswith("01")], ids=lambda n: n[:2]
+)
+def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
+    """The charts outside the dashboard (page table, ledger lines, batch composition, the
+    comparisons) draw offline too: importing workbench.viz selects Altair's offline renderer."""
+    from playwright.sync_api import sync_playwright
+
+    base, lab_log = lab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        _open_and_run(page, base, lab_log, notebook)
+        page.wait_for_timeout(3000)  # let vega finish drawing
+        drawn = page.evaluate(CHARTS)
+        text = page.locator(".jp-Notebook").inner_text()
+        page.screenshot(path=str(ARTIFACTS / f"{notebook[:2]}-notebook.png"), full_page=False)
+        assert drawn and all(drawn), f"{notebook}: charts drawn {drawn}"
+        assert "Error loading script" not in text
+        errors = page.locator(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']"
+        )
+        assert errors.count() == 0
+        urls = page.evaluate("performance.getEntriesByType('resource').map(e => e.name)")
+        outside = [u for u in urls if not u.startswith((base, "data:", "blob:"))]
+        assert not outside, f"loaded from the network: {outside[:5]}"
         browser.close()

@@ -12,6 +12,25 @@ from .charts import (
 )
 from .compare import compare_chart, compare_table, request_latencies
 
+
+def _render_offline() -> None:
+    """Charts shown in a notebook draw with a local copy of Vega: Altair's default renderer loads
+    it from a CDN, so without the internet nothing shows. The user's own choice of renderer
+    stays; without anywidget, charts carry the Vega bundle inline in their HTML."""
+    import altair as alt
+
+    if alt.renderers.active != "default":
+        return
+    try:
+        import anywidget  # noqa: F401 (the "jupyter" renderer draws through it)
+    except ImportError:
+        alt.renderers.enable("html", template="inline")
+    else:
+        alt.renderers.enable("jupyter", offline=True)
+
+
+_render_offline()
+
 __all__ = [
     "admissions",
     "batch_composition",
