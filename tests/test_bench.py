@@ -160,3 +160,58 @@ def test_bench_splits_the_run_by_phase_and_batch_size():
     assert sum(seconds) == pytest.approx(r["phase_seconds"]["decode"], abs=0.005)
     assert set(r["decode_by_batch"]) <= {"<=16", "<=64", "<=128", "<=192", ">192"}
     assert r["gc_collections"] >= r["gc_full_collections"] >= 0
+
+
+def _parse(args: list[str]):
+    import argparse
+
+    from workbench.bench.throughput import resolve_lengths
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parsed = parser.parse_args(args)
+    resolve_lengths(parsed)
+    return {k: v for k, v in vars(parsed).items() if not k.startswith("random_")}
+
+
+def test_vllm_and_sglang_flag_names_mean_ours():
+    theirs = _parse(
+        ["--num-prompts", "3", "--random-input-len", "20", "--random-output-len", "6",
+         "--random-range-ratio", "0.5", "--chunked-prefill-size", "16",
+         "--max-running-requests", "2", "--disable-radix-cache", "--disable-cuda-graph",
+         "--disable-overlap-schedule"]
+    )  # fmt: skip
+    ours = _parse(
+        ["--num-requests", "3", "--input-len", "10", "30", "--output-len", "3", "9",
+         "--max-extend-tokens", "16", "--max-running-reqs", "2", "--cache", "naive",
+         "--no-cuda-graph", "--no-overlap"]
+    )  # fmt: skip
+    assert theirs == ours
+    assert _parse(["--random-input-len", "64"])["input_len"] == [64, 64]  # ratio 0: exactly N
+
+
+def test_every_flag_says_its_default():
+    from workbench.__main__ import main
+
+    for command in ("bench", "demo"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+    out = subprocess.run(
+        [sys.executable, "-m", "workbench", "bench", "--help"], capture_output=True, text=True
+    ).stdout
+    for needle in ("(default: 8192)", "(default: prefill_first)", "(default: radix)",
+                   "(default: 0.6)", "(default: on)", "uniform in [MIN, MAX]"):  # fmt: skip
+        assert needle in out, needle
+
+
+def test_bench_under_vllm_names_writes_its_results(tmp_path):
+    path = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "workbench", "bench", "--num-prompts", "3",
+           "--random-input-len", "16", "--random-output-len", "4", "--policy", "mixed",
+           "--chunked-prefill-size", "8", "--disable-radix-cache",
+           "--output-file", str(path)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    result = json.loads(path.read_text())
+    assert (result["policy"], result["max_extend_tokens"], result["cache"]) == ("mixed", 8, "naive")
+    assert result["num_requests"] == 3 and result["output_tokens"] == 12
+    assert result["input_len"] == [16, 16]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import CACHE_KINDS, POLICIES
 from ..core import SamplingParams
 from ..llm import LLM
 from .online import latency_summary, poisson_arrivals, serve
@@ -33,28 +34,107 @@ from .workload import random_workload
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The bench's flags. Where vLLM's or SGLang's benchmarks have a name for a setting, that
+    name works too (`--num-prompts`, `--random-input-len`, `--chunked-prefill-size`, ...)."""
     gpu = torch.cuda.is_available()
-    p.add_argument("--model", default="dummy:qwen3-0.6b" if gpu else "tiny-qwen3")
-    p.add_argument("--num-requests", type=int, default=256 if gpu else 16)
-    p.add_argument("--input-len", type=int, nargs=2, default=[100, 1024] if gpu else [16, 128])
-    p.add_argument("--output-len", type=int, nargs=2, default=[100, 1024] if gpu else [16, 64])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=0.6)
+    here = "this machine has a GPU" if gpu else "this machine has no GPU"
+    p.add_argument(
+        "--model",
+        default="dummy:qwen3-0.6b" if gpu else "tiny-qwen3",
+        help=f"model name or path (dummy:qwen3-0.6b on a GPU, tiny-qwen3 on a CPU; {here})",
+    )
+    p.add_argument(
+        "--num-requests",
+        "--num-prompts",
+        dest="num_requests",
+        type=int,
+        default=256 if gpu else 16,
+        help="requests in the workload (256 on a GPU, 16 on a CPU)",
+    )
+    lens = "%s lengths, uniform in [MIN, MAX] ([100, 1024] on a GPU, %s on a CPU)"
+    p.add_argument(
+        "--input-len",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=[100, 1024] if gpu else [16, 128],
+        help=lens % ("prompt", "[16, 128]"),
+    )
+    p.add_argument(
+        "--output-len",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=[100, 1024] if gpu else [16, 64],
+        help=lens % ("output", "[16, 64]"),
+    )
+    ratio = "with --random-range-ratio R, uniform in [N(1 - R), N(1 + R)] as vLLM does"
+    p.add_argument("--random-input-len", type=int, metavar="N", help=f"prompt length N ({ratio})")
+    p.add_argument("--random-output-len", type=int, metavar="N", help=f"output length N ({ratio})")
+    p.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R", help="see above")
+    p.add_argument("--seed", type=int, default=0, help="workload and sampling seed")
+    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
     p.add_argument(
         "--request-rate",
         type=float,
         default=None,
         help="requests/s arriving as a Poisson process (default: all at once); adds latencies",
     )
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--max-extend-tokens", type=int, default=8192, help="chunk size (token budget)")
-    p.add_argument("--max-running-reqs", type=int, default=256)
-    p.add_argument("--cache", default="radix")
-    p.add_argument("--record", default="off", choices=["off", "light", "full"])
-    p.add_argument("--device-spec", default="h200", choices=sorted(DEVICES))
+    p.add_argument("--policy", default="prefill_first", choices=POLICIES, help="batch policy")
+    p.add_argument(
+        "--max-extend-tokens",
+        "--chunked-prefill-size",
+        dest="max_extend_tokens",
+        type=int,
+        default=8192,
+        help="the token budget of a batch: the prefill chunk size",
+    )
+    p.add_argument(
+        "--max-running-reqs",
+        "--max-running-requests",
+        dest="max_running_reqs",
+        type=int,
+        default=256,
+        help="request slots",
+    )
+    p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (16 is faster)")
+    p.add_argument("--cache", default="radix", choices=CACHE_KINDS, help="prefix cache")
+    p.add_argument(
+        "--disable-radix-cache", dest="cache", action="store_const", const="naive",
+        help="the same as --cache naive",
+    )  # fmt: skip
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap scheduling (default: on with CUDA, off on a CPU)",
+    )
+    p.add_argument(
+        "--disable-overlap-schedule", dest="overlap", action="store_false",
+        help="the same as --no-overlap",
+    )  # fmt: skip
+    p.add_argument(
+        "--cuda-graph",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA graphs for decode batches (default: on)",
+    )
+    p.add_argument(
+        "--disable-cuda-graph", dest="cuda_graph", action="store_false",
+        help="the same as --no-cuda-graph",
+    )  # fmt: skip
+    p.add_argument(
+        "--fused-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="FlashInfer's fused norm, rope and SiLU kernels (default: where installed)",
+    )
+    p.add_argument(
+        "--record", default="off", choices=["off", "light", "full"], help="step records kept"
+    )
+    p.add_argument(
+        "--device-spec", default="h200", choices=sorted(DEVICES), help="for the roofline"
+    )
     p.add_argument(
         "--option",
         action="append",
@@ -75,11 +155,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="write each run's history to DIR/<settings>.json (needs --record light or full); "
         "compare them with workbench.viz.compare_table(load_run(...) ...)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--output-file", metavar="FILE", help="also write the results as JSON to FILE")
     p.add_argument(
         "--profile", action="store_true", help="also profile 10 decode steps at the largest batch"
     )
     p.add_argument("--profile-trace", metavar="FILE", help="with --profile: Chrome trace JSON")
+
+
+def resolve_lengths(args: argparse.Namespace) -> None:
+    """`--random-input-len N` / `--random-output-len N` (with `--random-range-ratio R`) become
+    the ranges `--input-len` / `--output-len` give directly."""
+    r = args.random_range_ratio
+    if not 0.0 <= r < 1.0:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {r}")
+    for name in ("input", "output"):
+        n = getattr(args, f"random_{name}_len")
+        if n is not None:
+            setattr(args, f"{name}_len", [max(1, round(n * (1 - r))), max(1, round(n * (1 + r)))])
 
 
 def run_bench(args: argparse.Namespace) -> dict:
@@ -94,7 +187,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         cuda_graph=args.cuda_graph,
         fused_kernels=args.fused_kernels,
         record=args.record,
-        **_options(args.option),
+        **{"policy": args.policy, **_options(args.option)},
     )
     engine = llm.engine
     work = random_workload(args.num_requests, args.input_len, args.output_len, args.seed)
@@ -160,6 +253,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         fused_rope=engine.config.fused_rope_enabled,
         page_size=args.page_size,
         max_extend_tokens=args.max_extend_tokens,
+        max_running_reqs=args.max_running_reqs,
+        cache=args.cache,
         policy=engine.config.policy,
         record=args.record,
         num_requests=args.num_requests,
@@ -444,13 +539,21 @@ def print_result(r: dict) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
+    resolve_lengths(args)
     if args.sweep:
         results = run_sweep(args)
+        _write(args, results)
         print(json.dumps(results) if args.json else sweep_table(results))
         return
     result = run_bench(args)
+    _write(args, {k: v for k, v in result.items() if k != "profile"})
     if args.profile:
         print(result.pop("profile"))
     print(json.dumps(result) if args.json else "", end="\n" if args.json else "")
     if not args.json:
         print_result(result)
+
+
+def _write(args: argparse.Namespace, results) -> None:
+    if args.output_file:
+        Path(args.output_file).write_text(json.dumps(results, indent=1) + "\n")
