@@ -147,3 +147,67 @@ def test_many_long_requests_stay_under_the_row_limit(requests, tokens):
         steps = [row["step"] for row in drawn if row["uid"] == uid]
         mine = ledger[ledger.uid == uid].step
         assert min(steps) == mine.min() and max(steps) == mine.max()
+
+
+def test_dashboard_after_reset_clears_its_views_and_follows_again():
+    """Reset empties every view and says what to do next; Again runs the same requests; steps
+    from another cell are followed after a reset as before it."""
+    wb = Workbench("tiny-llama", record="light", max_extend_tokens=8, max_running_reqs=2)
+    for p in PROMPTS[:3]:
+        wb.add_request(p, greedy(4))
+    dash = wb.dashboard()
+    dash.buttons["Run"].click()
+    first = [o["token_ids"] for o in wb.outputs()]
+    assert dash.slider.max > 3 and len(dash.picker.options) == 4
+    assert all(dash.buttons[b].disabled for b in ("Step", "Step ×", "Run"))
+    assert "nothing is waiting or running" in dash.buttons["Run"].tooltip
+    dash.picker.value = 2
+    dash.buttons["Reset"].click()
+    assert (dash.slider.min, dash.slider.max, dash.slider.value) == (0, 0, 0)
+    assert dash.picker.options == (("all", -1),) and dash.picker.value == -1
+    assert "Again" in dash.status.value and "wb.add_request" in dash.status.value
+    for view in dash.charts.values():
+        assert "no steps yet" in json.dumps(view.chart.to_dict())
+    assert not dash.buttons["Again"].disabled and "same 3 requests" in dash.buttons["Again"].tooltip
+    dash.buttons["Again"].click()
+    assert wb.submitted_count == 3 and not dash.buttons["Step"].disabled
+    assert "press Step or Run" in dash.status.value
+    wb.run(progress=False)  # from another cell
+    assert dash.slider.value == dash.slider.max == len(wb.history) - 1
+    assert f"step {dash.slider.max}</b> of {dash.slider.max}" in dash.status.value
+    assert [o["token_ids"] for o in wb.outputs()] == first  # the same run again
+    wb.check_integrity()
+    dash.close()
+
+
+def test_dashboard_step_n_shows_progress_and_redraws_are_throttled():
+    """Step × N reports its progress while it runs; during a run the views redraw only after
+    the engine has stepped for several times what a redraw costs (never once per step)."""
+    wb = Workbench("tiny-llama", record="light", max_extend_tokens=4, max_running_reqs=2)
+    for p in PROMPTS:
+        wb.add_request(p, greedy(8))
+    dash = wb.dashboard()
+    seen, redraws = [], []
+    wb._observers.append(lambda final: seen.append(dash.status.value))
+    original = dash._redraw
+    dash._redraw = lambda: (redraws.append(wb.step_index), original())[1]
+    dash.count.value = 6
+    dash.buttons["Step ×"].click()
+    assert wb.step_index == 6
+    assert any("running: " in s and " of 6 steps" in s for s in seen)
+    assert "running: " not in dash.status.value  # done: the plain status again
+    redraws.clear()
+    dash.buttons["Run"].click()
+    steps = wb.step_index - 6
+    assert wb.is_done and steps > 10
+    assert len(redraws) < steps / 2  # throttled, and the last step is drawn
+    assert dash.slider.value == dash.slider.max == wb.step_index - 1
+    dash.close()
+
+
+def test_a_saved_run_opens_in_the_dashboard(run, tmp_path):
+    wb, loaded = run
+    assert isinstance(loaded.dashboard(), viz.Dashboard)
+    dash = loaded.dashboard()
+    assert dash.buttons == {} and dash.slider.max == len(loaded) - 1
+    assert json.dumps(dash.charts["ledger_bars"].chart.to_dict(), default=str)

@@ -40,6 +40,10 @@ class Workbench:
         self.tokenizer = self.llm.tokenizer
         self.config = self.llm.config
         self._future: list[tuple[int, int, list[int], SamplingParams]] = []  # arrival, uid, ...
+        # requests added since the last reset (prompt ids, sampling, arrival step), and those of
+        # the run before it: what reset(again=True) adds again
+        self._submitted: list[tuple[list[int], SamplingParams, int]] = []
+        self._previous: list[tuple[list[int], SamplingParams, int]] = []
         self._observers: list[Callable[[bool], None]] = []  # views; called with final=True/False
 
     # -- what to look at --------------------------------------------------------------------
@@ -72,6 +76,7 @@ class Workbench:
         arrival_step = V.optional_integer("arrival_step", arrival_step, 0)
         ids = self.llm.encode(prompt)
         self.llm.check_request(ids, sampling)
+        self._submitted.append((ids, sampling, max(arrival_step or 0, self.step_index)))
         if arrival_step is None or arrival_step <= self.step_index:
             return self.scheduler.add_request(ids, sampling)
         uid = self.scheduler.new_uid()
@@ -110,10 +115,12 @@ class Workbench:
         n = V.integer("n", n, 1)
         record = None
         try:
-            for _ in range(n):
+            for i in range(n):
                 record = self._step_once()
                 if record is None:
                     break
+                if i < n - 1:
+                    self._notify(final=False)  # views follow a long step(n) as it goes
         finally:
             self._notify(final=True)
         return record
@@ -175,12 +182,29 @@ class Workbench:
         finally:
             self._notify(final=True)
 
-    def reset(self) -> None:
-        """Drop every request and the history; empty the prefix cache. Hooks stay."""
+    def reset(self, again: bool = False) -> list[int]:
+        """Drop every request and the history; empty the prefix cache. Hooks stay.
+
+        With `again=True` the requests added since the last reset are added once more (same
+        prompts, sampling and arrival steps), so the same run starts over: after a
+        `reconfigure`, the same requests under another schedule. Returns their new uids."""
+        again = V.boolean("again", again)
+        requests = self._submitted or self._previous
+        self._previous, self._submitted = requests, []
         self.scheduler.abort_all()
         self._future.clear()
         self.scheduler.check_integrity()
+        uids = []
+        if again:
+            uids = [self.add_request(ids, sp, arrival) for ids, sp, arrival in requests]
         self._notify(final=True)
+        return uids
+
+    @property
+    def submitted_count(self) -> int:
+        """How many requests `reset(again=True)` would add again: those added since the last
+        reset, or, when none were, those of the run before it."""
+        return len(self._submitted or self._previous)
 
     def reconfigure(self, record: str | None = None, **settings: Any) -> None:
         """Another schedule on the same engine (weights, KV pool and CUDA graphs kept):

@@ -120,6 +120,19 @@ class _Tables:
     def pages(self) -> pd.DataFrame:
         return self.tables()["pages"]
 
+    def dashboard(self):
+        """The dashboard's views of this run: the step slider, the request picker and every
+        chart, without the engine's buttons (`wb.dashboard()` drives a live workbench)."""
+        from ..viz.dashboard import Dashboard
+
+        return Dashboard(self)
+
+    def report(self, path: str | Path, title: str | None = None) -> Path:
+        """One self-contained HTML file of this run (no network)."""
+        from ..viz.report import write_report
+
+        return write_report(self, path, title=title, meta=self.meta)
+
     def save(self, path: str | Path, meta: dict | None = None) -> Path:
         """Write every table (and `meta`) to one JSON file."""
         path = Path(path)

@@ -11,6 +11,7 @@ from .charts import (
     step_breakdown,
 )
 from .compare import compare_chart, compare_table, request_latencies
+from .report import write_report
 
 
 def _render_offline() -> None:
@@ -36,6 +37,7 @@ __all__ = [
     "batch_composition",
     "compare_chart",
     "compare_table",
+    "Dashboard",
     "kernel_timeline",
     "kv_usage",
     "ledger_bars",
@@ -43,4 +45,13 @@ __all__ = [
     "page_table",
     "request_latencies",
     "step_breakdown",
+    "write_report",
 ]
+
+
+def __getattr__(name: str):
+    if name == "Dashboard":  # imported on first use: it needs ipywidgets
+        from .dashboard import Dashboard
+
+        return Dashboard
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,7 +25,10 @@ LAYOUT = (
     ("step_breakdown", "kernel_timeline"),
     ("ledger_lines", "admissions"),
 )
-REFRESH_EVERY_S = 0.3  # during a long run, redraw at most this often
+# During a run the views redraw only after the engine has stepped for REDRAW_RATIO times what
+# the last redraw cost (at least REDRAW_MIN_S): redrawing then adds at most 1 / REDRAW_RATIO.
+REDRAW_RATIO = 6.0
+REDRAW_MIN_S = 0.2
 CHART_WIDTH = 400  # two charts side by side fit a notebook's output area
 
 
@@ -59,13 +62,16 @@ class Dashboard(w.VBox):
                 ("Step", lambda _: self._drive(1)),
                 ("Step ×", lambda _: self._drive(self.count.value)),
                 ("Run", lambda _: self._drive(None)),
-                ("Reset", lambda _: self._reset()),
+                ("Reset", lambda _: self._reset(again=False)),
+                ("Again", lambda _: self._reset(again=True)),
             ):
                 button = w.Button(description=name, layout=w.Layout(width="80px"))
                 button.on_click(handler)
                 self.buttons[name] = button
+            self.buttons["Reset"].tooltip = "drop every request and the history"
             controls = [self.buttons["Step"], self.buttons["Step ×"], self.count]
-            rows.append(w.HBox([*controls, self.buttons["Run"], self.buttons["Reset"]]))
+            controls += [self.buttons["Run"], self.buttons["Reset"], self.buttons["Again"]]
+            rows.append(w.HBox(controls))
             self.workbench._observers.append(self._on_engine_step)
         picking = [self.slider, self.picker]
         if self.workbench is not None:
@@ -79,7 +85,11 @@ class Dashboard(w.VBox):
             rows.append(w.HBox([self.charts[left], self.charts[right]]))
         super().__init__(rows)
         self._follow = True  # the slider tracks the newest step until moved back by hand
-        self._last_refresh = 0.0
+        self._moving = False  # the slider is being set by refresh(), not by hand
+        self._last_refresh = 0.0  # when the last redraw ended
+        self._redraw_s = 0.0  # what the last redraw cost
+        self._progress = ""  # "running: 3 of 10 steps" while a button drives the engine
+        self._progress_of: tuple[int, int | None] | None = None  # (first step, steps asked)
         self.slider.observe(self._on_slider, "value")
         self.picker.observe(lambda _: self.refresh(), "value")
         self.refresh()
@@ -90,58 +100,110 @@ class Dashboard(w.VBox):
 
     # -- driving the engine -----------------------------------------------------------------
     def _drive(self, n: int | None) -> None:
+        """Step n times (None: to the end); the views follow as it goes, throttled."""
         self._follow = True
-        if n is None:
-            self.workbench.run(progress=False)
-        else:
-            self.workbench.step(n)
-        self.refresh()
+        first = self.workbench.step_index
+        self._progress_of = (first, n)
+        try:  # the workbench notifies the views after the last step: no redraw here
+            if n == 1:
+                self.workbench.step()
+            else:
+                self.workbench.run(max_steps=n, progress=False)
+        finally:
+            self._progress_of = None
 
-    def _reset(self) -> None:
-        self.workbench.reset()
+    def _reset(self, again: bool) -> None:
         self._follow = True
-        self.refresh()
+        self.workbench.reset(again=again)  # notifies the views
 
     def _abort(self) -> None:
         """Abort the picked request (the next steps show its slot and pages freed)."""
         uid = self.picker.value
         if uid != -1 and uid not in self.workbench.scheduler.finished:
-            self.workbench.abort(uid)
-        self.refresh()
+            self.workbench.abort(uid)  # notifies the views
 
     def _on_engine_step(self, final: bool) -> None:
-        if final or time.monotonic() - self._last_refresh >= REFRESH_EVERY_S:
+        self._progress = ""
+        if self._progress_of is not None and not final:
+            first, n = self._progress_of
+            done = self.workbench.step_index - first
+            self._progress = (
+                f"running: {done} of {n} steps · " if n else f"running: {done} steps · "
+            )
+        wait = max(REDRAW_MIN_S, REDRAW_RATIO * self._redraw_s)
+        if final or time.monotonic() - self._last_refresh >= wait:
             self.refresh()
+        elif self._progress:  # between redraws, at least the count moves (cheap)
+            self.status.value = f"<b>{self._progress}</b><i>the views redraw as it goes</i>"
 
     def _on_slider(self, change) -> None:
+        if self._moving:
+            return
         self._follow = change["new"] == self.slider.max
         self.refresh()
+
+    def _update_buttons(self) -> None:
+        """Buttons that cannot act now are disabled, and say why."""
+        if self.workbench is None:
+            return
+        idle = self.workbench.is_done
+        why = "nothing is waiting or running: add requests (wb.add_request) or press Again"
+        for name in ("Step", "Step ×", "Run"):
+            self.buttons[name].disabled = idle
+            self.buttons[name].tooltip = why if idle else ""
+        count = self.workbench.submitted_count
+        again = self.buttons["Again"]
+        again.disabled = count == 0
+        again.tooltip = (
+            f"reset, then add the same {count} requests again" if count else "no requests to repeat"
+        )
+        uid = None if self.picker.value == -1 else self.picker.value
+        abort = self.buttons["Abort"]
+        abort.disabled = uid is None or uid in self.workbench.scheduler.finished
+        abort.tooltip = (
+            "pick a request first"
+            if uid is None
+            else f"#{uid} has finished"
+            if abort.disabled
+            else f"abort #{uid} and free what it holds"
+        )
 
     # -- drawing ----------------------------------------------------------------------------
     def refresh(self) -> None:
         """Redraw every chart for the selected step and request."""
-        self._last_refresh = time.monotonic()
+        start = time.monotonic()
+        try:
+            self._redraw()
+        finally:
+            self._last_refresh = time.monotonic()
+            self._redraw_s = self._last_refresh - start
+
+    def _redraw(self) -> None:
         history = self.history
         steps = history.steps
+        self._update_buttons()
         if steps.empty:
-            self.status.value = "<i>no steps yet</i>"
+            self._clear()
             return
         last = int(steps.step.iloc[-1])
-        with self.slider.hold_trait_notifications():
-            self.slider.max = last
-            self.slider.min = int(steps.step.iloc[0])
-            if self._follow:
-                self.slider.value = last
+        self._moving = True
+        try:
+            with self.slider.hold_trait_notifications():
+                self.slider.max = last
+                self.slider.min = int(steps.step.iloc[0])
+                if self._follow or self.slider.value > last:
+                    self.slider.value = last
+        finally:
+            self._moving = False
         uids = [int(u) for u in history.requests.uid]
         options = [("all", -1)] + [(f"#{u}", u) for u in uids]
         if [o[1] for o in self.picker.options] != [o[1] for o in options]:
             value = self.picker.value if self.picker.value in uids else -1
             self.picker.options, self.picker.value = options, value
+        self._update_buttons()
         step = self.slider.value
         uid = None if self.picker.value == -1 else self.picker.value
-        if "Abort" in self.buttons:  # only a request still waiting or running can be aborted
-            self.buttons["Abort"].disabled = uid is None or uid in self.workbench.scheduler.finished
-        self.status.value = self._status_html(step)
+        self.status.value = self._progress + self._status_html(step)
         drawn = {
             "batch_composition": charts.batch_composition(history, step),
             "kv_usage": charts.kv_usage(history, step),
@@ -154,6 +216,34 @@ class Dashboard(w.VBox):
         }
         for name, chart in drawn.items():
             self.charts[name].chart = chart.properties(width=CHART_WIDTH)
+
+    def _clear(self) -> None:
+        """No steps (a new or reset workbench): empty views, and what to do next."""
+        import altair as alt
+
+        self._moving = True
+        try:
+            with self.slider.hold_trait_notifications():
+                self.slider.min, self.slider.max, self.slider.value = 0, 0, 0
+        finally:
+            self._moving = False
+        if len(self.picker.options) > 1:
+            self.picker.options, self.picker.value = [("all", -1)], -1
+        self._update_buttons()
+        empty = charts._empty(alt, "no steps yet")
+        for view in self.charts.values():
+            view.chart = empty
+        if self.workbench is None:
+            self.status.value = "<i>this run has no steps</i>"
+        elif not self.workbench.is_done:
+            self.status.value = "<i>no steps yet: press Step or Run</i>"
+        else:
+            count = self.workbench.submitted_count
+            again = f", or press Again to run the same {count} requests" if count else ""
+            self.status.value = (
+                f"<i>no steps yet and nothing queued: add requests with wb.add_request(...)"
+                f"{again}</i>"
+            )
 
     def _status_html(self, step: int) -> str:
         row = self.history.steps.set_index("step").loc[step]
