@@ -163,7 +163,8 @@ def test_quickstart_dashboard_steps_in_a_real_browser(lab):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        # 1,000 px with the file browser open: the dashboard must fit without clipping
+        page = browser.new_page(viewport={"width": 1000, "height": 1100})
         page.goto(f"{base}/lab/tree/01_quickstart.ipynb?reset")
         page.wait_for_selector(".jp-Notebook", timeout=60_000)
         page.wait_for_function("window.jupyterapp !== undefined", timeout=60_000)
@@ -184,6 +185,10 @@ def test_quickstart_dashboard_steps_in_a_real_browser(lab):
         ).first
         charts = dashboard.locator(".vega-embed svg, .vega-embed canvas")
         assert charts.count() >= 8  # every chart drawn
+        area = dashboard.bounding_box()
+        for i in range(charts.count()):
+            box = charts.nth(i).bounding_box()
+            assert box["x"] + box["width"] <= area["x"] + area["width"] + 2, f"chart {i} clipped"
         before_text = status.inner_text()
         before_step = int(before_text.split()[1])
         before_chart = dashboard.locator(".vega-embed").nth(1).inner_html()
@@ -254,4 +259,30 @@ def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
         urls = page.evaluate("performance.getEntriesByType('resource').map(e => e.name)")
         outside = [u for u in urls if not u.startswith((base, "data:", "blob:"))]
         assert not outside, f"loaded from the network: {outside[:5]}"
+        browser.close()
+
+
+def test_the_report_fits_the_page_offline(tmp_path):
+    """The static report at 1,000 px: nothing wider than the page, every chart drawn, the
+    prompts and answers shown, nothing fetched."""
+    from playwright.sync_api import sync_playwright
+
+    from workbench import SamplingParams, Workbench
+
+    wb = Workbench("tiny-llama", record="full", max_extend_tokens=8, max_running_reqs=2)
+    for p in ("Hello, my name is", "The capital of France is a city that"):
+        wb.add_request(p, SamplingParams(max_tokens=6))
+    wb.run(progress=False)
+    path = wb.report(tmp_path / "report.html")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1000, "height": 900})
+        page.goto(path.as_uri())
+        page.wait_for_function("document.querySelectorAll('.vega-embed svg').length >= 8")
+        width = page.evaluate("document.documentElement.scrollWidth")
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        assert width <= 1000, f"the report is {width} px wide"
+        assert "The capital of France is a city that" in page.locator(".texts").inner_text()
+        urls = page.evaluate("performance.getEntriesByType('resource').map(e => e.name)")
+        assert all(u.startswith(("file:", "data:", "blob:")) for u in urls), urls[:5]
         browser.close()

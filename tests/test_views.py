@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -43,9 +44,50 @@ def test_charts_from_a_live_and_a_loaded_run_are_the_same(run):
     )
     # the page table shows the prefix the second request shares with the first
     owners = set()
-    for _, rows in loaded.pages.groupby("step"):
-        owners |= set(viz.charts._sharing_segments(rows).owner)
-    assert owners == {"own", "shared"}
+    for step, rows in loaded.pages.groupby("step"):
+        ledger = loaded.ledger[loaded.ledger.step == step]
+        cached = dict(zip(ledger.uid, ledger.cached_tokens))
+        owners |= set(viz.charts._sharing_segments(rows, cached).owner)
+    assert owners == {"own", "shared", "prefix cache"}
+
+
+def test_the_page_table_tells_the_prefix_caches_pages_from_own():
+    """A request admitted after another finished matches its prompt in the radix cache: its
+    first pages are the cache's, drawn apart from its own."""
+    wb = Workbench("tiny-llama", record="full", max_running_reqs=2)
+    wb.add_request(PROMPTS[3], greedy(3))
+    wb.run(progress=False)
+    uid = wb.add_request(PROMPTS[3] + " and then", greedy(3))
+    record = wb.step()
+    (row,) = [r for r in record.rows if r.uid == uid]
+    assert row.cached_tokens > 0
+    spec = json.dumps(viz.page_table(wb.history, record.step).to_dict())
+    assert '"prefix cache"' in spec and '"own"' in spec
+    pages = wb.history.pages[wb.history.pages.step == record.step]
+    segments = viz.charts._sharing_segments(pages, {uid: row.cached_tokens})
+    cache = segments[segments.owner == "prefix cache"]
+    assert cache.pos_start.min() == 0 and cache.pos_end.max() == row.cached_tokens
+
+
+def test_step_axes_start_at_zero_with_whole_steps_and_colours_have_legends(run):
+    wb, _ = run
+    history = wb.history
+    charts = {
+        name: json.loads(json.dumps(getattr(viz, name)(history, highlight_step=1).to_dict()))
+        for name in ("batch_composition", "kv_usage", "step_breakdown", "ledger_lines")
+    }
+    charts["admissions"] = viz.admissions(history).to_dict()
+    for name, spec in charts.items():
+        text = json.dumps(spec)
+        assert '"domainMin": 0' in text and '"tickMinStep": 1' in text, name
+        assert "step_end" not in re.findall(r'"title": "([^"]*)"', text), name
+        assert '"legend": null' not in text, name
+    one = Workbench("tiny-llama", record="light")
+    one.add_request(PROMPTS[0], greedy(2))
+    one.step()
+    kv = viz.kv_usage(one.history).to_dict()
+    (values,) = [v for v in kv["datasets"].values()]
+    assert len({row["x"] for row in values}) == 2  # one step still spans [0, 1]: an area
 
 
 def test_charts_offline_and_png(run, tmp_path):
@@ -78,6 +120,14 @@ def test_report_is_one_offline_file(run, tmp_path):
     assert not re.search(r"<script[^>]+src=", text)  # nothing to fetch
     assert "cdn.jsdelivr" not in text and "test run" in text
     assert wb.report(tmp_path / "live.html").stat().st_size > 500_000  # the bundle is inline
+    # each request's prompt and answer, from the live run and from the saved one alike
+    outputs = wb.outputs()
+    for report in (tmp_path / "live.html", loaded.report(tmp_path / "saved.html")):
+        page = report.read_text()
+        assert "Prompts and answers" in page
+        for out in outputs:
+            assert html.escape(out["text"]) in page
+        assert html.escape(PROMPTS[0]) in page
 
 
 def test_dashboard_steps_and_redraws():
@@ -177,6 +227,9 @@ def test_dashboard_after_reset_clears_its_views_and_follows_again():
     assert f"step {dash.slider.max}</b> of {dash.slider.max}" in dash.status.value
     assert [o["token_ids"] for o in wb.outputs()] == first  # the same run again
     wb.check_integrity()
+    dash.buttons["Reset"].click()
+    wb.add_request(PROMPTS[4], greedy(2))  # a request from another cell: Step can act now
+    assert not dash.buttons["Step"].disabled and "press Step or Run" in dash.status.value
     dash.close()
 
 

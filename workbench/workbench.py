@@ -78,10 +78,12 @@ class Workbench:
         self.llm.check_request(ids, sampling)
         self._submitted.append((ids, sampling, max(arrival_step or 0, self.step_index)))
         if arrival_step is None or arrival_step <= self.step_index:
-            return self.scheduler.add_request(ids, sampling)
-        uid = self.scheduler.new_uid()
-        self._future.append((arrival_step, uid, ids, sampling))
-        self._future.sort(key=lambda f: (f[0], f[1]))
+            uid = self.scheduler.add_request(ids, sampling)
+        else:
+            uid = self.scheduler.new_uid()
+            self._future.append((arrival_step, uid, ids, sampling))
+            self._future.sort(key=lambda f: (f[0], f[1]))
+        self._notify(final=False)  # views: there is work now (they redraw when they can)
         return uid
 
     def abort(self, uid: int) -> dict:
@@ -225,10 +227,24 @@ class Workbench:
         return [self.llm.output(req) for _, req in sorted(self.scheduler.finished.items())]
 
     def save(self, path: str | Path) -> Path:
+        """The run's tables, settings and each request's prompt and answer, in one file."""
         return self.history.save(path, self._meta())
 
     def _meta(self) -> dict:
-        return self.llm.run_meta()
+        return {**self.llm.run_meta(), "texts": self.texts()}
+
+    def texts(self) -> dict[str, list[str]]:
+        """Each request's prompt and answer so far, as text, by uid (a string: JSON keys)."""
+        sched, decode = self.scheduler, self.llm.decode
+        reqs = {**{r.uid: r for r in sched.live_reqs}, **sched.finished}
+        out = {
+            uid: [decode(r.token_ids[: r.prompt_len]), decode(r.token_ids[r.prompt_len :])]
+            for uid, r in reqs.items()
+        }
+        waiting = [(p.uid, p.token_ids) for p in sched.prefill.queue if p.chunked is None]
+        waiting += [(uid, ids) for _, uid, ids, _ in self._future]
+        out |= {uid: [decode(ids), ""] for uid, ids in waiting}
+        return {str(uid): out[uid] for uid in sorted(out)}
 
     def export_trace(self, path: str | Path) -> Path:
         """Chrome trace JSON of the run (steps; profiler events with record="full")."""
@@ -248,7 +264,8 @@ class Workbench:
         return Dashboard(self)
 
     def report(self, path: str | Path, title: str | None = None) -> Path:
-        """One self-contained HTML file: summary, every chart, the request table (no network)."""
+        """One self-contained HTML file: summary, every chart, the request table with each
+        prompt and answer (no network)."""
         from .viz.report import write_report
 
         return write_report(self.history, path, title=title, meta=self._meta())

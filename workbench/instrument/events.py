@@ -100,7 +100,7 @@ class SampleEnd:
 class RequestFinish:
     step: int
     uid: int
-    reason: str  # "stop" (EOS), "length" (max_tokens) or "abort" (Scheduler.abort)
+    reason: str  # "stop" (EOS), "length" (max_tokens), "abort" (Scheduler.abort), "error"
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int

@@ -56,6 +56,16 @@ def _rows_height(rows: int, per_row: int = 16) -> int:
     return max(60, min(per_row * rows, MAX_HEIGHT))
 
 
+def _step_x(alt, field: str = "step", title: str = "step"):
+    """A step axis: from 0, whole steps only."""
+    return alt.X(
+        f"{field}:Q",
+        title=title,
+        scale=alt.Scale(domainMin=0, nice=False),
+        axis=alt.Axis(tickMinStep=1, format="d"),
+    )
+
+
 def _binned_steps(steps: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
     """Steps as they are, or averaged into at most MAX_BARS bins for long runs; `bin` to
     `bin_end` is the span each bar covers."""
@@ -80,7 +90,7 @@ def batch_composition(history, highlight_step: int | None = None):
         alt.Chart(long)
         .mark_bar(stroke="white", strokeWidth=0.2)
         .encode(
-            x=alt.X("bin:Q", title=x_title),
+            x=_step_x(alt, "bin", x_title),
             x2="bin_end:Q",
             y=alt.Y("sum(tokens):Q", title="tokens in the batch"),
             color=_scale(alt, "kind", KIND_COLORS),
@@ -111,11 +121,15 @@ def kv_usage(history, highlight_step: int | None = None):
     if used.max() < 0.2 * total:  # a big, mostly empty pool: show what is used, state the rest
         long = long[long.state != "free"]
         title = f"KV pool (in use and evictable, of {total:,} slots)"
+    # NOTE: each bin's value holds until the next bin ("step-after"); the last one is repeated
+    # at its end, so the last step (and a run of one step) is an area, not a point.
+    last = long[long.bin == long.bin.max()]
+    long = pd.concat([long.assign(x=long.bin), last.assign(x=last.bin_end)])
     chart = (
         alt.Chart(long)
-        .mark_area()
+        .mark_area(interpolate="step-after")
         .encode(
-            x=alt.X("bin:Q", title=x_title),
+            x=_step_x(alt, "x", x_title),
             y=alt.Y("tokens:Q", stack="zero", title="KV slots (tokens)"),
             color=_scale(alt, "state", KV_COLORS),
             order=alt.Order("state_order:Q"),
@@ -123,7 +137,9 @@ def kv_usage(history, highlight_step: int | None = None):
         )
         .transform_calculate(state_order=_order_expr("state", list(KV_COLORS)))
     )
-    return _with_rule(alt, chart, highlight_step).properties(width=WIDTH, height=140, title=title)
+    return _with_rule(alt, chart, highlight_step, "x").properties(
+        width=WIDTH, height=140, title=title
+    )
 
 
 def ledger_bars(history, step: int, highlight_uid: int | None = None):
@@ -192,9 +208,9 @@ def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int 
         alt.Chart(ledger)
         .mark_line(point=len(ledger) < 400)
         .encode(
-            x=alt.X("step:Q"),
+            x=_step_x(alt),
             y=alt.Y("cached_len:Q", title="cached_len"),
-            color=alt.Color("uid:N", legend=None),
+            color=alt.Color("uid:N", title="request", legend=alt.Legend(columns=4, symbolLimit=24)),
             opacity=_highlight(alt, highlight_uid),
             tooltip=["step:Q", "uid:N", "kind:N", "cached_len:Q"],
         )
@@ -206,14 +222,16 @@ def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int 
 
 def page_table(history, step: int, highlight_uid: int | None = None):
     """The page-table rows of one step's batch: token positions of each request, coloured by
-    whether their KV slots are shared with another request (the radix cache) or its own."""
+    whose KV slots they are: the prefix cache's (matched when the request was admitted), shared
+    with another request of the batch, or its own."""
     alt = _alt()
     pages = getattr(history, "pages", None)
     rows = pages[pages.step == step] if pages is not None and len(pages) else None
     if rows is None or rows.empty:
         return _empty(alt, f"step {step}: page rows are recorded with record='full'")
-    segments = _sharing_segments(rows)
-    colors = {"own": "#457b9d", "shared": "#e76f51"}
+    ledger = history.ledger[history.ledger.step == step]
+    segments = _sharing_segments(rows, dict(zip(ledger.uid, ledger.cached_tokens)))
+    colors = {"own": "#457b9d", "shared": "#e76f51", "prefix cache": "#e9c46a"}
     return (
         alt.Chart(segments)
         .mark_bar(stroke="white", strokeWidth=0.4)
@@ -251,14 +269,15 @@ def admissions(history, highlight_uid: int | None = None):
         return (
             alt.Chart(frame)
             .mark_bar()
-            .encode(x="step:Q", y=alt.Y("size:Q", title="requests"), color="decision:N")
+            .encode(x=_step_x(alt), y=alt.Y("size:Q", title="requests"), color="decision:N")
             .properties(width=WIDTH, height=140, title="Admission decisions")
         )
     return (
-        alt.Chart(frame)
+        alt.Chart(frame.assign(step_end=frame.step + 1))
         .mark_rect()
         .encode(
-            x=alt.X("step:O"),
+            x=_step_x(alt),
+            x2="step_end:Q",
             y=alt.Y("uid:O", title="request", axis=_request_axis(alt, frame.uid.nunique())),
             color=alt.Color("decision:N", scale=alt.Scale(scheme="tableau10")),
             opacity=_highlight(alt, highlight_uid),
@@ -314,7 +333,7 @@ def step_breakdown(history, highlight_step: int | None = None):
         alt.Chart(frame)
         .mark_bar(stroke="white", strokeWidth=0.2)
         .encode(
-            x=alt.X("step:Q"),
+            x=_step_x(alt),
             x2="step_end:Q",
             y=alt.Y("sum(ms):Q", title="ms"),
             color=_scale(alt, "family", FAMILY_COLORS),
@@ -398,20 +417,27 @@ def _family(name: str, category: str) -> str:
     return "other"
 
 
-def _sharing_segments(rows: pd.DataFrame) -> pd.DataFrame:
-    """Split each request's slot runs where sharing with another request starts or stops."""
+def _sharing_segments(rows: pd.DataFrame, cached: dict[int, int]) -> pd.DataFrame:
+    """Split each request's slot runs where their owner changes: the prefix cache (its first
+    `cached[uid]` positions, matched at admission), shared with another row, or its own."""
     slot_count: dict[int, int] = {}
     for r in rows.itertuples(index=False):
         for s in range(r.slot_start, r.slot_start + r.pos_end - r.pos_start):
             slot_count[s] = slot_count.get(s, 0) + 1
     out = []
     for r in rows.itertuples(index=False):
-        shared = [
-            slot_count[s] > 1 for s in range(r.slot_start, r.slot_start + r.pos_end - r.pos_start)
+        matched = cached.get(r.uid, 0)
+        owner = [
+            "prefix cache"
+            if r.pos_start + i < matched
+            else "shared"
+            if slot_count[s] > 1
+            else "own"
+            for i, s in enumerate(range(r.slot_start, r.slot_start + r.pos_end - r.pos_start))
         ]
         start = 0
-        for i in range(1, len(shared) + 1):
-            if i == len(shared) or shared[i] != shared[start]:
+        for i in range(1, len(owner) + 1):
+            if i == len(owner) or owner[i] != owner[start]:
                 out.append(
                     (
                         r.uid,
@@ -419,7 +445,7 @@ def _sharing_segments(rows: pd.DataFrame) -> pd.DataFrame:
                         r.pos_start + start,
                         r.pos_start + i,
                         r.slot_start + start,
-                        "shared" if shared[start] else "own",
+                        owner[start],
                     )
                 )
                 start = i

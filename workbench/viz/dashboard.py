@@ -29,7 +29,9 @@ LAYOUT = (
 # the last redraw cost (at least REDRAW_MIN_S): redrawing then adds at most 1 / REDRAW_RATIO.
 REDRAW_RATIO = 6.0
 REDRAW_MIN_S = 0.2
-CHART_WIDTH = 400  # two charts side by side fit a notebook's output area
+# Two charts side by side, legends below them, fit a 1,000 px window with JupyterLab's side
+# bar open; narrower, the second of a pair wraps below the first.
+CHART_WIDTH = 330
 
 
 class Dashboard(w.VBox):
@@ -82,12 +84,15 @@ class Dashboard(w.VBox):
         rows.append(w.HBox(picking))
         rows.append(self.status)
         for left, right in LAYOUT:
-            rows.append(w.HBox([self.charts[left], self.charts[right]]))
+            pair = w.HBox([self.charts[left], self.charts[right]])
+            pair.layout.flex_flow = "row wrap"
+            rows.append(pair)
         super().__init__(rows)
         self._follow = True  # the slider tracks the newest step until moved back by hand
         self._moving = False  # the slider is being set by refresh(), not by hand
         self._last_refresh = 0.0  # when the last redraw ended
         self._redraw_s = 0.0  # what the last redraw cost
+        self._cleared = True  # the charts show "no steps yet"
         self._progress = ""  # "running: 3 of 10 steps" while a button drives the engine
         self._progress_of: tuple[int, int | None] | None = None  # (first step, steps asked)
         self.slider.observe(self._on_slider, "value")
@@ -133,8 +138,12 @@ class Dashboard(w.VBox):
         wait = max(REDRAW_MIN_S, REDRAW_RATIO * self._redraw_s)
         if final or time.monotonic() - self._last_refresh >= wait:
             self.refresh()
-        elif self._progress:  # between redraws, at least the count moves (cheap)
+            return
+        self._update_buttons()  # cheap: what can be pressed follows every change
+        if self._progress:  # between redraws, at least the count moves
             self.status.value = f"<b>{self._progress}</b><i>the views redraw as it goes</i>"
+        elif self.history.steps.empty:
+            self._clear()
 
     def _on_slider(self, change) -> None:
         if self._moving:
@@ -215,7 +224,8 @@ class Dashboard(w.VBox):
             "kernel_timeline": charts.kernel_timeline(history, step),
         }
         for name, chart in drawn.items():
-            self.charts[name].chart = chart.properties(width=CHART_WIDTH)
+            self.charts[name].chart = _fit(chart)
+        self._cleared = False
 
     def _clear(self) -> None:
         """No steps (a new or reset workbench): empty views, and what to do next."""
@@ -230,9 +240,11 @@ class Dashboard(w.VBox):
         if len(self.picker.options) > 1:
             self.picker.options, self.picker.value = [("all", -1)], -1
         self._update_buttons()
-        empty = charts._empty(alt, "no steps yet")
-        for view in self.charts.values():
-            view.chart = empty
+        if not self._cleared:
+            empty = charts._empty(alt, "no steps yet")
+            for view in self.charts.values():
+                view.chart = empty
+            self._cleared = True
         if self.workbench is None:
             self.status.value = "<i>this run has no steps</i>"
         elif not self.workbench.is_done:
@@ -248,13 +260,13 @@ class Dashboard(w.VBox):
     def _status_html(self, step: int) -> str:
         row = self.history.steps.set_index("step").loc[step]
         waiting = (
-            f" · waiting: {row.waiting_reasons}"
+            f" · waiting: {row.waiting_reasons.replace(',', ', ')}"
             if isinstance(row.waiting_reasons, str) and row.waiting_reasons
             else ""
         )
         return (
             f"<b>step {step}</b> of {int(self.slider.max)} · {row.phase} · "
-            f"{int(row.batch_size)} requests · {int(row.num_tokens)} tokens · "
+            f"{_count(int(row.batch_size), 'request')} · {_count(int(row.num_tokens), 'token')} · "
             f"queue {int(row.queue_len)} · running {int(row.running)} · "
             f"KV free {int(row.kv_free)}/{int(row.kv_total)}{waiting} · "
             f"{row.wall_ms:.1f} ms"
@@ -265,3 +277,14 @@ class Dashboard(w.VBox):
         if self.workbench is not None and self._on_engine_step in self.workbench._observers:
             self.workbench._observers.remove(self._on_engine_step)
         super().close()
+
+
+def _fit(chart):
+    """A chart at the dashboard's width, its legend below it (so a pair fits side by side)."""
+    return chart.properties(width=CHART_WIDTH).configure_legend(
+        orient="bottom", direction="horizontal", columns=4, titleOrient="left"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -59,6 +59,7 @@ def write_report(
         ("Admissions", charts.admissions(history)),
     ]
     meta = {**getattr(history, "meta", {}), **(meta or {})}
+    texts = meta.pop("texts", None) or {}  # uid -> [prompt, answer], from Workbench.save
     title = title or f"workbench run: {meta.get('model', '')}"
     figure_html, scripts = [], []
     for i, (name, chart) in enumerate(figures):
@@ -73,6 +74,7 @@ def write_report(
         summary=_table(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]})),
         figures="\n".join(figure_html),
         requests=_table(history.requests.round(4)),
+        texts=_texts_table(texts),
         scripts="\n".join(scripts),
     )
     path = Path(path)
@@ -94,15 +96,40 @@ def _ms(seconds) -> float | None:
 
 
 def _table(frame: pd.DataFrame) -> str:
-    return frame.to_html(index=False, border=0, classes="tbl", na_rep="")
+    return (
+        f'<div class="wide">{frame.to_html(index=False, border=0, classes="tbl", na_rep="")}</div>'
+    )
+
+
+def _texts_table(texts: dict) -> str:
+    """Each request's prompt and answer (long prompts shortened in the middle)."""
+    if not texts:
+        return "<p><i>no texts: reports written by a Workbench carry them</i></p>"
+    rows = []
+    for uid, (prompt, answer) in texts.items():
+        if len(prompt) > 600:
+            prompt = prompt[:300] + " … " + prompt[-250:]
+        rows.append(
+            f"<tr><td>#{html.escape(str(uid))}</td><td>{html.escape(prompt)}</td>"
+            f"<td>{html.escape(answer)}</td></tr>"
+        )
+    head = "<tr><th>request</th><th>prompt</th><th>answer</th></tr>"
+    return f'<table class="texts">{head}{"".join(rows)}</table>'
 
 
 _PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
-.tbl {{ border-collapse: collapse; font-size: 12px; font-family: monospace; }}
-.tbl td, .tbl th {{ padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; }}
+body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1100px; }}
+.wide {{ max-width: 100%; overflow-x: auto; }}
+.tbl {{ border-collapse: collapse; font-size: 11px; font-family: monospace; }}
+.tbl td, .tbl th {{ padding: 2px 6px; border-bottom: 1px solid #ddd; text-align: right; }}
+.tbl th {{ white-space: normal; word-break: break-word; vertical-align: bottom; }}
+.texts {{ border-collapse: collapse; width: 100%; table-layout: fixed; font-size: 13px; }}
+.texts td, .texts th {{ padding: 4px 8px; border-bottom: 1px solid #ddd; text-align: left;
+  vertical-align: top; white-space: pre-wrap; overflow-wrap: anywhere; }}
+.texts th:first-child {{ width: 5em; }}
+.vega-embed {{ max-width: 100%; overflow-x: auto; }}
 h3 {{ margin-bottom: 4px; }}
 </style>
 <script type="text/javascript">
@@ -114,6 +141,8 @@ h3 {{ margin-bottom: 4px; }}
 {summary}
 <h2>Charts</h2>
 {figures}
+<h2>Prompts and answers</h2>
+{texts}
 <h2>Requests</h2>
 {requests}
 <script type="text/javascript">
