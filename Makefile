@@ -29,7 +29,6 @@ test: $(STAMP) chromium
 	$(PY) -m ruff check workbench tests
 	$(PY) -m ruff format --check workbench tests
 	$(PY) -m pytest -q
-	$(PY) -m pytest -q --nbmake notebooks
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ""

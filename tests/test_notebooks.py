@@ -1,6 +1,6 @@
 """Every notebook, executed top to bottom on the GPU (nbclient), with a `dummy:` model.
 
-On the CPU `make test` runs the notebooks through nbmake with their default model. Here each
+On the CPU `make test` runs the notebooks in a real browser with their default model. Here each
 notebook takes its model from `WORKBENCH_MODEL` (default for this test: dummy Qwen3-0.6B, a real
 architecture with random weights) and must run without an error output. The executed copies go
 to `out/gpu-notebooks/`, and what each printed is printed here (run with -s).

@@ -50,6 +50,10 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path):
 
     probe = run([python, "-c", PROBE], tmp_path)
     assert f"package: {site}" in probe and "dummy model ok" in probe
-    demo = run([python, "-m", "workbench", "demo", "--record", "light", "--out", "demo"], tmp_path)
+    demo = run(
+        [python, "-m", "workbench", "demo", "--model", "tiny-llama", "--record", "light",
+         "--out", "demo"],
+        tmp_path,
+    )  # fmt: skip
     assert "KV pool integrity ok" in demo
     assert (tmp_path / "demo" / "report.html").exists()
