@@ -264,3 +264,18 @@ def test_a_saved_run_opens_in_the_dashboard(run, tmp_path):
     dash = loaded.dashboard()
     assert dash.buttons == {} and dash.slider.max == len(loaded) - 1
     assert json.dumps(dash.charts["ledger_bars"].chart.to_dict(), default=str)
+
+
+def test_a_button_whose_step_fails_says_so_in_the_status():
+    """A button has no cell to print to: the error of the step it ran shows in the status."""
+    wb = Workbench("tiny-llama", record="light")
+    wb.add_request(PROMPTS[0], greedy(3))
+    dash = wb.dashboard()
+    handle = wb.hooks.add("step.end", lambda record: 1 / 0)
+    dash.buttons["Step"].click()
+    assert "HookError" in dash.status.value and "ZeroDivisionError" in dash.status.value
+    handle.remove()
+    dash.buttons["Run"].click()
+    assert wb.is_done and "step" in dash.status.value
+    wb.check_integrity()
+    dash.close()

@@ -2,7 +2,7 @@
 (with Abort for the picked request), and charts that redraw in place after every step.
 
     wb.dashboard()              # live, on a Workbench
-    Dashboard(load_run(path))   # a saved run: the same views, no buttons
+    load_run(path).dashboard()  # a saved run: the same views, no buttons
 
 Charts are Altair `JupyterChart` widgets in offline mode (no CDN); assigning a new chart redraws
 it in place. A step taken from a button or from `wb.step()` in another cell refreshes the views.
@@ -114,8 +114,16 @@ class Dashboard(w.VBox):
                 self.workbench.step()
             else:
                 self.workbench.run(max_steps=n, progress=False)
+        except Exception as exc:  # a button has no cell to show it in: the status line does
+            self._show_error(exc)
         finally:
             self._progress_of = None
+
+    def _show_error(self, exc: Exception) -> None:
+        import html
+
+        message = html.escape(f"{type(exc).__name__}: {exc}")
+        self.status.value = f'<b style="color:#b00020">{message}</b>'
 
     def _reset(self, again: bool) -> None:
         self._follow = True
