@@ -241,7 +241,8 @@ class Workbench:
             uid: [decode(r.token_ids[: r.prompt_len]), decode(r.token_ids[r.prompt_len :])]
             for uid, r in reqs.items()
         }
-        waiting = [(p.uid, p.token_ids) for p in sched.prefill.queue if p.chunked is None]
+        # the queue's own copy of a prompt is whole (a chunk's ledger holds what it computed)
+        waiting = [(p.uid, p.token_ids) for p in sched.prefill.queue]
         waiting += [(uid, ids) for _, uid, ids, _ in self._future]
         out |= {uid: [decode(ids), ""] for uid, ids in waiting}
         return {str(uid): out[uid] for uid in sorted(out)}
