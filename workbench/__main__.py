@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import CACHE_KINDS, POLICIES
-
 
 class HelpWithDefaults(argparse.HelpFormatter):
     """Every flag's help ends with its default, unless the help already says it."""
@@ -27,32 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--model", default="smollm2", help="model name or path")
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    demo.add_argument(
-        "--max-extend-tokens",
-        "--chunked-prefill-size",
-        dest="max_extend_tokens",
-        type=int,
-        default=48,
-        help="the token budget of a batch: the prefill chunk size",
-    )
-    demo.add_argument("--page-size", type=int, default=1, help="tokens per KV page")
-    demo.add_argument("--cache", default="radix", choices=CACHE_KINDS, help="prefix cache")
-    demo.add_argument("--policy", default="prefill_first", choices=POLICIES, help="batch policy")
-    demo.add_argument(
-        "--max-running-reqs",
-        "--max-running-requests",
-        dest="max_running_reqs",
-        type=int,
-        default=4,
-        help="request slots",
-    )
+    from .bench.throughput import add_arguments, add_schedule_arguments
+
+    add_schedule_arguments(demo, max_extend_tokens=48, max_running_reqs=4)
     demo.add_argument(
         "--record", default="full", choices=["off", "light", "full"], help="step records kept"
     )
     demo.add_argument("--out", default="out/demo", help="where the run and the report go")
     bench = sub.add_parser("bench", help="offline throughput benchmark", formatter_class=helpful)
-    from .bench.throughput import add_arguments
-
     add_arguments(bench)
     args = parser.parse_args(argv)
     if args.command == "demo":

@@ -80,49 +80,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="requests/s arriving as a Poisson process (default: all at once); adds latencies",
     )
-    p.add_argument("--policy", default="prefill_first", choices=POLICIES, help="batch policy")
-    p.add_argument(
-        "--max-extend-tokens",
-        "--chunked-prefill-size",
-        dest="max_extend_tokens",
-        type=int,
-        default=8192,
-        help="the token budget of a batch: the prefill chunk size",
-    )
-    p.add_argument(
-        "--max-running-reqs",
-        "--max-running-requests",
-        dest="max_running_reqs",
-        type=int,
-        default=256,
-        help="request slots",
-    )
-    p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (16 is faster)")
-    p.add_argument("--cache", default="radix", choices=CACHE_KINDS, help="prefix cache")
+    add_schedule_arguments(p, max_extend_tokens=8192, max_running_reqs=256)
     p.add_argument(
         "--disable-radix-cache", dest="cache", action="store_const", const="naive",
         help="the same as --cache naive",
     )  # fmt: skip
-    p.add_argument(
-        "--overlap",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="overlap scheduling (default: on with CUDA, off on a CPU)",
-    )
-    p.add_argument(
-        "--disable-overlap-schedule", dest="overlap", action="store_false",
-        help="the same as --no-overlap",
-    )  # fmt: skip
-    p.add_argument(
-        "--cuda-graph",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="CUDA graphs for decode batches (default: on)",
-    )
-    p.add_argument(
-        "--disable-cuda-graph", dest="cuda_graph", action="store_false",
-        help="the same as --no-cuda-graph",
-    )  # fmt: skip
+    _on_off(p, "overlap", None, "overlap scheduling (default: on with CUDA, off on a CPU)",
+            also="--disable-overlap-schedule")  # fmt: skip
+    _on_off(p, "cuda-graph", True, "CUDA graphs for decode batches (default: on)",
+            also="--disable-cuda-graph")  # fmt: skip
     p.add_argument(
         "--fused-kernels",
         action=argparse.BooleanOptionalAction,
@@ -161,6 +127,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--profile", action="store_true", help="also profile 10 decode steps at the largest batch"
     )
     p.add_argument("--profile-trace", metavar="FILE", help="with --profile: Chrome trace JSON")
+
+
+def add_schedule_arguments(
+    p: argparse.ArgumentParser, max_extend_tokens: int, max_running_reqs: int
+) -> None:
+    """The flags `demo` and `bench` share: policy, token budget, request slots, pages, cache;
+    under our names and under SGLang's."""
+    p.add_argument("--policy", default="prefill_first", choices=POLICIES, help="batch policy")
+    p.add_argument(
+        "--max-extend-tokens",
+        "--chunked-prefill-size",
+        dest="max_extend_tokens",
+        type=int,
+        default=max_extend_tokens,
+        help="the token budget of a batch: the prefill chunk size",
+    )
+    p.add_argument(
+        "--max-running-reqs",
+        "--max-running-requests",
+        dest="max_running_reqs",
+        type=int,
+        default=max_running_reqs,
+        help="request slots",
+    )
+    p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (16 is faster)")
+    p.add_argument("--cache", default="radix", choices=CACHE_KINDS, help="prefix cache")
+
+
+def _on_off(p: argparse.ArgumentParser, name: str, default, text: str, also: str) -> None:
+    """`--name` / `--no-name`, and `also` (SGLang's `--disable-...`) for `--no-name`."""
+    p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=default, help=text)
+    p.add_argument(
+        also, dest=name.replace("-", "_"), action="store_false", help=f"the same as --no-{name}"
+    )
 
 
 def resolve_lengths(args: argparse.Namespace) -> None:
