@@ -12,9 +12,9 @@ import torch
 from workbench import LLM, SamplingParams, Workbench, load_run
 from workbench.instrument import HOOK_POINTS, HookError
 from workbench.kvcache.radix import RadixCache
+from workbench.kvcache.table import TableManager
 from workbench.scheduler.cache import CacheManager
 from workbench.scheduler.prefill import PendingReq, PrefillAdder
-from workbench.scheduler.table import TableManager
 
 from .conftest import PROMPTS, greedy
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from workbench import Workbench
-from workbench.scheduler.prefill import DECODE_FIRST
+from workbench.core import DECODE_FIRST
 from workbench.viz import compare_chart, compare_table, request_latencies
 
 from .conftest import PROMPTS, greedy, hf_greedy

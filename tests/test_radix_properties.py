@@ -8,8 +8,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from workbench.core import ceil_page
 from workbench.kvcache.radix import RadixCache
-from workbench.scheduler.cache import CacheManager, ceil_page
+from workbench.scheduler.cache import CacheManager
 
 PROMPT = st.lists(st.integers(0, 3), min_size=1, max_size=24)  # a tiny alphabet: lots of sharing
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from workbench.engine.transfer import to_device_many
+from workbench.device import to_device_many
 
 
 def test_packed_arrays_come_back_as_aligned_int64_slices():

@@ -8,9 +8,8 @@ from typing import Any
 
 from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
-from .core import Req, SamplingParams
+from .core import Req, SamplingParams, ceil_page
 from .engine.engine import Engine
-from .scheduler.cache import ceil_page
 from .scheduler.scheduler import RECORD_LEVELS, Scheduler, StepOutcome
 
 Prompt = str | Sequence[int]

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ..config import EngineConfig
     from ..core import Batch
     from ..kvcache.pool import KVPool
-    from ..scheduler.table import TableManager
+    from ..kvcache.table import TableManager
 
 
 class AttentionBackend(ABC):

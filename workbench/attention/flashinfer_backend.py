@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..core import Batch
-from ..engine.transfer import host_tensor, to_device_many
+from ..device import host_tensor, to_device_many
 from .base import AttentionBackend
 
 WORKSPACE_BYTES = 256 * 2**20

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import time
 
 import numpy as np
 import torch
@@ -11,10 +10,11 @@ import torch
 from ..attention import create_backend
 from ..config import EngineConfig
 from ..core import Batch
+from ..device import DeviceTimer
 from ..kvcache.pool import KVPool
+from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
 from ..models.weights import build_model
-from ..scheduler.table import TableManager
 from .context import ForwardContext
 from .graph import GraphRunner
 from .sampler import Sampler
@@ -125,32 +125,3 @@ class Engine:
             return self.model(batch.input_ids, batch.positions, self.ctx, batch.sample_idx)
         finally:
             self.ctx.batch = None
-
-
-class DeviceTimer:
-    """Time spent on the device between start() and stop(): CUDA events on a GPU (read without
-    forcing a sync before the work is done anyway), wall time on the CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._end = torch.cuda.Event(enable_timing=True)
-
-    def start(self) -> None:
-        if self.cuda:
-            self._start.record()
-        else:
-            self._t = time.perf_counter()
-
-    def stop(self) -> None:
-        if self.cuda:
-            self._end.record()
-        else:
-            self._ms = (time.perf_counter() - self._t) * 1e3
-
-    def elapsed_ms(self) -> float:
-        if self.cuda:
-            self._end.synchronize()
-            return self._start.elapsed_time(self._end)
-        return self._ms

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..core import Req
-from .transfer import to_device
+from ..device import to_device
 
 
 @dataclass

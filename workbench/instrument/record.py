@@ -17,8 +17,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..core import ReqView
-from ..scheduler.prefill import Admission
+from ..core import Admission, ReqView
 
 _EXTEND = ReqView._fields.index("extend_len")
 

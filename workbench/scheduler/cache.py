@@ -6,15 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..core import floor_page
 from ..kvcache.base import CacheHandle, MatchResult, PrefixCache
-
-
-def ceil_page(n: int, page_size: int) -> int:
-    return -(-n // page_size) * page_size
-
-
-def floor_page(n: int, page_size: int) -> int:
-    return n // page_size * page_size
 
 
 class CacheManager:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..core import Req
-from .cache import ceil_page
+from ..core import Req, kv_tokens_needed
 
 
 class DecodeManager:
@@ -24,9 +23,7 @@ class DecodeManager:
     def reserved_size(self) -> int:
         """KV tokens the running requests may still allocate (their whole remaining future)."""
         ps = self.page_size
-        return sum(
-            ceil_page(r.max_device_len, ps) - ceil_page(r.cached_len, ps) for r in self.running
-        )
+        return sum(kv_tokens_needed(r.max_device_len, r.cached_len, ps) for r in self.running)
 
     def __len__(self) -> int:
         return len(self.running)

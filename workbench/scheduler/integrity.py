@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import Req
-from .cache import CacheManager, ceil_page
-from .table import TableManager
+from ..core import Req, ceil_page
+from ..kvcache.table import TableManager
+from .cache import CacheManager
 
 
 def check_integrity(cache: CacheManager, table: TableManager, live: list[Req]) -> None:

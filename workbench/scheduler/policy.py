@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..core import Batch
-from .prefill import DECODE_FIRST, Admission, Admissions, PrefillAdder
+from ..core import DECODE_FIRST, Admission, Admissions, Batch
+from .prefill import PrefillAdder
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler

@@ -15,34 +15,28 @@ considered. Once the first request's prefix is in the cache, the waiting one mat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
-from ..core import ChunkedReq, Req, SamplingParams
-from ..kvcache.base import CacheHandle
-from .cache import CacheManager, ceil_page, floor_page
-from .table import TableManager
-
-# Why a waiting request was not admitted this step.
-NO_TOKEN_BUDGET = "no_token_budget"
-NO_SLOT = "no_slot"
-KV_FULL = "kv_full"
-KV_FULL_AFTER_LOCK = "kv_full_after_lock"
-QUEUED_BEHIND = "queued_behind"  # FIFO: a request ahead of it was refused
-WAIT_FOR_PREFIX = "wait_for_prefix"  # shares an uncached prefix with a request in this batch
-DECODE_FIRST = "decode_first"  # policy="decode_first": requests are running, so they go first
-REASONS = (
-    NO_TOKEN_BUDGET,
-    NO_SLOT,
+from ..core import (
     KV_FULL,
     KV_FULL_AFTER_LOCK,
-    QUEUED_BEHIND,
+    NO_SLOT,
+    NO_TOKEN_BUDGET,
     WAIT_FOR_PREFIX,
-    DECODE_FIRST,
+    Admission,
+    Admissions,
+    ChunkedReq,
+    Req,
+    SamplingParams,
+    floor_page,
+    kv_tokens_needed,
 )
+from ..kvcache.base import CacheHandle
+from ..kvcache.table import TableManager
+from .cache import CacheManager
 
 
 @dataclass(eq=False)
@@ -58,52 +52,10 @@ class PendingReq:
     def prompt_len(self) -> int:
         return len(self.token_ids)
 
-
-class Admission(NamedTuple):
-    uid: int
-    admitted: bool
-    reason: str | None  # None when admitted
-    extend_len: int  # tokens of its prompt computed by this batch (0 when refused)
-    cached_len: int  # prompt tokens already in the KV pool before this batch
-
-
-class Admissions:
-    """A step's admission decisions, in queue order: those made one by one (`decided`), then
-    the requests refused as a group (`behind`, all for `behind_reason`): those queued behind the
-    first that did not fit, or with policy="decode_first" every one that waits for the decodes.
-
-    The group is kept as a slice of the queue and turned into decisions only when something
-    reads them (a `reject` hook, a record): a queue of thousands then costs a step a list copy,
-    not an object per waiting request.
-    """
-
-    __slots__ = ("decided", "behind", "behind_reason")
-
-    def __init__(
-        self,
-        decided: list[Admission] | None = None,
-        behind: Sequence[PendingReq] = (),
-        behind_reason: str = QUEUED_BEHIND,
-    ) -> None:
-        self.decided = decided if decided is not None else []
-        self.behind = behind
-        self.behind_reason = behind_reason
-
-    def __iter__(self) -> Iterator[Admission]:
-        yield from self.decided
-        for pending in self.behind:
-            yield Admission(pending.uid, False, self.behind_reason, 0, 0)
-
-    def __len__(self) -> int:
-        return len(self.decided) + len(self.behind)
-
-    def __repr__(self) -> str:
-        return f"Admissions({self.decided!r}, {len(self.behind)} x {self.behind_reason})"
-
-
-def kv_tokens_needed(prompt_len: int, max_tokens: int, cached_len: int, page_size: int) -> int:
-    """KV slots a request may still allocate after `cached_len` tokens (conservative by one)."""
-    return ceil_page(prompt_len + max_tokens, page_size) - ceil_page(cached_len, page_size)
+    @property
+    def total_len(self) -> int:
+        """Its prompt and every token it may generate: what admission reserves KV for."""
+        return len(self.token_ids) + self.sampling.max_tokens
 
 
 @dataclass
@@ -134,9 +86,7 @@ class PrefillAdder:
             and self._shared_in_batch(pending) - cached_len >= self.share_threshold
         ):
             return WAIT_FOR_PREFIX
-        need = kv_tokens_needed(
-            pending.prompt_len, pending.sampling.max_tokens, cached_len, self.cache.page_size
-        )
+        need = kv_tokens_needed(pending.total_len, cached_len, self.cache.page_size)
         if need + self.reserved_size > self.cache.available_size:
             return KV_FULL
         self.cache.lock(match.handle)
@@ -166,9 +116,7 @@ class PrefillAdder:
         left = pending.prompt_len - cached_len
         chunk = min(self.token_budget, left)
         self.token_budget -= chunk
-        self.reserved_size += kv_tokens_needed(
-            pending.prompt_len, pending.sampling.max_tokens, cached_len, self.cache.page_size
-        )
+        self.reserved_size += kv_tokens_needed(pending.total_len, cached_len, self.cache.page_size)
         self.table.write_tokens(row, cached_len, pending.token_ids[cached_len : cached_len + chunk])
         cls = ChunkedReq if chunk < left else Req
         req = cls(

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core import Batch, ChunkedReq
-from ..engine.transfer import to_device_many
+from ..device import to_device_many
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler

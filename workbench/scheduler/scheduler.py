@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..core import Batch, Req, ReqView, SamplingParams
-from ..engine.engine import DeviceTimer, Engine
-from ..engine.transfer import to_device_many
+from ..core import Admissions, Batch, Req, ReqView, SamplingParams, ceil_page
+from ..device import DeviceTimer, to_device_many
+from ..engine.engine import Engine
 from ..instrument import events as ev
 from ..instrument.history import History
 from ..instrument.hooks import HookRegistry
@@ -37,11 +37,11 @@ from ..instrument.profiler import StepProfiler
 from ..instrument.recorder import build_record
 from ..kvcache import create_prefix_cache
 from ..kvcache.base import CacheHandle
-from .cache import CacheManager, ceil_page
+from .cache import CacheManager
 from .decode import DecodeManager
 from .integrity import check_integrity
 from .policy import schedule_next_batch
-from .prefill import Admissions, PendingReq, PrefillManager
+from .prefill import PendingReq, PrefillManager
 from .prepare import prepare_batch
 
 RECORD_LEVELS = ("off", "light", "full")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..engine.transfer import to_device, to_device_many
+from ..device import to_device, to_device_many
 
 
 class TableManager:

@@ -1,4 +1,4 @@
-"""Host-to-device copies that never stall the host.
+"""Device helpers: host-to-device copies that never stall the host, and a device timer.
 
 A copy from pageable host memory makes CUDA wait for the stream to drain first, which would undo
 overlap scheduling (the host would wait for the batch in flight). Everything the scheduler sends
@@ -7,6 +7,8 @@ until the copy has run.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import torch
@@ -37,6 +39,35 @@ def to_device_many(arrays, device: torch.device) -> list[torch.Tensor]:
         packed[start : start + n] = a
     whole = to_device(packed, device)
     return [whole[start : start + n] for start, n in zip(starts.tolist(), sizes)]
+
+
+class DeviceTimer:
+    """Time spent on the device between start() and stop(): CUDA events on a GPU (read without
+    forcing a sync before the work is done anyway), wall time on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start.record()
+        else:
+            self._t = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self._end.record()
+        else:
+            self._ms = (time.perf_counter() - self._t) * 1e3
+
+    def elapsed_ms(self) -> float:
+        if self.cuda:
+            self._end.synchronize()
+            return self._start.elapsed_time(self._end)
+        return self._ms
 
 
 _NUMPY = {
