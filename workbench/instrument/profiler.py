@@ -41,6 +41,14 @@ _BOOKKEEPING = {
 }
 
 
+def activities(device: torch.device) -> list:
+    """What torch.profiler records on `device`: host operators, and kernels on a GPU."""
+    from torch.profiler import ProfilerActivity
+
+    cuda = [ProfilerActivity.CUDA] if device.type == "cuda" else []
+    return [ProfilerActivity.CPU, *cuda]
+
+
 class StepProfiler:
     """torch.profiler around one step. The collector is paused meanwhile: the profiler leaves
     thousands of event objects in reference cycles, and collections during the step would
@@ -49,13 +57,10 @@ class StepProfiler:
     profiler is dropped, and the next young collection frees them."""
 
     def __init__(self, sched: Scheduler) -> None:
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import profile
 
-        activities = [ProfilerActivity.CPU]
-        if sched.engine.device.type == "cuda":
-            activities.append(ProfilerActivity.CUDA)
         self._sched = sched
-        self._prof = profile(activities=activities)
+        self._prof = profile(activities=activities(sched.engine.device))
         self._offset_us = 0.0
         self._events: tuple = ()
         self._gc_was_enabled = False
