@@ -9,11 +9,14 @@ from typing import Literal
 
 import torch
 
+from .kvcache import CACHES
+
 CacheKind = Literal["naive", "radix"]
 Policy = Literal["prefill_first", "decode_first", "mixed"]
 
-CACHE_KINDS = ("naive", "radix")
+CACHE_KINDS = tuple(CACHES)
 POLICIES = ("prefill_first", "decode_first", "mixed")
+RECORD_LEVELS = ("off", "light", "full")  # what each step keeps (instrument/probe.py)
 # What a loaded engine can change without reloading weights, resizing the KV pool or capturing
 # CUDA graphs again: the scheduler's settings (`LLM.reconfigure`).
 SCHEDULER_SETTINGS = ("max_extend_tokens", "policy", "cache", "overlap", "share_threshold")

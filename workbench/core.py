@@ -133,6 +133,15 @@ class Req:
         """Host side, once the sampled token has arrived."""
         self.token_ids.append(token)
 
+    def end_reason(self, token: int, eos_ids: frozenset[int]) -> str | None:
+        """Host side, after `append_host(token)`: "stop" at an EOS token (unless ignored),
+        "length" at its last token, else None."""
+        if token in eos_ids and not self.sampling.ignore_eos:
+            return "stop"
+        # NOTE: the host's count, not remain_len: with overlap the device side is a step ahead
+        # already, and remain_len would end the request one token early.
+        return "length" if len(self.token_ids) == self.max_device_len else None
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(uid={self.uid}, table_idx={self.table_idx}, "

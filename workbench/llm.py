@@ -10,7 +10,8 @@ from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
 from .core import Req, SamplingParams, ceil_page
 from .engine.engine import Engine
-from .scheduler.scheduler import RECORD_LEVELS, Scheduler, StepOutcome
+from .instrument.probe import Probe
+from .scheduler.scheduler import Scheduler, StepOutcome
 
 Prompt = str | Sequence[int]
 
@@ -41,7 +42,7 @@ class LLM:
         record: str = "off",
         **engine_options: Any,
     ) -> None:
-        V.choice("record", record, RECORD_LEVELS)
+        probe = Probe(record)  # checks the level before anything is loaded
         self.config = EngineConfig(
             model=model,
             device=device,
@@ -57,7 +58,8 @@ class LLM:
         self.config.torch_dtype  # noqa: B018 (validates the dtype before anything is loaded)
         self.engine = Engine(self.config)
         self.tokenizer = _load_tokenizer(self.engine.model_dir)
-        self.scheduler = Scheduler(self.engine, record=record)
+        probe.device = self.engine.device
+        self.scheduler = Scheduler(self.engine, probe)
 
     def reconfigure(self, record: str | None = None, **settings: Any) -> None:
         """Change the scheduler's settings (`max_extend_tokens`, `policy`, `cache`, `overlap`,
@@ -70,18 +72,17 @@ class LLM:
                 f"reconfigure changes {SCHEDULER_SETTINGS} and record; {engine_only} belong to "
                 "the engine: build a new LLM for those"
             )
-        record = self.scheduler.record if record is None else record
-        V.choice("record", record, RECORD_LEVELS)
-        config = self.config.with_(**settings)  # validates
         old = self.scheduler
+        record = old.record if record is None else record
+        probe = Probe(record, hooks=old.hooks, device=self.engine.device)  # checks the level
+        config = self.config.with_(**settings)  # validates
         if not old.is_idle:
             raise RuntimeError(
                 "reconfigure needs an idle engine: requests are waiting or running "
                 "(finish them, abort them, or reset)"
             )
         old.abort_all()  # lets go of the prefix cache's pages
-        self.scheduler = Scheduler(self.engine, record=record, config=config)
-        self.scheduler.hooks = old.hooks
+        self.scheduler = Scheduler(self.engine, probe, config=config)
         self.config = config
 
     def run_meta(self) -> dict:

@@ -20,8 +20,8 @@ from typing import Any
 from . import validate as V
 from .core import SamplingParams
 from .instrument.hooks import HookRegistry
+from .instrument.probe import build_record
 from .instrument.record import StepRecord
-from .instrument.recorder import build_record
 from .llm import LLM, Prompt
 
 
@@ -132,7 +132,7 @@ class Workbench:
         outcome = self.scheduler.step() or self.scheduler.flush()
         if outcome is None:
             return None
-        record = outcome.record or build_record(self.scheduler, outcome)
+        record = outcome.record or build_record(outcome, self.scheduler.occupancy())
         self.hooks.raise_pending()
         return record
 

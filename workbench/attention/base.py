@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 import torch
+
+from ..registry import create
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -64,7 +65,4 @@ BACKENDS = {
 
 
 def create_backend(name: str, **kwargs) -> AttentionBackend:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; expected one of {sorted(BACKENDS)}")
-    module, cls = BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    return create(BACKENDS, "attention backend", name, **kwargs)

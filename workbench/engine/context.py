@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,7 +16,16 @@ if TYPE_CHECKING:
 class ForwardContext:
     def __init__(self, backend: AttentionBackend) -> None:
         self.backend = backend
-        self.batch: Batch | None = None  # set by the engine around each forward
+        self.batch: Batch | None = None  # set by `running` around each forward
+
+    @contextlib.contextmanager
+    def running(self, batch: Batch) -> Iterator[ForwardContext]:
+        """The layers see `batch` inside, and no batch after (even when the forward fails)."""
+        self.batch = batch
+        try:
+            yield self
+        finally:
+            self.batch = None
 
     def attend(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None

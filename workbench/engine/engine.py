@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -10,7 +11,7 @@ import torch
 from ..attention import create_backend
 from ..config import EngineConfig
 from ..core import Batch
-from ..device import DeviceTimer
+from ..device import DeviceTimer, to_device_many
 from ..kvcache.pool import KVPool
 from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
@@ -60,6 +61,7 @@ class Engine:
             self.table.dummy_row, 0, np.full(width, self.pool.dummy_slot, np.int32)
         )
         self.ctx = ForwardContext(self.backend)
+        self.stage = "forward"  # the part of `run_batch` running (or that last ran)
         self.sampler = Sampler(
             cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling_enabled
         )
@@ -68,7 +70,15 @@ class Engine:
         self.graphs: GraphRunner | None = None
         if self.device.type == "cuda" and self.backend.supports_cuda_graph:
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
-            self.graphs = GraphRunner(self, max_bs, capture=config.cuda_graph_enabled)
+            self.graphs = GraphRunner(
+                self.model,
+                self.ctx,
+                self.backend,
+                self.pool.dummy_slot,
+                self.device,
+                max_bs,
+                capture=config.cuda_graph_enabled,
+            )
         # NOTE: one full collection now makes the start-up objects (torch, transformers, the
         # model) long-lived; otherwise the first full collection can fall inside a run (seen on
         # the CPU with record="light": one pass of 0.19 s in a 300-step run).
@@ -105,9 +115,6 @@ class Engine:
     def padded_size(self, batch: Batch) -> int:
         return self.graphs.padded_size(batch.size) if self.uses_graph(batch) else batch.size
 
-    def timer(self) -> DeviceTimer:
-        return DeviceTimer(self.device)
-
     def prepare(self, batch: Batch) -> None:
         """Attention metadata for a batch whose inputs the scheduler has filled in."""
         if self.graphs is not None and self.graphs.can_run(batch):
@@ -115,13 +122,54 @@ class Engine:
         else:
             self.backend.prepare(batch)
 
+    def run_batch(self, batch: Batch) -> DeviceStep:
+        """The device side of a step: the forward, each request's ledger moved past it
+        (`complete_one`), the next token of every request that finished its prompt sampled and
+        written to the token pool (where the next decode reads it), and a copy of those tokens
+        to the host started. On a GPU all of it is only enqueued; wait on `done` before reading
+        `tokens`. `stage` names the part running, for a failure to name."""
+        timer = DeviceTimer(self.device)
+        timer.start()
+        self.stage = "forward"
+        logits = self.forward(batch)
+        for req in batch.reqs:
+            req.complete_one()
+        self.stage = "sample"
+        tokens, done = self.sample(batch, logits)
+        timer.stop()
+        return DeviceStep(tokens, done, timer)
+
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [sampled requests, vocab] in the model's dtype."""
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.replay(batch)
-        self.ctx.batch = batch
-        try:
-            return self.model(batch.input_ids, batch.positions, self.ctx, batch.sample_idx)
-        finally:
-            self.ctx.batch = None
+        with self.ctx.running(batch) as ctx:
+            return self.model(batch.input_ids, batch.positions, ctx, batch.sample_idx)
+
+    def sample(
+        self, batch: Batch, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        reqs = batch.sampled_reqs
+        if not reqs:
+            return torch.zeros(0, dtype=torch.int32), None
+        tokens = self.sampler.sample(logits, self.sampler.prepare(reqs))
+        rows, cols = to_device_many(
+            [[r.table_idx for r in reqs], [r.device_len - 1 for r in reqs]], self.device
+        )
+        self.table.token_pool[rows, cols] = tokens
+        if self.device.type != "cuda":
+            return tokens, None
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return host, done
+
+
+class DeviceStep(NamedTuple):
+    """What `Engine.run_batch` enqueued: the sampled tokens' host copy and when it is ready."""
+
+    tokens: torch.Tensor  # int32 [sampled requests], on the host (filled asynchronously)
+    done: torch.cuda.Event | None  # recorded after the copy; None on the CPU
+    timer: DeviceTimer  # the step's device time

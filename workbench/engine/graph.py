@@ -11,7 +11,8 @@ import torch
 from ..core import Batch
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..attention.base import AttentionBackend
+    from .context import ForwardContext
 
 
 def capture_sizes(max_bs: int) -> list[int]:
@@ -20,25 +21,37 @@ def capture_sizes(max_bs: int) -> list[int]:
 
 
 class GraphRunner:
-    def __init__(self, engine: Engine, max_bs: int, capture: bool = True) -> None:
-        self.engine = engine
+    """`model(input_ids, positions, ctx, sample_idx)` run on static buffers; padded rows write
+    their K and V to `dummy_slot`, which no request reads."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        ctx: ForwardContext,
+        backend: AttentionBackend,
+        dummy_slot: int,
+        device: torch.device,
+        max_bs: int,
+        capture: bool = True,
+    ) -> None:
+        self.model, self.ctx, self.backend = model, ctx, backend
+        self.dummy_slot = dummy_slot
         self.sizes = capture_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        dev = engine.device
-        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int32, device=dev)
-        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        self.out_loc = torch.full(
-            (self.max_bs,), engine.pool.dummy_slot, dtype=torch.int64, device=dev
-        )
-        self.sample_idx = torch.arange(self.max_bs, device=dev)
+        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int32, device=device)
+        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
+        self.out_loc = torch.full((self.max_bs,), dummy_slot, dtype=torch.int64, device=device)
+        self.sample_idx = torch.arange(self.max_bs, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.metadata: dict[int, object] = {}
         self.capture = capture
         self._capture_all()
 
+    def _args(self, bs: int) -> tuple:
+        return self.input_ids[:bs], self.positions[:bs], self.ctx, self.sample_idx[:bs]
+
     def _capture_all(self) -> None:
-        engine = self.engine
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -47,22 +60,21 @@ class GraphRunner:
                 batch = Batch([], "decode")
                 # NOTE: outside inference mode: the wrapper's buffers are updated in place by
                 # every later plan(), which runs outside it.
-                batch.attn_metadata = engine.backend.graph_metadata(bs, self.out_loc[:bs])
+                batch.attn_metadata = self.backend.graph_metadata(bs, self.out_loc[:bs])
                 self.metadata[bs] = batch.attn_metadata
-                args = (self.input_ids[:bs], self.positions[:bs], engine.ctx, self.sample_idx[:bs])
-                if not self.capture:
-                    continue
-                engine.ctx.batch = batch
-                with torch.inference_mode():
-                    for _ in range(2):  # warm up: no lazy initialisation inside the capture
-                        engine.model(*args)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self.logits[bs] = engine.model(*args)
-                self.graphs[bs] = graph
-                engine.ctx.batch = None
+                if self.capture:
+                    self._capture(bs, batch, pool, stream)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+
+    def _capture(self, bs: int, batch: Batch, pool, stream: torch.cuda.Stream) -> None:
+        with self.ctx.running(batch), torch.inference_mode():
+            for _ in range(2):  # warm up: no lazy initialisation inside the capture
+                self.model(*self._args(bs))
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                self.logits[bs] = self.model(*self._args(bs))
+        self.graphs[bs] = graph
 
     def can_run(self, batch: Batch) -> bool:
         return batch.phase == "decode" and batch.size <= self.max_bs
@@ -79,20 +91,14 @@ class GraphRunner:
         if bs > size:
             self.input_ids[size:bs].zero_()
             self.positions[size:bs].zero_()
-            self.out_loc[size:bs].fill_(self.engine.pool.dummy_slot)
-        self.engine.backend.prepare_replay(batch, bs)
+            self.out_loc[size:bs].fill_(self.dummy_slot)
+        self.backend.prepare_replay(batch, bs)
         batch.attn_metadata = self.metadata[bs]
 
     def replay(self, batch: Batch) -> torch.Tensor:
         bs = self.padded_size(batch.size)
         if not self.capture:  # the same padded computation, run eagerly
-            ctx = self.engine.ctx
-            ctx.batch = batch
-            try:
-                with torch.inference_mode():
-                    args = (self.input_ids[:bs], self.positions[:bs], ctx, self.sample_idx[:bs])
-                    return self.engine.model(*args)[: batch.size]
-            finally:
-                ctx.batch = None
+            with self.ctx.running(batch), torch.inference_mode():
+                return self.model(*self._args(bs))[: batch.size]
         self.graphs[bs].replay()
         return self.logits[bs][: batch.size]

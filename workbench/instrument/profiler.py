@@ -6,15 +6,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
 from .hooks import HOOK_POINTS
-
-if TYPE_CHECKING:
-    from ..scheduler.scheduler import Scheduler
-
 
 MIN_CPU_OP_US = 10.0  # host operators shorter than this are not kept (kernels and ranges are)
 _BOOKKEEPING = {
@@ -56,17 +52,17 @@ class StepProfiler:
     H200 machine 38 of them took 21 s of a 76 s run). Paused, they are still young when the
     profiler is dropped, and the next young collection frees them."""
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, clock: Callable[[], float], device: torch.device) -> None:
         from torch.profiler import profile
 
-        self._sched = sched
-        self._prof = profile(activities=activities(sched.engine.device))
+        self._clock, self._cuda = clock, device.type == "cuda"
+        self._prof = profile(activities=activities(device))
         self._offset_us = 0.0
         self._events: tuple = ()
         self._gc_was_enabled = False
 
     def __enter__(self) -> StepProfiler:
-        self._offset_us = self._sched.clock() * 1e6
+        self._offset_us = self._clock() * 1e6
         self._gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
@@ -79,7 +75,7 @@ class StepProfiler:
 
     def __exit__(self, *exc) -> None:
         try:
-            if self._sched.engine.device.type == "cuda":
+            if self._cuda:
                 torch.cuda.synchronize()
             with _quiet_stderr():
                 self._prof.__exit__(*exc)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-
+from ..registry import create
 from .base import CacheHandle, MatchResult, PrefixCache
 from .pool import KVPool
 
@@ -15,10 +14,7 @@ CACHES = {
 
 
 def create_prefix_cache(kind: str, page_size: int) -> PrefixCache:
-    if kind not in CACHES:
-        raise ValueError(f"unknown cache {kind!r}; expected one of {sorted(CACHES)}")
-    module, cls = CACHES[kind].split(":")
-    return getattr(importlib.import_module(module), cls)(page_size)
+    return create(CACHES, "cache", kind, page_size)
 
 
 __all__ = ["CACHES", "CacheHandle", "KVPool", "MatchResult", "PrefixCache", "create_prefix_cache"]

@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..core import floor_page
+from ..core import Req, ceil_page, floor_page
 from ..kvcache.base import CacheHandle, MatchResult, PrefixCache
+from ..kvcache.table import TableManager
 
 
 class CacheManager:
@@ -147,6 +148,42 @@ class CacheManager:
         self.lock(match.handle)
         self.unlock(handle)
         return match.handle, match.slots, kept_len
+
+    # -- a request's page-table row --------------------------------------------------------
+    def share_prompt(self, req: Req, table: TableManager) -> tuple[int, int]:
+        """A running request offers the full pages of its prompt computed so far. Where the
+        cache held some of those tokens already (another request computed them too), its row is
+        pointed at the cache's slots: its own copies were freed. Returns the prompt tokens the
+        cache now holds and how many of them it held before, or (0, 0) when it added none."""
+        row = table.page_table_host[req.table_idx]
+        before = req.cache_handle.cached_len
+        computed = row[: ceil_page(req.cached_len, self.page_size)].copy()
+        handle, slots, kept = self.cache_running(
+            req.token_ids, req.cached_len, computed, req.cache_handle
+        )
+        req.cache_handle = handle
+        changed = np.flatnonzero(row[: len(slots)] != slots)
+        if len(changed):
+            lo, hi = int(changed[0]), int(changed[-1]) + 1
+            table.write_row(req.table_idx, lo, slots[lo:hi])
+        return (handle.cached_len, kept) if handle.cached_len > before else (0, 0)
+
+    def free_req(self, req: Req, table: TableManager) -> tuple[int, int]:
+        """Give back a request's slot and pages; its computed full pages go to the prefix cache,
+        unless it failed (then its KV may be incomplete and nothing of it is shared). Returns
+        what `release` does where the cache shares, else (0, 0)."""
+        assert not req.released, f"request {req.uid} released twice"
+        req.released = True
+        row_slots = table.page_table_host[req.table_idx, : req.alloc_len].copy()
+        if req.finish_reason == "error":
+            self.discard(row_slots, req.cache_handle)
+            inserted = kept = 0
+        else:
+            inserted, kept = self.release(
+                req.token_ids, req.cached_len, row_slots, req.cache_handle
+            )
+        table.free(req.table_idx)
+        return (inserted, kept) if self.shares else (0, 0)
 
     # -- checks -----------------------------------------------------------------------------
     def check_integrity(self, in_use_slots: np.ndarray | None = None) -> None:

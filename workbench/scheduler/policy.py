@@ -11,19 +11,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from ..core import DECODE_FIRST, Admission, Admissions, Batch
-from .prefill import PrefillAdder
-
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
+from ..core import DECODE_FIRST, Admission, Admissions, Batch, Req
+from .prefill import PrefillAdder, PrefillManager
 
 
-def schedule_next_batch(sched: Scheduler) -> tuple[Batch | None, Admissions]:
-    """The batch `sched.config.policy` chooses now (None: nothing to run), and its admissions."""
-    policy, queue = sched.config.policy, sched.prefill.queue
-    running = list(sched.decode.running)
+def schedule_next_batch(
+    policy: str,
+    max_extend_tokens: int,
+    prefill: PrefillManager,
+    running: list[Req],
+    new_adder: Callable[[int], PrefillAdder],
+) -> tuple[Batch | None, Admissions]:
+    """The batch `policy` chooses now (None: nothing to run), and its admissions.
+    `new_adder(budget)` makes the admission checks for a prefill with that token budget."""
+    queue = prefill.queue
     admissions = Admissions()
     if queue and policy == "decode_first" and running:
         # NOTE: a prompt part-way through its chunks sits at the head of the queue; it keeps
@@ -34,18 +37,10 @@ def schedule_next_batch(sched: Scheduler) -> tuple[Batch | None, Admissions]:
         ]
         admissions.behind, admissions.behind_reason = queue[len(chunked) :], DECODE_FIRST
     elif queue:
-        budget = sched.config.max_extend_tokens
+        budget = max_extend_tokens
         if policy == "mixed":
             budget = max(0, budget - len(running))
-        adder = PrefillAdder(
-            token_budget=budget,
-            reserved_size=sched.decode.reserved_size,
-            cache=sched.cache,
-            table=sched.table,
-            share_threshold=sched.config.share_threshold if sched.cache.shares else 0,
-            on_match=sched._on_match if "cache.match" in sched.hooks else None,
-        )
-        reqs, admissions = sched.prefill.schedule(adder)
+        reqs, admissions = prefill.schedule(new_adder(budget))
         if reqs and policy == "mixed" and running:
             return Batch(running + reqs, "mixed", num_decode=len(running)), admissions
         if reqs:

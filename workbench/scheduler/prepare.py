@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..core import Batch, ChunkedReq
 from ..device import to_device_many
+from ..kvcache.table import TableManager
+from .cache import CacheManager
 
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
 
-
-def prepare_batch(sched: Scheduler, batch: Batch) -> int:
-    """Fill `batch.positions`, `input_ids`, `out_loc`, `sample_idx` and the attention metadata;
-    returns the number of KV pages allocated."""
-    ps, reqs, device, table = sched.page_size, batch.reqs, sched.engine.device, sched.table
+def prepare_batch(batch: Batch, cache: CacheManager, table: TableManager) -> int:
+    """Allocate the pages of the batch's new tokens and fill `batch.positions`, `input_ids`,
+    `out_loc` and `sample_idx` (the engine adds the attention metadata); returns the number of
+    KV pages allocated."""
+    ps, reqs, device = cache.page_size, batch.reqs, table.device
     # NOTE: one pass over the requests; the rest is whole-array work (per-request numpy calls
     # cost a decode batch of 256 about 0.5 ms of host time per step on a CPU here).
     ledger = np.array(
@@ -28,7 +26,7 @@ def prepare_batch(sched: Scheduler, batch: Batch) -> int:
     new_slots = end - first
     count = int(new_slots.sum()) // ps
     if count > 0:
-        pages = sched.cache.allocate_pages(count)
+        pages = cache.allocate_pages(count)
         for req, alloc_len in zip(reqs, end.tolist()):
             req.alloc_len = alloc_len
         slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
@@ -48,7 +46,6 @@ def prepare_batch(sched: Scheduler, batch: Batch) -> int:
     batch.input_ids = table.token_pool[rows_t, positions_t]
     batch.out_loc = out_loc_t
     batch.sample_idx = sample_idx_t
-    sched.engine.prepare(batch)
     return count
 
 
