@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import random
 
 import pytest
 import torch
@@ -74,3 +75,21 @@ CPU_AND_GPU = [
 @pytest.fixture(scope="session")
 def tiny_llm() -> LLM:
     return LLM("tiny-llama", max_running_reqs=8)
+
+
+# The GPU engine tests (test_gpu_numerics.py, test_gpu_overlap_graphs.py, test_gpu_memory.py): run
+# on the GPU machine (`pytest -m gpu`); they print numbers (run with -s) for the notes to quote.
+MODEL = "dummy:qwen3-0.6b"
+PAGES = 40_000  # explicit (4.6 GB each), so several engines fit side by side
+
+
+def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10000) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def make_llm(**options) -> LLM:
+    options.setdefault("num_pages", PAGES // options.get("page_size", 1))
+    options.setdefault("max_running_reqs", 64)
+    options.setdefault("cuda_graph_max_bs", 64)
+    return LLM(MODEL, **options)

@@ -1,12 +1,6 @@
-"""The GPU engine on real hardware: FlashInfer attention, CUDA graphs, overlap, bf16.
-
-Run on the GPU machine (`pytest -m gpu`); skipped without CUDA. Numbers are printed (run with -s)
-so the closing notes can quote them.
-"""
+"""GPU numerics: logits and greedy against transformers, the fused sampler and RoPE kernels."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 import torch
@@ -15,25 +9,12 @@ from workbench import LLM, SamplingParams
 from workbench.models import resolve
 from workbench.models.weights import to_hf_state_dict
 
+from .conftest import MODEL, make_llm, random_prompts
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-
-MODEL = "dummy:qwen3-0.6b"
-PAGES = 40_000  # explicit (4.6 GB each), so several engines fit side by side
-
-
-def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10000) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-def make_llm(**options) -> LLM:
-    options.setdefault("num_pages", PAGES // options.get("page_size", 1))
-    options.setdefault("max_running_reqs", 64)
-    options.setdefault("cuda_graph_max_bs", 64)
-    return LLM(MODEL, **options)
 
 
 @pytest.fixture(scope="module", params=[1, 16], ids=lambda ps: f"page{ps}")
@@ -154,110 +135,6 @@ def test_greedy_match_rate_against_transformers(llm, hf, hf_fp32):
     assert ours_fp32_tokens >= hf_fp32_tokens - 0.15
 
 
-@pytest.fixture(scope="module")
-def variants():
-    return {
-        (overlap, graphs): make_llm(overlap=overlap, cuda_graph=graphs)
-        for overlap in (False, True)
-        for graphs in (False, True)
-    }
-
-
-def test_overlap_and_cuda_graphs_give_identical_outputs(variants):
-    prompts = random_prompts(48, 8, 300, seed=3)
-    rng = random.Random(4)
-    params = [
-        SamplingParams(max_tokens=rng.randint(1, 80), ignore_eos=True)
-        if i % 2
-        else SamplingParams(
-            max_tokens=rng.randint(1, 80), temperature=0.8, top_p=0.9, seed=i, ignore_eos=True
-        )
-        for i in range(len(prompts))
-    ]
-    results = {}
-    for key, engine in variants.items():
-        outputs = engine.generate(prompts, params)
-        engine.check_integrity()
-        assert [o["completion_tokens"] for o in outputs] == [p.max_tokens for p in params]
-        results[key] = [o["token_ids"] for o in outputs]
-    base = results[(False, False)]
-    for key, tokens in results.items():
-        same = sum(a == b for a, b in zip(base, tokens))
-        print(f"\noverlap={key[0]} cuda_graph={key[1]}: {same}/{len(base)} requests identical")
-    for key, tokens in results.items():
-        assert tokens == base, f"overlap={key[0]} cuda_graph={key[1]} differs"
-
-
-def test_mixed_policy_with_overlap_and_graphs(variants):
-    """Mixed batches run decodes through the prefill kernel, so bf16 results may differ in the
-    last bits from prefill_first: the test reports the agreement and checks the bookkeeping."""
-    engine = make_llm(policy="mixed", max_extend_tokens=256, record="light")
-    prompts = random_prompts(48, 8, 300, seed=6)
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
-    outputs = engine.generate(prompts, params)
-    engine.check_integrity()
-    assert all(o["completion_tokens"] == 40 for o in outputs)
-    phases = engine.scheduler.history.steps.phase.value_counts().to_dict()
-    assert phases.get("mixed", 0) > 0
-    base = variants[(True, True)].generate(prompts, params)
-    same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(base, outputs))
-    first = sum(a["token_ids"][0] == b["token_ids"][0] for a, b in zip(base, outputs))
-    print(
-        f"\nmixed (overlap, graphs) vs prefill_first: {same}/48 requests identical, "
-        f"first tokens {first}/48; steps by phase {phases}"
-    )
-
-
-def test_eos_and_max_tokens_with_overlap_and_graphs():
-    # naive cache: a second run over the same prompts computes them the same way
-    engine = make_llm(cache="naive")
-    prompts = random_prompts(24, 8, 64, seed=5)
-    probe = engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
-    # make a token that greedy decoding emits mid-way the end-of-sequence token
-    eos = probe[0]["token_ids"][5]
-    saved = engine.scheduler.eos_ids
-    engine.scheduler.eos_ids = frozenset({eos})
-    try:
-        outputs = engine.generate(prompts, SamplingParams(max_tokens=12))
-    finally:
-        engine.scheduler.eos_ids = saved
-    engine.check_integrity()
-    for before, after in zip(probe, outputs):
-        ids = before["token_ids"]
-        cut = ids.index(eos) + 1 if eos in ids else len(ids)
-        assert after["token_ids"] == ids[:cut]
-        assert after["finish_reason"] == ("stop" if eos in ids else "length")
-    assert outputs[0]["completion_tokens"] <= 6
-
-
-def test_memory_sizing_uses_free_memory():
-    free_before, total = torch.cuda.mem_get_info()
-    engine = LLM(MODEL, memory_ratio=0.5, max_running_reqs=8, cuda_graph_max_bs=8).engine
-    kv = engine.pool.nbytes
-    weights = engine.model_config.num_params() * 2
-    print(
-        f"\nmemory: {free_before / 2**30:.1f} GiB free before, weights {weights / 2**30:.2f} GiB, "
-        f"KV pool {kv / 2**30:.1f} GiB ({engine.num_pages} pages) at memory_ratio 0.5"
-    )
-    assert 0.4 * (free_before - weights) < kv < 0.55 * (free_before - weights)
-    del engine
-
-
-def test_a_model_that_does_not_fit_is_refused(tmp_path):
-    import json
-    import shutil
-
-    src = resolve("dummy:qwen3-8b")
-    config = json.loads((src / "config.json").read_text())
-    config["num_hidden_layers"] = 2000  # about 400B parameters
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    for f in src.iterdir():
-        if f.name != "config.json":
-            shutil.copy(f, tmp_path / f.name)
-    with pytest.raises(ValueError, match="needs .* GiB for its weights"):
-        LLM(str(tmp_path), num_pages=16, max_running_reqs=4)
-
-
 def test_fused_sampler_draws_from_the_distribution(llm):
     """The Triton one-pass sampler against known probabilities; greedy rows take the argmax;
     a seeded row draws the same token whatever else is in the batch."""
@@ -322,47 +199,3 @@ def test_fused_rope_kernel_matches_the_eager_layers(llm):
     untouched = torch.ones(2 * n, dtype=torch.bool, device="cuda")
     untouched[slots] = False
     assert not k_cache[untouched].any() and not v_cache[untouched].any()
-
-
-def test_hooks_fire_once_per_step_with_cuda_graphs():
-    """Graph replays run no Python, so every hook point sits on the scheduler side: with graphs
-    on, each step still fires each of its hooks exactly once."""
-    from collections import Counter
-
-    from workbench import Workbench
-
-    wb = Workbench(MODEL, num_pages=PAGES, max_running_reqs=16, cuda_graph_max_bs=16, overlap=True)
-    assert wb.engine.graphs is not None and wb.engine.graphs.capture
-    fired = Counter()
-    wb.hooks.add("*", lambda e: fired.update([(type(e).__name__, getattr(e, "step", None))]))
-    for prompt in random_prompts(8, 8, 64, seed=6):
-        wb.add_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
-    records = wb.run(progress=False)
-    decode = [r for r in records if r.phase == "decode"]
-    assert decode and all(r.cuda_graph for r in decode)
-    for r in records:
-        for name in ("ScheduleEnd", "BatchPrepared", "ForwardBegin", "ForwardEnd", "SampleEnd"):
-            assert fired[(name, r.step)] == 1, (name, r.step)
-    assert fired[("RequestFinish", records[-1].step)] >= 1
-    wb.check_integrity()
-
-
-def test_abort_with_overlap_and_cuda_graphs():
-    """An aborted request's pages are freed only once the replay that writes its KV is collected;
-    the others run to exactly max_tokens and the pool balances."""
-    from workbench import Workbench
-
-    wb = Workbench(MODEL, num_pages=PAGES, max_running_reqs=16, cuda_graph_max_bs=16, overlap=True)
-    uids = [
-        wb.add_request(p, SamplingParams(max_tokens=20, ignore_eos=True))
-        for p in random_prompts(8, 8, 64, seed=7)
-    ]
-    wb.step(4)
-    victim = uids[3]
-    assert any(r.uid == victim for r in wb.scheduler.in_flight.batch.reqs)
-    partial = wb.abort(victim)
-    wb.run(progress=False)
-    wb.check_integrity()
-    outputs = {o["uid"]: o for o in wb.outputs()}
-    assert outputs[victim]["finish_reason"] == "abort" and partial["completion_tokens"] < 20
-    assert all(outputs[u]["completion_tokens"] == 20 for u in uids if u != victim)

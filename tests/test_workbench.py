@@ -1,0 +1,56 @@
+"""The Workbench driver: it generates what LLM does, run_until, late arrivals and reset."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import LLM, Workbench
+
+from .conftest import PROMPTS, greedy
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_workbench_generates_what_llm_generates(overlap):
+    params = [greedy(n) for n in (3, 7, 5, 1, 9)]
+    expected = LLM("tiny-qwen3", max_extend_tokens=16, overlap=overlap).generate(PROMPTS, params)
+    wb = Workbench("tiny-qwen3", max_extend_tokens=16, overlap=overlap)
+    for p, sp in zip(PROMPTS, params):
+        wb.add_request(p, sp)
+    records = wb.run(progress=False)
+    assert wb.is_done
+    assert wb.outputs() == expected
+    # each token is attributed to the step that computed it, overlap or not
+    ledger = wb.history.ledger
+    for out in wb.outputs():
+        mine = ledger[(ledger.uid == out["uid"]) & ledger.token.notna()].sort_values("step")
+        assert mine.token.tolist() == out["token_ids"]
+    assert any(r.overlapped for r in records) == overlap
+
+
+def test_run_until_is_a_conditional_breakpoint_and_arrivals_wait():
+    wb = Workbench("tiny-llama", max_running_reqs=2)
+    for p in PROMPTS[:3]:
+        wb.add_request(p, greedy(6))
+    late = wb.add_request(PROMPTS[4], greedy(2), arrival_step=9)
+    record = wb.run_until(lambda r: 2 in r.uids)  # when does the third request get in?
+    assert record is not None and 2 in record.uids
+    assert any(a.uid == 2 and a.admitted for a in record.admissions)
+    earlier = wb.history.admissions[wb.history.admissions.step < record.step]
+    assert set(earlier[earlier.uid == 2].reason) == {"no_slot"}
+    wb.run(progress=False)
+    requests = wb.history.requests.set_index("uid")
+    assert requests.loc[late].arrival_step == 9
+    assert requests.loc[late].first_scheduled_step >= 9
+    assert (requests.ttft_s > 0).all() and requests.finish_reason.notna().all()
+
+
+def test_reset_leaves_a_clean_engine():
+    wb = Workbench("tiny-llama", max_extend_tokens=8)
+    for p in PROMPTS:
+        wb.add_request(p, greedy(20))
+    wb.step(4)
+    wb.reset()
+    assert wb.is_done and len(wb.history) == 0 and wb.step_index == 0
+    assert wb.scheduler.cache.free_size == wb.scheduler.cache.total_size
+    wb.add_request(PROMPTS[0], greedy(3))
+    assert len(wb.run(progress=False)) == 3
