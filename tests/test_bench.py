@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from workbench import SamplingParams
-from workbench.bench.throughput import add_arguments, sweep_configs
+from workbench.bench.cli import add_arguments
+from workbench.bench.sweep import sweep_configs
 from workbench.bench.workload import random_workload
 
 SMALL = ["--num-requests", "4", "--input-len", "8", "24", "--output-len", "4", "12"]
@@ -165,7 +166,7 @@ def test_bench_splits_the_run_by_phase_and_batch_size():
 def _parse(args: list[str]):
     import argparse
 
-    from workbench.bench.throughput import resolve_lengths
+    from workbench.bench.cli import resolve_lengths
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--model", default="smollm2", help="model name or path")
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    from .bench.throughput import add_arguments, add_schedule_arguments
+    from .bench.cli import add_arguments, add_schedule_arguments
 
     add_schedule_arguments(demo, max_extend_tokens=48, max_running_reqs=4)
     demo.add_argument(
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run_demo(args)
     elif args.command == "bench":
-        from .bench.throughput import main as run_bench
+        from .bench.command import main as run_bench
 
         run_bench(args)
     return 0

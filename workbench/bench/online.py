@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import SamplingParams
+from ..instrument import latency
 from ..llm import LLM
 from ..scheduler.scheduler import StepOutcome
 
@@ -51,9 +52,7 @@ class Timing:
 
     @property
     def tpot(self) -> float | None:
-        if self.output_tokens < 2:
-            return None
-        return (self.finish - self.first_token) / (self.output_tokens - 1)
+        return latency.tpot(self.first_token, self.finish, self.output_tokens)
 
 
 def serve(

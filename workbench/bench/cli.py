@@ -1,0 +1,191 @@
+"""The flags of `python -m workbench bench` (and those `demo` shares), and what they parse into."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+
+import torch
+
+from ..config import CACHE_KINDS, POLICIES
+from .roofline import DEVICES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The bench's flags. Where vLLM's or SGLang's benchmarks have a name for a setting, that
+    name works too (`--num-prompts`, `--random-input-len`, `--chunked-prefill-size`, ...)."""
+    # NOTE: argparse lists flags in the order they are added; the groups below keep --help's order.
+    gpu = torch.cuda.is_available()
+    _workload_arguments(p, gpu)
+    add_schedule_arguments(p, max_extend_tokens=8192, max_running_reqs=256)
+    _engine_arguments(p)
+    _run_arguments(p)
+    _output_arguments(p)
+
+
+def add_schedule_arguments(
+    p: argparse.ArgumentParser, max_extend_tokens: int, max_running_reqs: int
+) -> None:
+    """The flags `demo` and `bench` share: policy, token budget, request slots, pages, cache;
+    under our names and under SGLang's."""
+    p.add_argument("--policy", default="prefill_first", choices=POLICIES, help="batch policy")
+    p.add_argument(
+        "--max-extend-tokens",
+        "--chunked-prefill-size",
+        dest="max_extend_tokens",
+        type=int,
+        default=max_extend_tokens,
+        help="the token budget of a batch: the prefill chunk size",
+    )
+    p.add_argument(
+        "--max-running-reqs",
+        "--max-running-requests",
+        dest="max_running_reqs",
+        type=int,
+        default=max_running_reqs,
+        help="request slots",
+    )
+    p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (16 is faster)")
+    p.add_argument("--cache", default="radix", choices=CACHE_KINDS, help="prefix cache")
+
+
+def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
+    here = "this machine has a GPU" if gpu else "this machine has no GPU"
+    p.add_argument(
+        "--model",
+        default="dummy:qwen3-0.6b" if gpu else "tiny-qwen3",
+        help=f"model name or path (dummy:qwen3-0.6b on a GPU, tiny-qwen3 on a CPU; {here})",
+    )
+    p.add_argument(
+        "--num-requests",
+        "--num-prompts",
+        dest="num_requests",
+        type=int,
+        default=256 if gpu else 16,
+        help="requests in the workload (256 on a GPU, 16 on a CPU)",
+    )
+    _length_arguments(p, gpu)
+    p.add_argument("--seed", type=int, default=0, help="workload and sampling seed")
+    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="requests/s arriving as a Poisson process (default: all at once); adds latencies",
+    )
+
+
+def _length_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
+    lens = "%s lengths, uniform in [MIN, MAX] ([100, 1024] on a GPU, %s on a CPU)"
+    p.add_argument(
+        "--input-len",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=[100, 1024] if gpu else [16, 128],
+        help=lens % ("prompt", "[16, 128]"),
+    )
+    p.add_argument(
+        "--output-len",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=[100, 1024] if gpu else [16, 64],
+        help=lens % ("output", "[16, 64]"),
+    )
+    ratio = "with --random-range-ratio R, uniform in [N(1 - R), N(1 + R)] as vLLM does"
+    p.add_argument("--random-input-len", type=int, metavar="N", help=f"prompt length N ({ratio})")
+    p.add_argument("--random-output-len", type=int, metavar="N", help=f"output length N ({ratio})")
+    p.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R", help="see above")
+
+
+def _engine_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--disable-radix-cache", dest="cache", action="store_const", const="naive",
+        help="the same as --cache naive",
+    )  # fmt: skip
+    _on_off(p, "overlap", None, "overlap scheduling (default: on with CUDA, off on a CPU)",
+            also="--disable-overlap-schedule")  # fmt: skip
+    _on_off(p, "cuda-graph", True, "CUDA graphs for decode batches (default: on)",
+            also="--disable-cuda-graph")  # fmt: skip
+    p.add_argument(
+        "--fused-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="FlashInfer's fused norm, rope and SiLU kernels (default: where installed)",
+    )
+    p.add_argument(
+        "--record", default="off", choices=["off", "light", "full"], help="step records kept"
+    )
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device-spec", default="h200", choices=sorted(DEVICES), help="for the roofline"
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other EngineConfig field, e.g. --option fused_sampling=True (repeatable)",
+    )
+    p.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="run every combination of these values and print a table (repeatable)",
+    )
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        help="write each run's history to DIR/<settings>.json (needs --record light or full); "
+        "compare them with workbench.viz.compare_table(load_run(...) ...)",
+    )
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--output-file", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument(
+        "--profile", action="store_true", help="also profile 10 decode steps at the largest batch"
+    )
+    p.add_argument("--profile-trace", metavar="FILE", help="with --profile: Chrome trace JSON")
+
+
+def _on_off(p: argparse.ArgumentParser, name: str, default, text: str, also: str) -> None:
+    """`--name` / `--no-name`, and `also` (SGLang's `--disable-...`) for `--no-name`."""
+    p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=default, help=text)
+    p.add_argument(
+        also, dest=name.replace("-", "_"), action="store_false", help=f"the same as --no-{name}"
+    )
+
+
+def resolve_lengths(args: argparse.Namespace) -> None:
+    """`--random-input-len N` / `--random-output-len N` (with `--random-range-ratio R`) become
+    the ranges `--input-len` / `--output-len` give directly."""
+    r = args.random_range_ratio
+    if not 0.0 <= r < 1.0:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {r}")
+    for name in ("input", "output"):
+        n = getattr(args, f"random_{name}_len")
+        if n is not None:
+            setattr(args, f"{name}_len", [max(1, round(n * (1 - r))), max(1, round(n * (1 + r)))])
+
+
+def engine_options(pairs: list[str]) -> dict:
+    """`--option KEY=VALUE` pairs as EngineConfig keyword arguments."""
+    options = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        options[key] = parse_value(value)
+    return options
+
+
+def parse_value(text: str):
+    """A Python literal where the text is one (`True`, `8`, `0.5`), else the text itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text

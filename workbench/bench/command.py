@@ -1,0 +1,39 @@
+"""`python -m workbench bench`: the offline throughput benchmark.
+
+One timed run (throughput.py), or with `--sweep` every combination of settings (sweep.py); printed
+as lines (report.py) or a table, or with `--json` as one JSON object (a list for a sweep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .cli import resolve_lengths
+from .report import print_result
+from .sweep import run_sweep, sweep_table
+from .throughput import run_bench
+
+
+def main(args: argparse.Namespace) -> None:
+    """Run the benchmark the parsed flags (`cli.add_arguments`) describe, and print it."""
+    resolve_lengths(args)
+    if args.sweep:
+        results = run_sweep(args)
+        _write(args, results)
+        print(json.dumps(results) if args.json else sweep_table(results))
+        return
+    result = run_bench(args)
+    _write(args, {k: v for k, v in result.items() if k != "profile"})
+    if args.profile:
+        print(result.pop("profile"))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_result(result)
+
+
+def _write(args: argparse.Namespace, results) -> None:
+    if args.output_file:
+        Path(args.output_file).write_text(json.dumps(results, indent=1) + "\n")

@@ -1,0 +1,70 @@
+"""One benchmark result as the lines `python -m workbench bench` prints (without `--json`)."""
+
+from __future__ import annotations
+
+
+def print_result(r: dict) -> None:
+    """The settings, the throughput, where the time went, the decode step and the latencies."""
+    print(_settings_line(r))
+    print(
+        f"requests {r['num_requests']}, input {r['input_len'][0]}-{r['input_len'][1]}, "
+        f"output {r['output_len'][0]}-{r['output_len'][1]}, {r['steps']} steps"
+    )
+    print(
+        f"output tokens {r['output_tokens']} | seconds {r['seconds']:.2f} | "
+        f"output tokens/s {r['output_tokens_per_s']:,.0f}"
+    )
+    _print_time_split(r)
+    _print_decode_step(r)
+    if "ttft_ms_p50" in r:
+        nan = float("nan")
+        print(
+            f"request rate {r['request_rate']}/s: TTFT p50 {r['ttft_ms_p50']:.1f} ms, "
+            f"p90 {r['ttft_ms_p90']:.1f} ms, p99 {r['ttft_ms_p99']:.1f} ms | TPOT p50 "
+            f"{r.get('tpot_ms_p50', nan):.2f} ms, p90 {r.get('tpot_ms_p90', nan):.2f} ms"
+        )
+    if "saved" in r:
+        print(f"history saved to {r['saved']}")
+
+
+def _settings_line(r: dict) -> str:
+    def on(key: str) -> str:
+        return "on" if r[key] else "off"
+
+    return (
+        f"workbench bench: {r['model']} on {r['device']} ({r['dtype']}), overlap "
+        f"{on('overlap')}, cuda graphs {on('cuda_graph')}, fused kernels {on('fused_kernels')}, "
+        f"fused rope {on('fused_rope')}, fused sampling {on('fused_sampling')}, "
+        f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, policy {r['policy']}, "
+        f"record {r['record']}"
+    )
+
+
+def _print_time_split(r: dict) -> None:
+    phases = ", ".join(
+        f"{p} {r['phase_steps'][p]} steps {t:.2f} s" for p, t in r["phase_seconds"].items()
+    )
+    print(f"time by phase: {phases}")
+    buckets = ", ".join(f"{k} {n} steps {t:.2f} s" for k, (n, t) in r["decode_by_batch"].items())
+    print(f"decode by batch size: {buckets}; garbage collections during the run: "
+          f"{r['gc_collections']}, {r['gc_full_collections']} of them full, "
+          f"{r['gc_seconds']:.2f} s")  # fmt: skip
+
+
+def _print_decode_step(r: dict) -> None:
+    step = (
+        f"decode step at batch {r['decode_batch']} ({r['decode_step_kv_tokens']} KV tokens): "
+        f"{r['decode_step_ms']:.2f} ms"
+    )
+    if r["device"] == "cpu":  # the roofline models a GPU (--device-spec)
+        print(f"{step} (no roofline on the cpu)")
+    else:
+        print(
+            f"roofline bound {r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "
+            f"{r['roofline_fraction']:.0%}; {step}, bound {r['decode_step_bound_ms']:.2f} ms"
+        )
+    print(
+        f"host per decode step at batch {r['decode_batch']}: launch "
+        f"{r['decode_launch_ms']:.2f} ms, waiting for the device {r['decode_wait_ms']:.2f} ms, "
+        f"collect {r['decode_collect_ms']:.2f} ms"
+    )

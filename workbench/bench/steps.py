@@ -1,0 +1,97 @@
+"""What the timed run's steps say: where the time went (by phase, and by batch size while
+decoding), and the decode step at the largest batch against its roofline bound."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+from .roofline import DeviceSpec, decode_step_bound
+
+if TYPE_CHECKING:
+    from ..models.config import ModelConfig
+    from ..scheduler.scheduler import StepOutcome
+
+BATCH_BUCKETS = (16, 64, 128, 192)
+
+
+class HostTime(NamedTuple):
+    """Host milliseconds of a step: launching it, waiting for the device, collecting its tokens."""
+
+    launch_ms: float
+    wait_ms: float
+    collect_ms: float
+
+
+class StepTime(NamedTuple):
+    """One step of the timed run, as the bench's step callback saw it."""
+
+    end: float  # time.perf_counter() when the step returned
+    phase: str
+    batch_size: int
+    kv_tokens: int  # KV tokens the step read, over all its rows
+    host: HostTime
+
+
+def step_time(outcome: StepOutcome) -> StepTime:
+    kv_tokens = sum(r.device_len for r in outcome.rows)
+    host = HostTime(outcome.launched.launch_ms, outcome.wait_ms, outcome.collect_ms)
+    return StepTime(time.perf_counter(), outcome.batch.phase, len(outcome.rows), kv_tokens, host)
+
+
+class TimeSplit(NamedTuple):
+    """Seconds of each step, by its phase; and of each decode step, by its batch-size bucket."""
+
+    by_phase: dict[str, list[float]]
+    by_batch: dict[str, list[float]]
+
+
+def split_time(steps: list[StepTime], start: float) -> TimeSplit:
+    """Seconds between consecutive step ends, by the later step's phase; and decode seconds by
+    batch size (where the time goes as requests finish)."""
+    by_phase: dict[str, list[float]] = {}
+    by_batch: dict[str, list[float]] = {}
+    for prev_end, step in zip([start] + [s.end for s in steps], steps):
+        by_phase.setdefault(step.phase, []).append(step.end - prev_end)
+        if step.phase == "decode":
+            by_batch.setdefault(_bucket(step.batch_size), []).append(step.end - prev_end)
+    return TimeSplit(by_phase, by_batch)
+
+
+def _bucket(batch_size: int) -> str:
+    top = f">{BATCH_BUCKETS[-1]}"
+    return next((f"<={b}" for b in BATCH_BUCKETS if batch_size <= b), top)
+
+
+class DecodeStep(NamedTuple):
+    """The decode step at the largest batch of the run: medians over the steps of that size."""
+
+    batch_size: int  # 0 when the run had no decode step
+    step_ms: float  # between consecutive decode steps of that size; NaN when no two were
+    kv_tokens: int  # KV tokens read by the later step of each such pair; 0 when none
+    bound_ms: float  # the roofline's time for such a step; 0 when none
+    host: HostTime  # over every decode step of that size; NaN when none
+
+
+def decode_step(steps: list[StepTime], cfg: ModelConfig, spec: DeviceSpec) -> DecodeStep:
+    """The decode step at the largest batch, and its bound for `cfg` on `spec`."""
+    nan = float("nan")
+    top = max((s.batch_size for s in steps if s.phase == "decode"), default=0)
+    at_top = [s.host for s in steps if s.phase == "decode" and s.batch_size == top]
+    if at_top:
+        host = HostTime(*(statistics.median(ms) for ms in zip(*at_top)))
+    else:
+        host = HostTime(nan, nan, nan)
+    # the step time: gaps between consecutive decode steps of that size
+    pairs = [
+        (a, b)
+        for a, b in zip(steps, steps[1:])
+        if a.phase == b.phase == "decode" and a.batch_size == b.batch_size == top
+    ]
+    if not pairs:
+        return DecodeStep(top, nan, 0, 0, host)
+    step_ms = statistics.median(b.end - a.end for a, b in pairs) * 1e3
+    kv_tokens = int(statistics.median(b.kv_tokens for _, b in pairs))
+    bound_ms = decode_step_bound(cfg, top, kv_tokens, spec) * 1e3
+    return DecodeStep(top, step_ms, kv_tokens, bound_ms, host)

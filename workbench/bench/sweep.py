@@ -1,0 +1,92 @@
+"""`bench --sweep KEY=V1,V2` (repeatable): every combination in one process, on the same workload.
+
+It ends with a table: e.g. `--sweep overlap=True,False --sweep cuda_graph=True,False`, or
+`--sweep record=off,light,full` for what recording costs. KEY is an option of this command (with
+underscores) or any EngineConfig field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+
+import torch
+
+from .cli import parse_value
+from .report import print_result
+from .throughput import check_save, run_bench
+
+
+def sweep_configs(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """One namespace per combination of the `--sweep` values (the arguments alone if none);
+    each names the settings it varied in `varied`."""
+    axes = []
+    for spec in args.sweep:
+        key, sep, values = spec.partition("=")
+        if not sep or not values:
+            raise ValueError(f"--sweep wants KEY=V1,V2,..., got {spec!r}")
+        key = key.replace("-", "_")
+        axes.append([(key, parse_value(v)) for v in values.split(",")])
+    configs = []
+    for combo in itertools.product(*axes):
+        run = argparse.Namespace(**vars(args))
+        run.option = list(args.option)
+        run.varied = dict(combo)
+        for key, value in combo:
+            if key in ("sweep", "option", "json", "profile", "save", "varied"):
+                raise ValueError(f"--sweep cannot vary {key!r}")
+            if hasattr(run, key):
+                setattr(run, key, value)
+            else:
+                run.option.append(f"{key}={value!r}")
+        configs.append(run)
+    return configs
+
+
+def run_sweep(args: argparse.Namespace) -> list[dict]:
+    """Run every configuration in turn, freeing each engine before the next is built."""
+    configs = sweep_configs(args)
+    for run in configs:
+        check_save(run)
+    results = []
+    for run in configs:
+        result = run_bench(run)
+        result["varied"] = run.varied
+        results.append(result)
+        if not args.json:
+            if "profile" in result:
+                print(result.pop("profile"))
+            print_result(result)
+            print(flush=True)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            left = torch.cuda.memory_allocated() / 2**30
+            if left > 1 and not args.json:  # the next run sizes its KV pool from free memory
+                print(f"warning: {left:.1f} GiB still allocated after this run")
+    return results
+
+
+def sweep_table(results: list[dict]) -> str:
+    """A markdown table: the varied settings, then the figures that matter."""
+    keys = list(results[0]["varied"]) if results else []
+    head = [*keys, "output tok/s", "seconds", "steps", "decode step ms", "vs first"]
+    online = bool(results) and "ttft_ms_p50" in results[0]
+    if online:
+        head += ["TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    first = results[0]["output_tokens_per_s"] if results else 1.0
+    for r in results:
+        cells = [str(r["varied"][k]) for k in keys] + [
+            f"{r['output_tokens_per_s']:,.0f}",
+            f"{r['seconds']:.2f}",
+            str(r["steps"]),
+            f"{r['decode_step_ms']:.2f}",
+            f"{r['output_tokens_per_s'] / first - 1:+.1%}",
+        ]
+        if online:
+            cells += [f"{r['ttft_ms_p50']:.1f}", f"{r['ttft_ms_p90']:.1f}"]
+            cells.append(f"{r['tpot_ms_p50']:.2f}" if "tpot_ms_p50" in r else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
