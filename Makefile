@@ -28,6 +28,7 @@ chromium:
 test: $(STAMP) chromium
 	$(PY) -m ruff check workbench tests
 	$(PY) -m ruff format --check workbench tests
+	$(VENV)/bin/lint-imports --no-cache  # the layers of ARCHITECTURE.md (pyproject.toml)
 	$(PY) -m pytest -q
 
 test-all: $(STAMP)

@@ -165,10 +165,11 @@ class StepRecord:
                 "finish",
             )
         )
-        colors = {"chunk": "#f4a261", "prefill": "#2a9d8f", "decode": "#457b9d"}
+        from ..palette import KIND_COLORS
+
         body = []
         for r in self.rows:
-            kind = f'<span style="color:{colors.get(r.kind, "#000")}">{r.kind}</span>'
+            kind = f'<span style="color:{KIND_COLORS.get(r.kind, "#000")}">{r.kind}</span>'
             values = (
                 r.uid,
                 kind,

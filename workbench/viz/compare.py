@@ -11,7 +11,9 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from .charts import WIDTH, _alt, _binned_steps, breakdown_table
+from ..instrument.families import breakdown_table
+from ..instrument.latency import tpot
+from .common import WIDTH, _alt, _binned_steps
 from .report import summary
 
 
@@ -21,12 +23,11 @@ def request_latencies(history) -> pd.DataFrame:
     `ttft_steps` counts the steps from arrival to the first token, the step that produced it
     included; `tpot_steps` is steps per output token after the first (1.0: never paused)."""
     r = history.requests
-    decode_steps = (r.finish_step - r.first_token_step) / (r.completion_tokens - 1)
     return pd.DataFrame(
         {
             "uid": r.uid,
             "ttft_steps": r.first_token_step - r.arrival_step + 1,
-            "tpot_steps": decode_steps.where(r.completion_tokens > 1),
+            "tpot_steps": tpot(r.first_token_step, r.finish_step, r.completion_tokens),
             "ttft_ms": r.ttft_s * 1e3,
             "tpot_ms": r.tpot_s * 1e3,
         }

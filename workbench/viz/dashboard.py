@@ -16,6 +16,7 @@ from typing import Any
 import ipywidgets as w
 
 from . import charts
+from .common import _empty
 
 RUN_WIDE = ("batch_composition", "kv_usage", "step_breakdown", "admissions", "ledger_lines")
 PER_STEP = ("ledger_bars", "page_table", "kernel_timeline")
@@ -51,8 +52,7 @@ class Dashboard(w.VBox):
         )
         self.picker = w.Dropdown(description="request", options=[("all", -1)], value=-1)
         self.charts = {
-            name: alt.JupyterChart(charts._empty(alt, "no steps yet"))
-            for name in RUN_WIDE + PER_STEP
+            name: alt.JupyterChart(_empty(alt, "no steps yet")) for name in RUN_WIDE + PER_STEP
         }
         self.buttons: dict[str, w.Button] = {}
         rows: list[w.Widget] = []
@@ -249,7 +249,7 @@ class Dashboard(w.VBox):
             self.picker.options, self.picker.value = [("all", -1)], -1
         self._update_buttons()
         if not self._cleared:
-            empty = charts._empty(alt, "no steps yet")
+            empty = _empty(alt, "no steps yet")
             for view in self.charts.values():
                 view.chart = empty
             self._cleared = True

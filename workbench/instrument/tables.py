@@ -1,0 +1,339 @@
+"""The run history's tables: one NamedTuple per table, whose fields are its columns, and the rows
+built from StepRecords. A row is built by keyword, so a column and its value cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from .latency import tpot
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .record import StepRecord
+
+
+class StepRow(NamedTuple):
+    """One scheduler step: its batch by kind, the queue, the KV pool and the timings."""
+
+    step: int
+    phase: str
+    batch_size: int
+    padded_size: int
+    num_tokens: int
+    prefill_tokens: int
+    chunk_tokens: int
+    decode_tokens: int
+    padding_tokens: int
+    admitted: int
+    waiting_reasons: str  # comma-separated, sorted
+    queue_len: int
+    running: int
+    kv_free: int
+    kv_evictable: int
+    kv_in_use: int
+    kv_total: int
+    free_slots: int
+    cuda_graph: bool
+    overlapped: bool
+    launched_at: float
+    completed_at: float
+    wall_ms: float
+    device_ms: float
+    host_ms: float
+    wait_ms: float
+
+
+class LedgerEntry(NamedTuple):
+    """One request of one step's batch: the record's `LedgerRow`, with its step and room left."""
+
+    step: int
+    uid: int
+    kind: str
+    table_idx: int
+    cached_len: int
+    device_len: int
+    max_device_len: int
+    extend_len: int
+    remain_len: int
+    cached_tokens: int
+    token: int | None
+    finish: str | None
+
+
+class RequestRow(NamedTuple):
+    """One request: arrival, first scheduled, first token and finish, in steps and seconds."""
+
+    uid: int
+    prompt_tokens: int
+    max_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+    arrival_step: int
+    first_scheduled_step: int | None
+    first_token_step: int | None
+    finish_step: int | None
+    arrival_s: float
+    first_scheduled_s: float | None
+    first_token_s: float | None
+    finish_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+
+
+class AdmissionRow(NamedTuple):
+    """One admission decision: admitted, or the reason the request waited."""
+
+    step: int
+    uid: int
+    admitted: bool
+    reason: str | None
+    extend_len: int
+    cached_len: int
+
+
+class EventRow(NamedTuple):
+    """One profiler event (record="full")."""
+
+    step: int
+    name: str
+    category: str
+    track: str
+    start_us: float
+    duration_us: float
+
+
+class PageRow(NamedTuple):
+    """One run of consecutive KV slots in a page-table row (record="full")."""
+
+    step: int
+    uid: int
+    table_idx: int
+    pos_start: int
+    pos_end: int
+    slot_start: int
+
+
+class TableRows:
+    """The tables' rows so far, record by record; a live history keeps one and adds only the
+    records that came since its last tables (a view redraws after every step)."""
+
+    def __init__(self) -> None:
+        self.count = 0  # records added
+        self.last: StepRecord | None = None  # the last of them, to tell a history started over
+        # NOTE: rows are kept as plain tuples (`tuple(StepRow(...))`): the garbage collector
+        # stops tracking those after one pass, a named tuple it tracks for ever (see StepRecord).
+        self.steps: list[tuple] = []
+        self.ledger: list[tuple] = []
+        self.admissions: dict[str, list] = {c: [] for c in AdmissionRow._fields}  # by column
+        self.events: list[tuple] = []
+        self.pages: list[tuple] = []
+
+    def follows(self, records: list[StepRecord]) -> bool:
+        """Whether `records` begins with what was added here (else start again)."""
+        n = self.count
+        return n <= len(records) and (n == 0 or records[n - 1] is self.last)
+
+    def add(self, rec: StepRecord) -> None:
+        self.count, self.last = self.count + 1, rec
+        by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
+        rows = rec.rows  # built on access: once per record
+        # NOTE: the decisions straight from the record's storage: a long queue gives a group
+        # refusal per step (`_behind`), which goes in as whole columns, not one tuple per row.
+        decided, behind = rec._admissions, rec._behind
+        _add_admissions(self.admissions, rec.step, decided, behind, rec._behind_reason)
+        reasons = {reason for _, admitted, reason, _, _ in decided if not admitted}
+        if behind:
+            reasons.add(rec._behind_reason)
+        for r in rows:
+            by_kind[r.kind] += r.extend_len
+            entry = LedgerEntry(
+                step=rec.step,
+                uid=r.uid,
+                kind=r.kind,
+                table_idx=r.table_idx,
+                cached_len=r.cached_len,
+                device_len=r.device_len,
+                max_device_len=r.max_device_len,
+                extend_len=r.extend_len,
+                remain_len=r.max_device_len - r.device_len,
+                cached_tokens=r.cached_tokens,
+                token=r.token,
+                finish=r.finish,
+            )
+            self.ledger.append(tuple(entry))
+        step = StepRow(
+            step=rec.step,
+            phase=rec.phase,
+            batch_size=rec.size,
+            padded_size=rec.padded_size,
+            num_tokens=rec.num_tokens,
+            prefill_tokens=by_kind["prefill"],
+            chunk_tokens=by_kind["chunk"],
+            decode_tokens=by_kind["decode"],
+            padding_tokens=rec.padded_size - rec.size,
+            admitted=sum(admitted for _, admitted, _, _, _ in decided),
+            waiting_reasons=",".join(sorted(reasons)),
+            queue_len=rec.queue_len,
+            running=rec.running,
+            kv_free=rec.kv.free,
+            kv_evictable=rec.kv.evictable,
+            kv_in_use=rec.kv.in_use,
+            kv_total=rec.kv.total,
+            free_slots=rec.free_slots,
+            cuda_graph=rec.cuda_graph,
+            overlapped=rec.overlapped,
+            launched_at=rec.launched_at,
+            completed_at=rec.completed_at,
+            wall_ms=rec.wall_ms,
+            device_ms=rec.device_ms,
+            host_ms=rec.host_ms,
+            wait_ms=rec.wait_ms,
+        )
+        self.steps.append(tuple(step))
+        for name, category, track, start_us, duration_us in rec.events or ():
+            event = EventRow(
+                step=rec.step,
+                name=name,
+                category=category,
+                track=track,
+                start_us=start_us,
+                duration_us=duration_us,
+            )
+            self.events.append(tuple(event))
+        if rec.page_rows:
+            for r in rows:
+                for pos_start, pos_end, slot_start in _runs(rec.page_rows[r.table_idx]):
+                    page = PageRow(
+                        step=rec.step,
+                        uid=r.uid,
+                        table_idx=r.table_idx,
+                        pos_start=pos_start,
+                        pos_end=pos_end,
+                        slot_start=slot_start,
+                    )
+                    self.pages.append(tuple(page))
+
+    def frames(self, arrivals: dict, aborts: dict) -> dict[str, pd.DataFrame]:
+        import pandas as pd
+
+        admissions = self.admissions
+        frames = {
+            "steps": pd.DataFrame(self.steps, columns=StepRow._fields),
+            "ledger": pd.DataFrame(self.ledger, columns=LedgerEntry._fields).astype(
+                {"token": "Int64"}
+            ),
+            # (no rows: the same untyped empty table as the others)
+            "admissions": pd.DataFrame(
+                admissions if admissions["step"] else [], columns=AdmissionRow._fields
+            ),
+            "events": pd.DataFrame(self.events, columns=EventRow._fields),
+            "pages": pd.DataFrame(self.pages, columns=PageRow._fields),
+        }
+        frames["requests"] = _requests_table(frames["steps"], frames["ledger"], arrivals, aborts)
+        return {name: _text_as_string(_rounded(frame)) for name, frame in frames.items()}
+
+
+def _add_admissions(
+    columns: dict[str, list], step: int, decided: tuple, behind: tuple, behind_reason: str
+) -> None:
+    """One step's decisions onto the admissions columns: those made one by one, then the group."""
+    for uid, admitted, reason, extend_len, cached_len in decided:
+        row = AdmissionRow(
+            step=step,
+            uid=uid,
+            admitted=admitted,
+            reason=reason,
+            extend_len=extend_len,
+            cached_len=cached_len,
+        )
+        for name, value in zip(AdmissionRow._fields, row):
+            columns[name].append(value)
+    n = len(behind)
+    if n:
+        columns["step"].extend([step] * n)
+        columns["uid"].extend(behind)
+        columns["admitted"].extend([False] * n)
+        columns["reason"].extend([behind_reason] * n)
+        columns["extend_len"].extend([0] * n)
+        columns["cached_len"].extend([0] * n)
+
+
+def _requests_table(
+    steps: pd.DataFrame, ledger: pd.DataFrame, arrivals: dict, aborts: dict
+) -> pd.DataFrame:
+    import pandas as pd
+
+    end_s = dict(zip(steps["step"], steps["completed_at"]))
+    start_s = dict(zip(steps["step"], steps["launched_at"]))
+    # NOTE: whole-table aggregations (one pass each), not a filter per request: a history of
+    # thousands of requests rebuilds this after every step in a live view.
+    by_uid = ledger.groupby("uid", sort=False)
+    first_step = by_uid["step"].min().to_dict()
+    cached_of = by_uid["cached_tokens"].first().to_dict()
+    sampled = ledger[ledger["token"].notna()].groupby("uid", sort=False)["step"]
+    first_token, counts = sampled.min().to_dict(), sampled.size().to_dict()
+    done = ledger[ledger["finish"].notna()].drop_duplicates("uid")
+    finish_of = dict(zip(done["uid"], zip(done["finish"], done["step"])))
+    rows = []
+    for uid, (step, seconds, prompt, max_tokens) in sorted(arrivals.items()):
+        first, first_tok = first_step.get(uid), first_token.get(uid)
+        count = counts.get(uid, 0)
+        fin = finish_of.get(uid)  # (reason, step)
+        t_first = end_s.get(first_tok) if first_tok is not None else None
+        t_fin = end_s.get(fin[1]) if fin is not None else None
+        if fin is None and uid in aborts:  # aborted between steps, or its step failed
+            step_ended, t_fin, reason = aborts[uid]
+            fin = (reason, step_ended)
+        row = RequestRow(
+            uid=uid,
+            prompt_tokens=prompt,
+            max_tokens=max_tokens,
+            cached_tokens=int(cached_of.get(uid, 0)),
+            completion_tokens=count,
+            finish_reason=None if fin is None else fin[0],
+            arrival_step=step,
+            first_scheduled_step=first,
+            first_token_step=first_tok,
+            finish_step=None if fin is None else fin[1],
+            arrival_s=seconds,
+            first_scheduled_s=start_s.get(first) if first is not None else None,
+            first_token_s=t_first,
+            finish_s=t_fin,
+            ttft_s=None if t_first is None else t_first - seconds,
+            tpot_s=tpot(t_first, t_fin, count),
+        )
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=RequestRow._fields)
+    ints = ["first_scheduled_step", "first_token_step", "finish_step"]
+    times = [c for c in RequestRow._fields if c.endswith("_s")]
+    return frame.astype({c: "Int64" for c in ints} | {c: "float64" for c in times})
+
+
+def _rounded(frame: pd.DataFrame) -> pd.DataFrame:
+    """Times to the nanosecond: beyond that the digits are noise, and they would not survive a
+    save (JSON keeps 15 significant digits), so a loaded run would differ from the live one."""
+    decimals = {c: 9 if c.endswith("_s") or c.endswith("_at") else 6 for c in frame.columns}
+    floats = [c for c in frame.columns if frame[c].dtype.kind == "f"]
+    return frame.round({c: (3 if c.endswith("_us") else decimals[c]) for c in floats})
+
+
+def _runs(slots) -> list[tuple[int, int, int]]:
+    """(pos_start, pos_end, slot_start) for each run of consecutive slots in a page-table row."""
+    import numpy as np
+
+    slots = np.asarray(slots, dtype=np.int64)
+    if not len(slots):
+        return []
+    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [len(slots)]])
+    return [(int(a), int(b), int(slots[a])) for a, b in zip(starts, ends)]
+
+
+def _text_as_string(frame: pd.DataFrame) -> pd.DataFrame:
+    """Text columns as pandas' "string" dtype (missing = <NA>), which survives save and load."""
+    text = [c for c in frame.columns if frame[c].dtype == object or str(frame[c].dtype) == "str"]
+    return frame.astype({c: "string" for c in text}) if text else frame

@@ -1,0 +1,22 @@
+"""Every colour of the views, in one place. A leaf (it imports nothing), so that a step record's
+HTML table shares the kinds' colours with the charts."""
+
+KIND_COLORS = {"chunk": "#f4a261", "prefill": "#2a9d8f", "decode": "#457b9d", "padding": "#cccccc"}
+KV_COLORS = {"in use": "#e76f51", "evictable": "#e9c46a", "free": "#a8dadc"}
+FAMILY_COLORS = {
+    "attention": "#264653",
+    "matmul": "#2a9d8f",
+    "sampling": "#e9c46a",
+    "norm/rope/act": "#f4a261",
+    "other": "#b0b0b0",
+    "idle": "#eeeeee",
+}
+HOOK_COLORS = {
+    "schedule.end": "#6d597a",
+    "batch.prepared": "#b56576",
+    "forward.end": "#355070",
+    "sample.end": "#eaac8b",
+    "step.end": "#9a8c98",
+}
+LEDGER_PART_COLORS = {"cached": "#8d99ae", "extend": "#e63946", "remain": "#edf2f4"}
+PAGE_OWNER_COLORS = {"own": "#457b9d", "shared": "#e76f51", "prefix cache": "#e9c46a"}

@@ -1,0 +1,204 @@
+"""Charts of the requests: each one's ledger at a step and over the steps, the page table of a
+batch, and the admission decisions."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..palette import LEDGER_PART_COLORS, PAGE_OWNER_COLORS
+from .common import (
+    LABELLED_ROWS,
+    MAX_LINES,
+    MAX_POINTS,
+    WIDTH,
+    _alt,
+    _empty,
+    _highlight,
+    _request_axis,
+    _rows_height,
+    _scale,
+    _step_x,
+    _with_rule,
+)
+
+
+def ledger_bars(history, step: int, highlight_uid: int | None = None):
+    """At one step, each request in the batch as one bar: cached | computed now | still to come.
+
+    `cached` is what was in the pool before the step, `extend` what the step computed, `remain`
+    the room left up to prompt + max_tokens."""
+    alt = _alt()
+    rows = history.ledger[history.ledger.step == step]
+    if rows.empty:
+        return _empty(alt, f"step {step}: no batch")
+    before = rows.cached_len - rows.extend_len
+    parts = pd.concat(
+        [
+            pd.DataFrame({"uid": rows.uid, "part": "cached", "start": 0, "end": before}),
+            pd.DataFrame(
+                {"uid": rows.uid, "part": "extend", "start": before, "end": rows.cached_len}
+            ),
+            pd.DataFrame(
+                {
+                    "uid": rows.uid,
+                    "part": "remain",
+                    "start": rows.cached_len,
+                    "end": rows.max_device_len,
+                }
+            ),
+        ]
+    )
+    parts["kind"] = parts.uid.map(dict(zip(rows.uid, rows.kind)))
+    parts["tokens"] = parts.end - parts.start
+    opacity = _highlight(alt, highlight_uid)
+    n = rows.uid.nunique()
+    return (
+        alt.Chart(parts)
+        .mark_bar(stroke="#555", strokeWidth=0.3 if n <= LABELLED_ROWS else 0)
+        .encode(
+            y=alt.Y("uid:O", title="request", axis=_request_axis(alt, n)),
+            x=alt.X("start:Q", title="tokens (prompt + max_tokens)"),
+            x2="end:Q",
+            color=_scale(alt, "part", LEDGER_PART_COLORS),
+            opacity=opacity,
+            tooltip=["uid:O", "kind:N", "part:N", "start:Q", "end:Q", "tokens:Q"],
+        )
+        .properties(width=WIDTH, height=_rows_height(n), title=f"Ledgers at step {step}")
+    )
+
+
+def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int | None = None):
+    """Each request's cached_len over the steps it ran in (one line per request)."""
+    alt = _alt()
+    ledger = history.ledger[["step", "uid", "cached_len", "kind"]]
+    uids = sorted(ledger.uid.unique())
+    title = "Lengths over steps"
+    if len(uids) > MAX_LINES:  # many requests: a sample of them, and always the picked one
+        keep = set(uids[:: -(-len(uids) // MAX_LINES)]) | {highlight_uid}
+        ledger = ledger[ledger.uid.isin(keep)]
+        title += f" ({ledger.uid.nunique()} of {len(uids)} requests)"
+    if len(ledger) > MAX_POINTS:  # long lines: every k-th step, and each line's two ends
+        lines = ledger.uid.nunique()
+        stride = -(-len(ledger) // (MAX_POINTS - 2 * lines))
+        ends = ~ledger.uid.duplicated() | ~ledger.uid.duplicated(keep="last")
+        ledger = ledger[(ledger.step % stride == 0) | ends]
+        title += f" (one point every {stride} steps)"
+    chart = (
+        alt.Chart(ledger)
+        .mark_line(point=len(ledger) < 400)
+        .encode(
+            x=_step_x(alt),
+            y=alt.Y("cached_len:Q", title="cached_len"),
+            color=alt.Color("uid:N", title="request", legend=alt.Legend(columns=4, symbolLimit=24)),
+            opacity=_highlight(alt, highlight_uid),
+            tooltip=["step:Q", "uid:N", "kind:N", "cached_len:Q"],
+        )
+    )
+    return _with_rule(alt, chart, highlight_step, "step").properties(
+        width=WIDTH, height=160, title=title
+    )
+
+
+def page_table(history, step: int, highlight_uid: int | None = None):
+    """The page-table rows of one step's batch: token positions of each request, coloured by
+    whose KV slots they are: the prefix cache's (matched when the request was admitted), shared
+    with another request of the batch, or its own."""
+    alt = _alt()
+    pages = getattr(history, "pages", None)
+    rows = pages[pages.step == step] if pages is not None and len(pages) else None
+    if rows is None or rows.empty:
+        return _empty(alt, f"step {step}: page rows are recorded with record='full'")
+    ledger = history.ledger[history.ledger.step == step]
+    segments = _sharing_segments(rows, dict(zip(ledger.uid, ledger.cached_tokens)))
+    return (
+        alt.Chart(segments)
+        .mark_bar(stroke="white", strokeWidth=0.4)
+        .encode(
+            y=alt.Y(
+                "label:N",
+                title="request (row)",
+                sort=alt.SortField("uid"),
+                axis=_request_axis(alt, segments.uid.nunique()),
+            ),
+            x=alt.X("pos_start:Q", title="token position"),
+            x2="pos_end:Q",
+            color=_scale(alt, "owner", PAGE_OWNER_COLORS),
+            opacity=_highlight(alt, highlight_uid),
+            tooltip=["uid:O", "table_idx:O", "pos_start:Q", "pos_end:Q", "slot_start:Q", "owner:N"],
+        )
+        .properties(
+            width=WIDTH,
+            height=_rows_height(segments.uid.nunique()),
+            title=f"Page table at step {step} (slot runs)",
+        )
+    )
+
+
+def admissions(history, highlight_uid: int | None = None):
+    """Which waiting requests were considered at each step, and why they waited."""
+    alt = _alt()
+    frame = history.admissions.assign(
+        decision=lambda f: f.reason.astype("object").where(~f.admitted, "admitted")
+    )
+    if frame.empty:
+        return _empty(alt, "no admission decisions")
+    if len(frame) > 4000:
+        frame = frame.groupby(["step", "decision"], as_index=False).size()
+        return (
+            alt.Chart(frame)
+            .mark_bar()
+            .encode(x=_step_x(alt), y=alt.Y("size:Q", title="requests"), color="decision:N")
+            .properties(width=WIDTH, height=140, title="Admission decisions")
+        )
+    return (
+        alt.Chart(frame.assign(step_end=frame.step + 1))
+        .mark_rect()
+        .encode(
+            x=_step_x(alt),
+            x2="step_end:Q",
+            y=alt.Y("uid:O", title="request", axis=_request_axis(alt, frame.uid.nunique())),
+            color=alt.Color("decision:N", scale=alt.Scale(scheme="tableau10")),
+            opacity=_highlight(alt, highlight_uid),
+            tooltip=["step:O", "uid:O", "decision:N", "extend_len:Q", "cached_len:Q"],
+        )
+        .properties(width=WIDTH, height=_rows_height(frame.uid.nunique(), 14), title="Admissions")
+    )
+
+
+def _sharing_segments(rows: pd.DataFrame, cached: dict[int, int]) -> pd.DataFrame:
+    """Split each request's slot runs where their owner changes: the prefix cache (its first
+    `cached[uid]` positions, matched at admission), shared with another row, or its own."""
+    slot_count: dict[int, int] = {}
+    for r in rows.itertuples(index=False):
+        for s in range(r.slot_start, r.slot_start + r.pos_end - r.pos_start):
+            slot_count[s] = slot_count.get(s, 0) + 1
+    out = []
+    for r in rows.itertuples(index=False):
+        matched = cached.get(r.uid, 0)
+        owner = [
+            "prefix cache"
+            if r.pos_start + i < matched
+            else "shared"
+            if slot_count[s] > 1
+            else "own"
+            for i, s in enumerate(range(r.slot_start, r.slot_start + r.pos_end - r.pos_start))
+        ]
+        start = 0
+        for i in range(1, len(owner) + 1):
+            if i == len(owner) or owner[i] != owner[start]:
+                out.append(
+                    (
+                        r.uid,
+                        r.table_idx,
+                        r.pos_start + start,
+                        r.pos_start + i,
+                        r.slot_start + start,
+                        owner[start],
+                    )
+                )
+                start = i
+    frame = pd.DataFrame(
+        out, columns=["uid", "table_idx", "pos_start", "pos_end", "slot_start", "owner"]
+    )
+    frame["label"] = [f"#{u} (row {t})" for u, t in zip(frame.uid, frame.table_idx)]
+    return frame

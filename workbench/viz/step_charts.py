@@ -1,0 +1,144 @@
+"""Charts of the steps: what each batch held, the KV pool, and where each step's time went
+(profiler events, record="full")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..instrument.families import breakdown_table, family
+from ..palette import FAMILY_COLORS, HOOK_COLORS, KIND_COLORS, KV_COLORS
+from .common import (
+    MAX_BARS,
+    WIDTH,
+    _alt,
+    _binned_steps,
+    _empty,
+    _order_expr,
+    _scale,
+    _step_x,
+    _with_rule,
+)
+
+
+def batch_composition(history, highlight_step: int | None = None):
+    """Tokens computed per step, stacked by kind: chunk, full prefill, decode, and padding."""
+    alt = _alt()
+    cols = ["chunk_tokens", "prefill_tokens", "decode_tokens", "padding_tokens"]
+    frame, x_title = _binned_steps(history.steps, cols)
+    long = frame.melt(
+        id_vars=["bin", "bin_end"], value_vars=cols, var_name="kind", value_name="tokens"
+    )
+    long["kind"] = long.kind.str.removesuffix("_tokens")
+    chart = (
+        alt.Chart(long)
+        .mark_bar(stroke="white", strokeWidth=0.2)
+        .encode(
+            x=_step_x(alt, "bin", x_title),
+            x2="bin_end:Q",
+            y=alt.Y("sum(tokens):Q", title="tokens in the batch"),
+            color=_scale(alt, "kind", KIND_COLORS),
+            order=alt.Order("kind_order:Q"),
+            tooltip=["bin:Q", "kind:N", "tokens:Q"],
+        )
+        .transform_calculate(kind_order=_order_expr("kind", list(KIND_COLORS)))
+    )
+    return _with_rule(alt, chart, highlight_step).properties(
+        width=WIDTH, height=160, title="Batch composition per step"
+    )
+
+
+def kv_usage(history, highlight_step: int | None = None):
+    """The KV pool over steps: in use by live requests, cached and evictable, free."""
+    alt = _alt()
+    cols = ["kv_in_use", "kv_evictable", "kv_free"]
+    frame, x_title = _binned_steps(history.steps, cols)
+    long = frame.melt(
+        id_vars=["bin", "bin_end"], value_vars=cols, var_name="state", value_name="tokens"
+    )
+    long["state"] = long.state.map(
+        {"kv_in_use": "in use", "kv_evictable": "evictable", "kv_free": "free"}
+    )
+    total = int(history.steps.kv_total.max())
+    used = history.steps.kv_in_use + history.steps.kv_evictable
+    title = "KV pool"
+    if used.max() < 0.2 * total:  # a big, mostly empty pool: show what is used, state the rest
+        long = long[long.state != "free"]
+        title = f"KV pool (in use and evictable, of {total:,} slots)"
+    # NOTE: each bin's value holds until the next bin ("step-after"); the last one is repeated
+    # at its end, so the last step (and a run of one step) is an area, not a point.
+    last = long[long.bin == long.bin.max()]
+    long = pd.concat([long.assign(x=long.bin), last.assign(x=last.bin_end)])
+    chart = (
+        alt.Chart(long)
+        .mark_area(interpolate="step-after")
+        .encode(
+            x=_step_x(alt, "x", x_title),
+            y=alt.Y("tokens:Q", stack="zero", title="KV slots (tokens)"),
+            color=_scale(alt, "state", KV_COLORS),
+            order=alt.Order("state_order:Q"),
+            tooltip=["bin:Q", "state:N", "tokens:Q"],
+        )
+        .transform_calculate(state_order=_order_expr("state", list(KV_COLORS)))
+    )
+    return _with_rule(alt, chart, highlight_step, "x").properties(
+        width=WIDTH, height=140, title=title
+    )
+
+
+def kernel_timeline(history, step: int, max_events: int = 1500):
+    """A Gantt chart of one step: profiler ranges and kernels by track (record='full')."""
+    alt = _alt()
+    events = history.events[history.events.step == step]
+    if events.empty:
+        return _empty(alt, f"step {step}: profiler events are recorded with record='full'")
+    # hook ranges are coloured by their name, operators and kernels by family
+    families = [n if c == "hook" else family(n, c) for n, c in zip(events.name, events.category)]
+    events = events.assign(family=families)
+    if len(events) > max_events:  # keep the longest
+        events = events.nlargest(max_events, "duration_us")
+    t0 = events.start_us.min()
+    events = events.assign(
+        start_ms=(events.start_us - t0) / 1e3,
+        end_ms=(events.start_us - t0 + events.duration_us) / 1e3,
+        lane=events.track + " · " + events.category.astype(str),  # ranges apart from operators
+    )
+    return (
+        alt.Chart(events)
+        .mark_bar()
+        .encode(
+            y=alt.Y("lane:N", title=None),
+            x=alt.X("start_ms:Q", title="ms since the step began"),
+            x2="end_ms:Q",
+            color=_scale(alt, "family", {**FAMILY_COLORS, **HOOK_COLORS}),
+            tooltip=["name:N", "category:N", "family:N", "duration_us:Q"],
+        )
+        .properties(width=WIDTH, height=160, title=f"Timeline of step {step}")
+    )
+
+
+def step_breakdown(history, highlight_step: int | None = None):
+    """Per step: device time by kernel family (attention, matmul, sampling, ...) and idle."""
+    alt = _alt()
+    frame = breakdown_table(history)
+    if frame.empty:
+        return _empty(alt, "profiler events are recorded with record='full'")
+    width = max(1, int(np.ceil(frame.step.nunique() / MAX_BARS)))
+    if width > 1:
+        frame = frame.assign(step=frame.step // width * width)
+        frame = frame.groupby(["step", "family"], as_index=False).ms.mean()
+    frame = frame.assign(step_end=frame.step + width)
+    chart = (
+        alt.Chart(frame)
+        .mark_bar(stroke="white", strokeWidth=0.2)
+        .encode(
+            x=_step_x(alt),
+            x2="step_end:Q",
+            y=alt.Y("sum(ms):Q", title="ms"),
+            color=_scale(alt, "family", FAMILY_COLORS),
+            tooltip=["step:Q", "family:N", alt.Tooltip("ms:Q", format=".2f")],
+        )
+    )
+    return _with_rule(alt, chart, highlight_step, "step").properties(
+        width=WIDTH, height=150, title="Where each step's time went"
+    )
