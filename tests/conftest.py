@@ -10,7 +10,7 @@ import torch
 
 from workbench import LLM, SamplingParams
 from workbench.models import resolve
-from workbench.scheduler.scheduler import StepOutcome
+from workbench.scheduler.outcome import StepOutcome
 
 # Different lengths on purpose: batches mix short and long prompts.
 PROMPTS = [

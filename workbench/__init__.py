@@ -3,7 +3,7 @@
 from .core import SamplingParams
 from .instrument.history import load_run
 from .llm import LLM
-from .scheduler.scheduler import StepError
+from .scheduler.outcome import StepError
 from .workbench import Workbench
 
 __all__ = ["LLM", "SamplingParams", "StepError", "Workbench", "load_run"]

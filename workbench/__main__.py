@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .config import RECORD_LEVELS
+
 
 class HelpWithDefaults(argparse.HelpFormatter):
     """Every flag's help ends with its default, unless the help already says it."""
@@ -28,9 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from .bench.cli import add_arguments, add_schedule_arguments
 
     add_schedule_arguments(demo, max_extend_tokens=48, max_running_reqs=4)
-    demo.add_argument(
-        "--record", default="full", choices=["off", "light", "full"], help="step records kept"
-    )
+    demo.add_argument("--record", default="full", choices=RECORD_LEVELS, help="step records kept")
     demo.add_argument("--out", default="out/demo", help="where the run and the report go")
     bench = sub.add_parser("bench", help="offline throughput benchmark", formatter_class=helpful)
     add_arguments(bench)

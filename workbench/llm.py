@@ -11,7 +11,8 @@ from .config import SCHEDULER_SETTINGS, EngineConfig
 from .core import Req, SamplingParams, ceil_page
 from .engine.engine import Engine
 from .instrument.probe import Probe
-from .scheduler.scheduler import Scheduler, StepOutcome
+from .scheduler.outcome import StepOutcome
+from .scheduler.scheduler import Scheduler
 
 Prompt = str | Sequence[int]
 

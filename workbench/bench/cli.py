@@ -7,7 +7,7 @@ import ast
 
 import torch
 
-from ..config import CACHE_KINDS, POLICIES
+from ..config import CACHE_KINDS, POLICIES, RECORD_LEVELS
 from .roofline import DEVICES
 
 
@@ -114,9 +114,7 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="FlashInfer's fused norm, rope and SiLU kernels (default: where installed)",
     )
-    p.add_argument(
-        "--record", default="off", choices=["off", "light", "full"], help="step records kept"
-    )
+    p.add_argument("--record", default="off", choices=RECORD_LEVELS, help="step records kept")
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:

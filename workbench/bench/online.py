@@ -20,7 +20,7 @@ import numpy as np
 from ..core import SamplingParams
 from ..instrument import latency
 from ..llm import LLM
-from ..scheduler.scheduler import StepOutcome
+from ..scheduler.outcome import StepOutcome
 
 
 def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> list[float]:

@@ -13,9 +13,10 @@ import statistics
 import time
 
 from .. import LLM, SamplingParams
+from ..config import RECORD_LEVELS
 from .vs_hf import PROMPTS
 
-LEVELS = ("off", "light", "full")
+LEVELS = RECORD_LEVELS
 
 
 def main(argv: list[str] | None = None) -> None:

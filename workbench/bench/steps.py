@@ -11,7 +11,7 @@ from .roofline import DeviceSpec, decode_step_bound
 
 if TYPE_CHECKING:
     from ..models.config import ModelConfig
-    from ..scheduler.scheduler import StepOutcome
+    from ..scheduler.outcome import StepOutcome
 
 BATCH_BUCKETS = (16, 64, 128, 192)
 

@@ -33,28 +33,41 @@ class InFlight:
     launched_at: float
     padded_size: int
     cuda_graph: bool
-    overlapped: bool = False  # set when the next batch is launched before this is collected
     page_rows: dict[int, tuple[int, ...]] | None = None  # record="full"
     launch_ms: float = 0.0  # host time to schedule, prepare and enqueue this batch
+    overlapped: bool = False  # set when the next batch is launched before this is collected
 
 
 @dataclass
 class StepOutcome:
     """What one scheduler step did; `record` is its StepRecord when recording is on."""
 
-    index: int
-    batch: Batch
-    rows: list[ReqView]  # the batch's ledgers as launched (before the forward moved them)
-    admissions: Admissions
+    launched: InFlight
     tokens: list[int | None]  # per sampled request; None where dropped (past its end)
     finished: list[Req]  # requests whose last token came from this batch
-    launched: InFlight
     completed_at: float
-    record: Any = None
     # host time in collect: blocked on the device's tokens, then processing them. With overlap,
     # waiting near zero means the host is the bottleneck; a long wait, the device.
     wait_ms: float = 0.0
     collect_ms: float = 0.0
+    record: Any = None
+
+    @property
+    def index(self) -> int:
+        return self.launched.index
+
+    @property
+    def batch(self) -> Batch:
+        return self.launched.batch
+
+    @property
+    def rows(self) -> list[ReqView]:
+        """The batch's ledgers as launched (before the forward moved them)."""
+        return self.launched.rows
+
+    @property
+    def admissions(self) -> Admissions:
+        return self.launched.admissions
 
 
 class Occupancy(NamedTuple):

@@ -28,15 +28,13 @@ from .cache import CacheManager
 from .decode import DecodeManager
 from .ending import EarlyEnds
 from .integrity import check_integrity
-from .outcome import InFlight, Occupancy, StepError, StepOutcome
+from .outcome import InFlight, Occupancy, StepOutcome
 from .policy import schedule_next_batch
 from .prefill import PendingReq, PrefillAdder, PrefillManager
 from .prepare import prepare_batch
 
 if TYPE_CHECKING:
     from ..instrument.probe import Probe
-
-__all__ = ["InFlight", "Scheduler", "StepError", "StepOutcome"]
 
 
 class Scheduler(EarlyEnds):
@@ -162,29 +160,21 @@ class Scheduler(EarlyEnds):
                 device = self.engine.run_batch(batch)
             self._stage = "cache"
             probe.forward_end(step, batch)
-            if batch.is_prefill and self.cache.shares:
-                # NOTE: safe before the forward has run: any batch that reads these pages is
-                # launched later on the same stream. Doing it now (not at collect) also hands
-                # the new handle to a chunk's continuation, scheduled before this is collected.
-                for req in batch.prefill_reqs:
-                    self.cache_prefix(req)
+            self._share_prompts(batch)
         self.decode.filter_reqs(batch.reqs)
         self.step_index += 1
-        padded = self.engine.padded_size(batch)
-        launch_ms = (self.clock() - started) * 1e3
+        padded, launch_ms = self.engine.padded_size(batch), (self.clock() - started) * 1e3
         return InFlight(
-            step,
-            batch,
-            rows,
-            admissions,
-            device,
-            started,
-            padded,
-            graph,
-            False,
-            page_rows,
-            launch_ms,
+            step, batch, rows, admissions, device, started, padded, graph, page_rows, launch_ms
         )
+
+    def _share_prompts(self, batch: Batch) -> None:
+        # NOTE: safe before the forward has run: any batch that reads these pages is launched
+        # later on the same stream. Doing it now (not at collect) also hands the new handle to
+        # a chunk's continuation, which is scheduled before this batch is collected.
+        if batch.is_prefill and self.cache.shares:
+            for req in batch.prefill_reqs:
+                self.cache_prefix(req)
 
     def schedule_next_batch(self) -> tuple[Batch | None, Admissions]:
         """The configured policy's batch and the admission decisions behind it."""
@@ -222,36 +212,30 @@ class Scheduler(EarlyEnds):
                 waited = self.clock() - start
                 raw = launched.device.tokens.tolist()
             probe.sample_end(step, batch, raw)
-            tokens: list[int | None] = []
-            finished = []
-            for req, token in zip(batch.sampled_reqs, raw):
-                if req.finish_reason is not None:
-                    tokens.append(None)  # overlap: it finished in the batch before; past its end
-                    continue
-                tokens.append(token)
-                req.append_host(token)
-                req.finish_reason = req.end_reason(token, self.eos_ids)
-                if req.finish_reason is not None:
-                    self._end(req)
-                    finished.append(req)
-                    probe.request_finish(step, req)
+            tokens, finished = self._append_tokens(batch, raw, step)
             self._free_finished(batch)
         end = self.clock()
         wait_ms, collect_ms = waited * 1e3, (end - start - waited) * 1e3
-        rows, admissions = launched.rows, launched.admissions
-        return StepOutcome(
-            step,
-            batch,
-            rows,
-            admissions,
-            tokens,
-            finished,
-            launched,
-            end,
-            None,
-            wait_ms,
-            collect_ms,
-        )
+        return StepOutcome(launched, tokens, finished, end, wait_ms, collect_ms)
+
+    def _append_tokens(
+        self, batch: Batch, raw: list[int], step: int
+    ) -> tuple[list[int | None], list[Req]]:
+        """Each sampled request's token on the host; those that end with it are finished."""
+        tokens: list[int | None] = []
+        finished = []
+        for req, token in zip(batch.sampled_reqs, raw):
+            if req.finish_reason is not None:
+                tokens.append(None)  # overlap: it finished in the batch before; past its end
+                continue
+            tokens.append(token)
+            req.append_host(token)
+            req.finish_reason = req.end_reason(token, self.eos_ids)
+            if req.finish_reason is not None:
+                self._end(req)
+                finished.append(req)
+                self.probe.request_finish(step, req)
+        return tokens, finished
 
     def _free_finished(self, batch: Batch) -> None:
         # NOTE: a finished request in the batch launched after this one still uses its slot and
