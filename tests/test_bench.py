@@ -66,8 +66,8 @@ def test_saved_sweep_runs_load_and_compare(tmp_path):
     results = json.loads(_bench(*args, "--max-extend-tokens", "8", "--json"))
     runs = {r["varied"]["policy"]: load_run(r["saved"]) for r in results}
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "policy=mixed.json",
-        "policy=prefill_first.json",
+        "policy=mixed.parquet",
+        "policy=prefill_first.parquet",
     ]
     table = compare_table(runs)
     # the saved history is the timed run alone (the warm-up is not in it)
@@ -92,7 +92,7 @@ def test_demo_runs_and_writes_its_report(tmp_path):
     cmd += ["--policy", "mixed", "--record", "light"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     assert "KV pool integrity ok" in out and " mixed " in out
-    run = load_run(tmp_path / "run.json")
+    run = load_run(tmp_path / "run.parquet")
     assert run.meta["policy"] == "mixed" and (run.steps.phase == "mixed").any()
     report = (tmp_path / "report.html").read_text()
     assert "mixed steps" in report and "vega-embed" in report  # summary and charts inline

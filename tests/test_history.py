@@ -77,7 +77,7 @@ def test_save_and_load_give_equal_tables(tmp_path):
     assert records[0].page_rows and records[0].events
     assert len(wb.history.events) > 100
     assert {"hook", "cpu_op"} <= set(wb.history.events.category)
-    path = wb.save(tmp_path / "run.json")
+    path = wb.save(tmp_path / "run.parquet")
     run = load_run(path)
     for name in ("steps", "ledger", "requests", "admissions", "events"):
         pd.testing.assert_frame_equal(getattr(wb.history, name), getattr(run, name))
@@ -146,7 +146,7 @@ def test_tables_built_step_by_step_equal_tables_built_at_once(wb):
     history = wb.history
     while wb.step(3) is not None:
         history.ledger  # noqa: B018 (builds the tables so far)
-        whole = _build_tables(history.records, history.arrivals, history.aborts)
+        whole = _build_tables(history.records, history.arrivals, history.aborts, history.cost)
         for name in TABLES:
             pd.testing.assert_frame_equal(history.tables()[name], whole[name], check_exact=True)
     assert len(history.ledger) > 30

@@ -25,7 +25,7 @@ def run(tmp_path_factory):
     for p in [shared, shared + " and more", *PROMPTS[:3]]:
         wb.add_request(p, greedy(6))
     wb.run(progress=False)
-    path = wb.save(tmp_path_factory.mktemp("run") / "run.json")
+    path = wb.save(tmp_path_factory.mktemp("run") / "run.parquet")
     return wb, load_run(path)
 
 

@@ -19,7 +19,14 @@ POLICIES = ("prefill_first", "decode_first", "mixed")
 RECORD_LEVELS = ("off", "light", "full")  # what each step keeps (instrument/probe.py)
 # What a loaded engine can change without reloading weights, resizing the KV pool or capturing
 # CUDA graphs again: the scheduler's settings (`LLM.reconfigure`).
-SCHEDULER_SETTINGS = ("max_extend_tokens", "policy", "cache", "overlap", "share_threshold")
+SCHEDULER_SETTINGS = (
+    "max_extend_tokens",
+    "policy",
+    "max_running_reqs",
+    "cache",
+    "overlap",
+    "share_threshold",
+)
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,

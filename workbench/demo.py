@@ -80,7 +80,7 @@ def run_demo(args: Namespace) -> None:
         f"record={args.record}); {cached} prompt tokens served from the prefix cache; "
         "KV pool integrity ok"
     )
-    run = wb.save(out / "run.json")
+    run = wb.save(out / "run.parquet")
     report = wb.report(out / "report.html", title=f"workbench demo: {args.model}")
     from .viz import charts
     from .viz.report import focus_step, save_png

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import gc
+from collections.abc import Callable, Container, Sequence
 from typing import Any
+
+import torch
 
 from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
 from .core import Req, SamplingParams, ceil_page
 from .engine.engine import Engine
 from .instrument.probe import Probe
+from .instrument.roofline import StepCost
 from .scheduler.outcome import StepOutcome
 from .scheduler.scheduler import Scheduler
 
 Prompt = str | Sequence[int]
+_KEEP = object()  # reconfigure: keep the current value
 
 
 class LLM:
@@ -41,9 +46,11 @@ class LLM:
         num_pages: int | None = None,
         overlap: bool | None = None,
         record: str = "off",
+        profile_steps: Container[int] | None = None,
         **engine_options: Any,
     ) -> None:
-        probe = Probe(record)  # checks the level before anything is loaded
+        # checks the record level and profile_steps before anything is loaded
+        probe = Probe(record, profile_steps=profile_steps)
         self.config = EngineConfig(
             model=model,
             device=device,
@@ -60,23 +67,22 @@ class LLM:
         self.engine = Engine(self.config)
         self.tokenizer = _load_tokenizer(self.engine.model_dir)
         probe.device = self.engine.device
+        engine = self.engine
+        probe.cost = StepCost.for_engine(engine.model_config, engine.dtype, engine.device)
+        probe.restart()  # a history that knows the cost
         self.scheduler = Scheduler(self.engine, probe)
 
-    def reconfigure(self, record: str | None = None, **settings: Any) -> None:
-        """Change the scheduler's settings (`max_extend_tokens`, `policy`, `cache`, `overlap`,
-        `share_threshold`) and the record level, keeping the loaded engine: the same weights,
-        KV pool and CUDA graphs. Only while nothing is waiting or running; the prefix cache
-        starts empty, hooks stay. ``llm.reconfigure(max_extend_tokens=64, policy="mixed")``."""
-        engine_only = sorted(set(settings) - set(SCHEDULER_SETTINGS))
-        if engine_only:
-            raise ValueError(
-                f"reconfigure changes {SCHEDULER_SETTINGS} and record; {engine_only} belong to "
-                "the engine: build a new LLM for those"
-            )
+    def reconfigure(
+        self, record: str | None = None, profile_steps: Any = _KEEP, **settings: Any
+    ) -> None:
+        """Change the scheduler's settings (`max_extend_tokens`, `policy`, `max_running_reqs`,
+        `cache`, `overlap`, `share_threshold`), the record level and `profile_steps`, keeping
+        the loaded engine: the same weights, KV pool and CUDA graphs. `max_running_reqs` may
+        go down to 1 and up to what the engine was built with (its table and graphs are sized
+        for that). Only while nothing is waiting or running; the prefix cache starts empty,
+        hooks stay. ``llm.reconfigure(max_extend_tokens=64, policy="mixed")``."""
+        probe, config = self._checked(record, profile_steps, settings)
         old = self.scheduler
-        record = old.record if record is None else record
-        probe = Probe(record, hooks=old.hooks, device=self.engine.device)  # checks the level
-        config = self.config.with_(**settings)  # validates
         if not old.is_idle:
             raise RuntimeError(
                 "reconfigure needs an idle engine: requests are waiting or running "
@@ -85,6 +91,60 @@ class LLM:
         old.abort_all()  # lets go of the prefix cache's pages
         self.scheduler = Scheduler(self.engine, probe, config=config)
         self.config = config
+
+    def check_settings(self, **settings: Any) -> None:
+        """Raise TypeError or ValueError if `reconfigure(**settings)` would; changes nothing."""
+        record, profile_steps = settings.pop("record", None), settings.pop("profile_steps", _KEEP)
+        self._checked(record, profile_steps, settings)
+
+    def _checked(self, record, profile_steps, settings: dict) -> tuple[Probe, EngineConfig]:
+        """The probe and config `reconfigure` would use, every argument checked."""
+        engine_only = sorted(set(settings) - set(SCHEDULER_SETTINGS))
+        if engine_only:
+            raise ValueError(
+                f"reconfigure changes {SCHEDULER_SETTINGS}, record and profile_steps; "
+                f"{engine_only} belong to the engine: build a new LLM for those"
+            )
+        old = self._open().scheduler
+        record = old.record if record is None else record
+        if profile_steps is _KEEP:
+            profile_steps = old.probe.profile_steps
+        probe = Probe(record, old.hooks, self.engine.device, profile_steps, cost=old.probe.cost)
+        config = self.config.with_(**settings)  # validates
+        built = self.engine.config.max_running_reqs
+        if config.max_running_reqs > built:
+            raise ValueError(
+                f"max_running_reqs={config.max_running_reqs} is more than this engine was built "
+                f"for ({built}: its request table and CUDA graphs are sized for it); build a "
+                "new LLM for more"
+            )
+        return probe, config
+
+    def close(self) -> None:
+        """Give back what the engine holds (on a GPU: weights, KV pool, CUDA graphs, workspaces)
+        so another engine can use the memory; the LLM cannot generate after. ``with LLM(...) as
+        llm:`` closes it at the end."""
+        if self.engine is None:
+            return
+        self.scheduler.abort_all()
+        self.engine.close()
+        self.engine = self.scheduler = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _open(self) -> LLM:
+        if self.engine is None:
+            raise RuntimeError(
+                "this LLM was closed (close() gave its memory back); build a new one"
+            )
+        return self
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def run_meta(self) -> dict:
         """The settings a saved run carries with it."""
@@ -148,6 +208,7 @@ class LLM:
         sampling: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[int]:
         """Validate every prompt, then queue them all (nothing is queued if one is bad)."""
+        self._open()
         prompts = V.prompt_batch(prompts)
         if sampling is None:
             sampling = SamplingParams()
@@ -184,6 +245,7 @@ class LLM:
         of this call ends, what they hold is freed, and the exception reaches the caller; the
         engine keeps serving."""
         V.callable_or_none("on_step", on_step)
+        self._open()
         uids = self.add_requests(prompts, sampling)
         try:
             pending = set(uids)
@@ -203,6 +265,8 @@ class LLM:
         except BaseException:
             self._drop(uids)
             raise
+        finally:
+            self.scheduler.probe.flush()  # record="full": the events of the call's steps
         return [self.output(self.scheduler.finished.pop(uid)) for uid in uids]
 
     def _drop(self, uids: list[int]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,12 @@ def optional_boolean(name: str, value: Any) -> bool | None:
 def choice(name: str, value: Any, choices: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {_show(value)}")
+    return value
+
+
+def mapping(name: str, value: Any) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping (a dict), got {_kind(value)} {_show(value)}")
     return value
 
 

@@ -13,12 +13,13 @@ launched after the previous one completed); turn it on to see what a serving eng
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import validate as V
 from .core import SamplingParams
+from .instrument.history import RunHistory
 from .instrument.hooks import HookRegistry
 from .instrument.probe import build_record
 from .instrument.record import StepRecord
@@ -72,6 +73,7 @@ class Workbench:
         arrival_step: int | None = None,
     ) -> int:
         """Queue a request (checked now); with `arrival_step`, it joins the queue at that step."""
+        self.llm._open()
         sampling = sampling if sampling is not None else SamplingParams()
         arrival_step = V.optional_integer("arrival_step", arrival_step, 0)
         ids = self.llm.encode(prompt)
@@ -124,10 +126,11 @@ class Workbench:
                 if i < n - 1:
                     self._notify(final=False)  # views follow a long step(n) as it goes
         finally:
-            self._notify(final=True)
+            self._end_call()
         return record
 
     def _step_once(self) -> StepRecord | None:
+        self.llm._open()
         self._release_arrivals()
         outcome = self.scheduler.step() or self.scheduler.flush()
         if outcome is None:
@@ -135,6 +138,13 @@ class Workbench:
         record = outcome.record or build_record(outcome, self.scheduler.occupancy())
         self.hooks.raise_pending()
         return record
+
+    def _end_call(self) -> None:
+        """After every step, run or run_until: the profiler's events (record="full") go to the
+        records, then the views redraw."""
+        if self.scheduler is not None:  # not closed
+            self.scheduler.probe.flush()
+        self._notify(final=True)
 
     def _notify(self, final: bool) -> None:
         for observer in list(self._observers):
@@ -159,7 +169,7 @@ class Workbench:
                 self._notify(final=False)
         finally:
             bar.close()
-            self._notify(final=True)
+            self._end_call()
         return records
 
     def run_until(
@@ -182,7 +192,7 @@ class Workbench:
                     return record
             return None
         finally:
-            self._notify(final=True)
+            self._end_call()
 
     def reset(self, again: bool = False) -> list[int]:
         """Drop every request and the history; empty the prefix cache. Hooks stay.
@@ -220,6 +230,75 @@ class Workbench:
         self.llm.reconfigure(record=record, **settings)
         self.scheduler, self.config = self.llm.scheduler, self.llm.config
         self._notify(final=True)
+
+    def compare(
+        self,
+        settings: Mapping[str, Mapping[str, Any]],
+        requests: Sequence[tuple] | None = None,
+        progress: bool = True,
+    ) -> dict[str, RunHistory]:
+        """The same requests run under each named setting, one after another on this engine
+        (weights, KV pool and CUDA graphs loaded once); the runs, by name, for
+        `viz.compare_table` / `compare_chart`.
+
+        `settings`: name -> `reconfigure` arguments, e.g.
+        ``{"chunk 256": dict(max_extend_tokens=256), "mixed": dict(policy="mixed")}``;
+        `requests`: ``(prompt, sampling)`` or ``(prompt, sampling, arrival_step)`` tuples, by
+        default the requests added since the last reset. Each run starts from an empty prefix
+        cache; afterwards the workbench holds the last one. Every setting and request is checked
+        before the first run starts."""
+        workload = self._workload(requests)
+        checked = {}
+        for name, options in V.mapping("settings", settings).items():
+            checked[str(name)] = dict(V.mapping(f"settings[{name!r}]", options))
+            self.llm.check_settings(**checked[str(name)])
+        runs = {}
+        for name, options in checked.items():
+            self.reset()
+            self.reconfigure(**options)
+            for ids, sampling, arrival in workload:
+                self.add_request(ids, sampling, arrival_step=arrival)
+            self.run(progress=progress)
+            runs[name] = self.snapshot(run=name, settings=options)
+        return runs
+
+    def _workload(self, requests: Sequence[tuple] | None) -> list[tuple]:
+        if requests is None:
+            workload = list(self._submitted or self._previous)
+            if not workload:
+                raise ValueError("requests is None and no request was added since the last reset")
+            return workload
+        workload = []
+        for i, request in enumerate(requests):
+            if not isinstance(request, tuple) or len(request) not in (2, 3):
+                raise TypeError(
+                    f"requests[{i}] must be (prompt, sampling) or (prompt, sampling, "
+                    f"arrival_step), got {request!r}"
+                )
+            prompt, sampling, arrival = (*request, 0)[:3]
+            sampling = sampling if sampling is not None else SamplingParams()
+            ids = self.llm.encode(prompt, i)
+            self.llm.check_request(ids, sampling, i)
+            workload.append((ids, sampling, V.integer(f"requests[{i}] arrival_step", arrival, 0)))
+        return workload
+
+    def snapshot(self, **meta: Any) -> RunHistory:
+        """The run so far as a `RunHistory` (what `load_run` gives for a saved run): its tables
+        stay as they are when the workbench goes on or is reset. `meta` is added to its meta."""
+        return RunHistory(dict(self.history.tables()), {**self._meta(), **meta})
+
+    def close(self) -> None:
+        """Give back what the engine holds (GPU memory: weights, KV pool, CUDA graphs); the
+        workbench cannot step after. ``with Workbench(...) as wb:`` closes it at the end."""
+        self._future.clear()
+        self.llm.close()
+        self.scheduler = self.engine = None
+
+    def __enter__(self) -> Workbench:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- results ----------------------------------------------------------------------------
     def outputs(self) -> list[dict]:
@@ -273,6 +352,8 @@ class Workbench:
 
     def __repr__(self) -> str:
         s = self.scheduler
+        if s is None:
+            return f"Workbench({self.config.model}, closed)"
         return (
             f"Workbench({self.config.model} on {self.engine.device}, step {s.step_index}, "
             f"{len(s.prefill.queue)} waiting, {len(s.decode.running)} running, "

@@ -138,7 +138,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--save",
         metavar="DIR",
-        help="write each run's history to DIR/<settings>.json (needs --record light or full); "
+        help="write each run's history to DIR/<settings>.parquet (needs --record light or full); "
         "compare them with workbench.viz.compare_table(load_run(...) ...)",
     )
 

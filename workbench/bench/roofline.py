@@ -1,50 +1,28 @@
-"""Roofline: lower bounds on decode step time and on a whole offline workload.
+"""Roofline of a whole offline workload: its prefill, then every decode step at its bound.
 
 A decode step must at least read every weight once and every active request's KV cache once
 (memory-bound), and do two FLOPs per weight per token plus the attention products
-(compute-bound); it takes no less than the larger of the two. Prefill is bounded by its FLOPs.
+(compute-bound); it takes no less than the larger of the two (`instrument/roofline.py`, which
+also bounds any recorded step). Prefill is bounded by its FLOPs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..models.config import ModelConfig
+# the per-step math lives with the steps table; these names are imported from here too
+from ..instrument.roofline import (  # noqa: F401
+    DEVICES,
+    H100,
+    H200,
+    DeviceSpec,
+    decode_step_bound,
+    prefill_bound,
+)
 
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    name: str
-    bandwidth: float  # bytes/s
-    flops: float  # dense FLOP/s in the model's dtype
-
-
-H200 = DeviceSpec("H200", 4.8e12, 989e12)
-DEVICES = {"h200": H200, "h100": DeviceSpec("H100", 3.35e12, 989e12)}
-
-
-def _streamed_weights(cfg: ModelConfig) -> int:
-    """Parameters read in full by one forward (the embedding is only gathered, unless tied)."""
-    embed = cfg.vocab_size * cfg.hidden_size
-    return cfg.num_params() - (0 if cfg.tie_word_embeddings else embed)
-
-
-def decode_step_bound(
-    cfg: ModelConfig, batch_size: int, kv_tokens: int, device: DeviceSpec, dtype_bytes: int = 2
-) -> float:
-    """Seconds for one decode step of `batch_size` requests reading `kv_tokens` tokens of KV."""
-    weights = _streamed_weights(cfg)
-    memory = weights * dtype_bytes + kv_tokens * cfg.kv_bytes_per_token(dtype_bytes)
-    attn_flops = 4 * kv_tokens * cfg.num_heads * cfg.head_dim * cfg.num_layers
-    compute = 2 * weights * batch_size + attn_flops
-    return max(memory / device.bandwidth, compute / device.flops)
-
-
-def prefill_bound(cfg: ModelConfig, prompt_lens: list[int], device: DeviceSpec) -> float:
-    weights = _streamed_weights(cfg)
-    tokens = sum(prompt_lens)
-    attn = sum(2 * n * n * cfg.num_heads * cfg.head_dim * cfg.num_layers for n in prompt_lens)
-    return (2 * weights * tokens + attn) / device.flops
+if TYPE_CHECKING:
+    from ..models.config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -10,22 +10,25 @@ Tables (one DataFrame each):
 
 Each table's columns are the fields of its row type in `tables.py`.
 
-A history saves to one JSON file and loads back (`load_run`) as a read-only `RunHistory` with the
-same tables, which every view can show without a model or a GPU.
+A history saves to one file (Parquet, or the older JSON for a path ending in ``.json``; see
+`runfile.py`) and loads back from either (`load_run`) as a read-only `RunHistory` with the same
+tables, which every view can show without a model or a GPU.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import runfile
 from .tables import TableRows
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from .record import StepRecord
+    from .roofline import StepCost
 
 TABLES = ("steps", "ledger", "requests", "admissions", "events", "pages")
 
@@ -33,7 +36,7 @@ TABLES = ("steps", "ledger", "requests", "admissions", "events", "pages")
 class _Tables:
     """The table accessors shared by a live History and a loaded RunHistory."""
 
-    def tables(self) -> dict[str, pd.DataFrame]:
+    def tables(self) -> Mapping[str, pd.DataFrame]:
         raise NotImplementedError
 
     @property
@@ -74,18 +77,20 @@ class _Tables:
         return write_report(self, path, title=title, meta=self.meta)
 
     def save(self, path: str | Path, meta: dict | None = None) -> Path:
-        """Write every table (and `meta`) to one JSON file."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"format": "workbench-run/1", "meta": {**self.meta, **(meta or {})}}
-        for name, frame in self.tables().items():
-            doc[name] = json.loads(frame.to_json(orient="table", index=False, double_precision=15))
-        path.write_text(json.dumps(doc))
-        return path
+        """Write every table (and `meta`) to one file: Parquet (zstd, each table readable alone,
+        see `runfile.py`) whatever the suffix, except a path ending in ``.json``, which writes the
+        older JSON format (``workbench-run/1``) for tools that want JSON: ten to thirty times
+        larger for a profiled run, and slower to write and to load."""
+        # every table read before the file is written (a loaded run reads them lazily)
+        tables = dict(self.tables())
+        return runfile.write(path, tables, {**self.meta, **(meta or {})})
 
 
 class History(_Tables):
-    def __init__(self) -> None:
+    def __init__(self, cost: StepCost | None = None) -> None:
+        """`cost`: the roofline of the engine's steps, for the steps table's `bytes_read`,
+        `flops`, `bound_ms` and `achieved_gbps` (None: those columns are NaN)."""
+        self.cost = cost
         self.records: list[StepRecord] = []
         self.arrivals: dict[int, tuple[int, float, int, int]] = {}  # uid -> step, s, prompt, max
         # uid -> (step it ended before, seconds, reason): ended between steps ("abort") or by a
@@ -93,7 +98,7 @@ class History(_Tables):
         self.aborts: dict[int, tuple[int, float, str]] = {}
         self.meta: dict[str, Any] = {}
         self._cache: dict[str, pd.DataFrame] | None = None
-        self._rows = TableRows()
+        self._rows = TableRows(cost)
 
     def arrive(self, uid: int, step: int, seconds: float, prompt_len: int, max_tokens: int) -> None:
         self.arrivals[uid] = (step, seconds, prompt_len, max_tokens)
@@ -107,6 +112,10 @@ class History(_Tables):
         self.records.append(record)
         self._cache = None
 
+    def events_changed(self) -> None:
+        """Profiler events were given to records already tabled: build the tables again."""
+        self._rows, self._cache = TableRows(self.cost), None
+
     def __len__(self) -> int:
         return len(self.records)
 
@@ -114,8 +123,9 @@ class History(_Tables):
         return self.records[i]
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        if not self._rows.follows(self.records):  # the records were cleared or replaced
-            self._rows, self._cache = TableRows(), None
+        # the records were cleared or replaced, or the rows were built with another cost
+        if not self._rows.follows(self.records) or self._rows.cost is not self.cost:
+            self._rows, self._cache = TableRows(self.cost), None
         if self._rows.count < len(self.records):
             self._cache = None
         if self._cache is None:
@@ -126,12 +136,13 @@ class History(_Tables):
 
 
 class RunHistory(_Tables):
-    """A saved run: the same tables, read-only, no engine behind them."""
+    """A saved run: the same tables, read-only, no engine behind them. From a Parquet file each
+    table is read the first time it is asked for (`runfile.ParquetTables`)."""
 
-    def __init__(self, frames: dict[str, pd.DataFrame], meta: dict) -> None:
+    def __init__(self, frames: Mapping[str, pd.DataFrame], meta: dict) -> None:
         self._frames, self.meta = frames, meta
 
-    def tables(self) -> dict[str, pd.DataFrame]:
+    def tables(self) -> Mapping[str, pd.DataFrame]:
         return self._frames
 
     def __len__(self) -> int:
@@ -142,25 +153,15 @@ class RunHistory(_Tables):
 
 
 def load_run(path: str | Path) -> RunHistory:
-    """A run saved with `Workbench.save` (or `History.save`), ready for every view."""
-    import io
-
-    import pandas as pd
-
-    doc = json.loads(Path(path).read_text())
-    if doc.get("format") != "workbench-run/1":
-        raise ValueError(f"{path} is not a saved workbench run")
-    frames = {
-        name: pd.read_json(io.StringIO(json.dumps(doc[name])), orient="table", precise_float=True)
-        for name in TABLES
-    }
-    return RunHistory(frames, doc.get("meta", {}))
+    """A run saved with `Workbench.save` (or `History.save`), ready for every view: a Parquet
+    file (told by its first bytes, whatever its name) or the JSON of older runs."""
+    return RunHistory(*runfile.read(path))
 
 
 def _build_tables(
-    records: list[StepRecord], arrivals: dict, aborts: dict
+    records: list[StepRecord], arrivals: dict, aborts: dict, cost: StepCost | None = None
 ) -> dict[str, pd.DataFrame]:
-    rows = TableRows()
+    rows = TableRows(cost)
     for rec in records:
         rows.add(rec)
     return rows.frames(arrivals, aborts)

@@ -2,10 +2,17 @@
 
 TPOT (time per output token) is measured after the first token, as vLLM and SGLang report it:
 ``(finish - first_token) / (output_tokens - 1)``; a request with fewer than two tokens has none.
+ITL (inter-token latency) is every gap between two consecutive tokens of one request, from the
+first token on; its percentiles are taken over the gaps of all requests together.
 The arguments may be numbers (seconds, or steps) or pandas Series of them.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def tpot(first_token, finish, output_tokens):
@@ -16,3 +23,23 @@ def tpot(first_token, finish, output_tokens):
     if finish is None or first_token is None or output_tokens < 2:
         return None
     return (finish - first_token) / (output_tokens - 1)
+
+
+def inter_token_latencies(steps: pd.DataFrame, ledger: pd.DataFrame) -> pd.Series:
+    """Seconds between consecutive tokens of each request (vLLM's and SGLang's ITL), indexed by
+    uid: one gap per token after a request's first. A token arrives when the step that sampled
+    it completes (`steps.completed_at`); the ledger says which step gave which request a token
+    (`token` not null).
+
+    A request's gaps add up to its last token minus its first, so their mean over all requests,
+    weighted by tokens, equals TPOT when each request's finish is its last token; the median
+    ITL and the median TPOT (a mean per request, then a median over requests) differ in
+    general, and ITL's tail shows the pauses that a request's mean smooths out."""
+    import pandas as pd
+
+    sampled = ledger.loc[ledger.token.notna(), ["uid", "step"]]
+    done_at = pd.Series(steps.completed_at.to_numpy(), index=steps.step.to_numpy())
+    tokens = sampled.assign(at=sampled.step.map(done_at)).sort_values(["uid", "step"])
+    gaps = tokens.groupby("uid", sort=False).at.diff()
+    itl = pd.Series(gaps.to_numpy(), index=tokens.uid.to_numpy(), name="itl_s", dtype="float64")
+    return itl[gaps.notna().to_numpy()].rename_axis("uid")

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from .. import validate as V
@@ -23,12 +24,13 @@ from ..core import Admissions, Batch, Req, ReqView
 from . import events as ev
 from .history import History
 from .hooks import HookRegistry
-from .profiler import StepProfiler
+from .profiler import ProfilerSession
 from .record import KVState, StepRecord
 
 if TYPE_CHECKING:
     from ..kvcache.table import TableManager
     from ..scheduler.outcome import Occupancy, StepOutcome
+    from .roofline import StepCost
 
 _NULL = contextlib.nullcontext()
 
@@ -39,13 +41,23 @@ class Probe:
         record: str = "off",
         hooks: HookRegistry | None = None,
         device: torch.device | str = "cpu",
+        profile_steps: Container[int] | None = None,
+        cost: StepCost | None = None,
     ) -> None:
+        """`profile_steps`: with record="full", the steps the profiler covers (None: all),
+        e.g. ``range(100, 120)`` or ``range(0, 10**9, 10)`` (every 10th). `cost`: the roofline
+        of the engine's steps, for the history's steps table (None: those columns are NaN)."""
         self.record = V.choice("record", record, RECORD_LEVELS)
+        self.profile_steps = check_profile_steps(profile_steps)
         self.hooks = hooks if hooks is not None else HookRegistry()
         self.device = torch.device(device)
-        self.history = History()
+        self.cost = cost
+        self.history = History(self.cost)
         self._t0 = time.perf_counter()
-        self._events: tuple | None = None  # the profiled step's events, until its record
+        self._session: ProfilerSession | None = None
+        # while a session runs: each recorded step's host windows, and its record's event list
+        self._windows: list[tuple[float, float, int]] = []  # (start_s, end_s, step)
+        self._pending: dict[int, list] = {}
 
     def clock(self) -> float:
         """Seconds since the run started (or was reset): the time axis of the records."""
@@ -53,22 +65,55 @@ class Probe:
 
     def restart(self) -> None:
         """A new run: an empty history and the clock from zero; the hooks stay."""
-        self.history = History()
+        if self._session is not None:
+            self._session.discard()
+        self._windows, self._pending = [], {}
+        self.history = History(self.cost)
         self._t0 = time.perf_counter()
 
     def range(self, name: str):
         """A profiler range named after the hook point that fires at its end (record="full")."""
         return torch.profiler.record_function(name) if self.record == "full" else _NULL
 
-    @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
-        """Around one scheduler step: torch.profiler with record="full"."""
+    def before_step(self, index: int) -> None:
+        """Before the scheduler step that launches batch `index`: with record="full", start a
+        profiler session when the step is to be profiled and none runs, or end the one that
+        runs when it is not."""
         if self.record != "full":
-            yield
             return
-        with StepProfiler(self.clock, self.device) as prof:
-            yield
-        self._events = prof.events()
+        # NOTE: with overlap, batch `index - 1` is collected in this step: keep the session on
+        profiled = self._profiled(index) or self._profiled(index - 1)
+        if self._session is None:
+            self._session = ProfilerSession(self.clock, self.device)
+        if profiled and not self._session.running:
+            self._session.start()
+        elif not profiled and self._session.running:
+            self.flush()
+
+    def _profiled(self, index: int) -> bool:
+        return self.profile_steps is None or index in self.profile_steps
+
+    def flush(self) -> None:
+        """End the profiler session, if one runs, and give each step it covered its events (in
+        its record and the history's events table). The workbench calls this at the end of
+        every `step`, `run` and `generate`; events are not known before."""
+        if self._session is None or not self._session.running:
+            return
+        events = self._session.stop()
+        windows, self._windows = self._windows, []
+        pending, self._pending = self._pending, {}
+        if not windows:
+            return
+        windows.sort()
+        starts = np.array([w[0] for w in windows]) * 1e6
+        ends = np.array([w[1] for w in windows]) * 1e6
+        placed = np.array([e.placed_us for e in events])
+        slot = np.searchsorted(starts, placed, side="right") - 1
+        inside = (slot >= 0) & (placed <= ends[np.maximum(slot, 0)])
+        for event, i, keep in zip(events, slot.tolist(), inside.tolist()):
+            if keep:  # host time outside every step (the caller's own code) is not kept
+                pending[windows[i][2]].append(event[:5])
+        self.history.events_changed()
 
     # -- hook points, in the order they fire ----------------------------------------------
     def request_arrive(self, step: int, uid: int, prompt_len: int, max_tokens: int) -> None:
@@ -119,15 +164,10 @@ class Probe:
 
     def batch_prepared(
         self, step: int, batch: Batch, rows: list[ReqView], new_pages: int, table: TableManager
-    ) -> dict[int, tuple[int, ...]] | None:
-        """Fires "batch.prepared"; with record="full", returns the batch's page-table rows,
-        snapshot now: with overlap they change before the batch is collected."""
-        page_rows = None
-        if self.record == "full":
-            pages = table.page_table_host
-            page_rows = {
-                r.table_idx: tuple(pages[r.table_idx, : r.device_len].tolist()) for r in rows
-            }
+    ) -> dict[int, tuple] | None:
+        """Fires "batch.prepared"; with record="full", returns the batch's page-table rows as
+        slot runs, snapshot now: with overlap they change before the batch is collected."""
+        page_rows = slot_runs(table.page_table_host, rows) if self.record == "full" else None
         if "batch.prepared" in self.hooks:
             num_tokens = sum(r.extend_len for r in rows)
             event = ev.BatchPrepared(step, batch.phase, tuple(rows), num_tokens, new_pages)
@@ -166,16 +206,61 @@ class Probe:
         """The step's record, kept in the history (record="light" or "full") and handed to
         "step.end"; None when neither wants it. `occupancy` is called only when a record is
         built."""
-        events, self._events = self._events, None
         if self.record == "off" and "step.end" not in self.hooks:
             return None
+        running = self._session is not None and self._session.running
+        profiled = running and self._profiled(outcome.index)
+        events: list | None = [] if profiled else None  # filled when the session ends
         with self.range("step.end"):
             record = build_record(outcome, occupancy(), events)
             if self.record != "off":
                 self.history.append(record)
         if "step.end" in self.hooks:
             self.hooks.emit("step.end", record)
+        if profiled:
+            launched = outcome.launched
+            start, collect_ms = launched.launched_at, outcome.wait_ms + outcome.collect_ms
+            self._windows.append((start, start + launched.launch_ms / 1e3, outcome.index))
+            self._windows.append(
+                (outcome.completed_at - collect_ms / 1e3, self.clock(), outcome.index)
+            )
+            self._pending[outcome.index] = events
         return record
+
+
+def slot_runs(page_table: np.ndarray, rows: list[ReqView]) -> dict[int, tuple]:
+    """Each row's page-table entries ``[0, device_len)`` as runs of consecutive KV slots,
+    ``(pos_start, pos_end, slot_start)``: a request's KV mostly lies in one or two runs, so this
+    is a few tuples per request where the slots themselves are thousands of ints per step."""
+    if not rows:
+        return {}
+    idx = np.array([r.table_idx for r in rows], dtype=np.int64)
+    lens = np.array([r.device_len for r in rows], dtype=np.int64)
+    first = np.cumsum(lens) - lens  # where each row begins in the flat arrays
+    pos = np.arange(int(lens.sum())) - np.repeat(first, lens)
+    slots = page_table[np.repeat(idx, lens), pos].astype(np.int64)
+    begins = np.ones(len(slots), dtype=bool)
+    begins[1:] = (pos[1:] == 0) | (slots[1:] != slots[:-1] + 1)
+    starts = np.flatnonzero(begins)
+    ends = np.append(starts[1:], len(slots))
+    owner = np.repeat(np.arange(len(rows)), lens)[starts]
+    runs: dict[int, list] = {int(i): [] for i in idx}
+    for o, a, b in zip(owner.tolist(), starts.tolist(), ends.tolist()):
+        p = int(pos[a])
+        runs[int(idx[o])].append((p, p + b - a, int(slots[a])))
+    return {i: tuple(r) for i, r in runs.items()}
+
+
+def check_profile_steps(steps) -> Container[int] | None:
+    if steps is None or isinstance(steps, range):
+        return steps
+    if isinstance(steps, int | str | bytes) or not hasattr(steps, "__iter__"):
+        raise TypeError(
+            "profile_steps must be None (every step), a range (e.g. range(100, 120), or "
+            "range(0, 10**9, 10) for every 10th step) or a collection of step indices, "
+            f"got {steps!r}"
+        )
+    return frozenset(V.integer("profile_steps item", s, 0) for s in steps)
 
 
 def build_record(

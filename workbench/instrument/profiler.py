@@ -1,12 +1,13 @@
-"""Per-step profiler capture (record="full"): torch.profiler around one scheduler step, its events
+"""Profiler capture (record="full"): one torch.profiler session over many steps, its events
 flattened to (name, category, track, start_us, duration_us) on the run's time axis."""
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
+import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -45,67 +46,87 @@ def activities(device: torch.device) -> list:
     return [ProfilerActivity.CPU, *cuda]
 
 
-class StepProfiler:
-    """torch.profiler around one step. The collector is paused meanwhile: the profiler leaves
-    thousands of event objects in reference cycles, and collections during the step would
-    promote them to the old generation, where each full collection walks the whole heap (on the
-    H200 machine 38 of them took 21 s of a 76 s run). Paused, they are still young when the
-    profiler is dropped, and the next young collection frees them."""
+class Event(NamedTuple):
+    """One profiler event on the run's clock, and the host time that places it in a step: its
+    own start for host events; for a kernel, the start of the host operator that launched it
+    (with overlap a kernel may run while the host already prepares the next batch)."""
+
+    name: str
+    category: str  # "hook" (a hook point's range), "kernel" or "cpu_op"
+    track: str  # "cpu:<thread>" or "gpu:<device>:<stream>"
+    start_us: float
+    duration_us: float
+    placed_us: float
+
+
+class ProfilerSession:
+    """One torch.profiler session over any number of steps (record="full").
+
+    Nothing is read while it runs: no synchronisation and no Python object per event. `stop()`
+    synchronises once and reads kineto's events once. A start and stop around every step
+    instead cost a synchronisation and tens of milliseconds each, which a profiled run then
+    measured as its own step times.
+    """
 
     def __init__(self, clock: Callable[[], float], device: torch.device) -> None:
+        self._clock, self._cuda = clock, device.type == "cuda"
+        self._activities = activities(device)
+        self._prof = None
+        self._offset_us = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self._prof is not None
+
+    def start(self) -> None:
         from torch.profiler import profile
 
-        self._clock, self._cuda = clock, device.type == "cuda"
-        self._prof = profile(activities=activities(device))
-        self._offset_us = 0.0
-        self._events: tuple = ()
-        self._gc_was_enabled = False
+        prof = profile(activities=self._activities)
+        with _quiet_stderr():
+            prof.start()
+        # NOTE: kineto's times are on the Unix clock; the records', on the run's clock.
+        self._offset_us = self._clock() * 1e6 - time.time_ns() / 1e3
+        self._prof = prof
 
-    def __enter__(self) -> StepProfiler:
-        self._offset_us = self._clock() * 1e6
-        self._gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+    def stop(self) -> list[Event]:
+        """End the session; its events, in the order kineto gives them."""
+        prof, self._prof = self._prof, None
+        if self._cuda:
+            torch.cuda.synchronize()
+        with _quiet_stderr():
+            prof.stop()
+        return self._read(prof.profiler.kineto_results)
+
+    def discard(self) -> None:
+        if self._prof is not None:
             with _quiet_stderr():
-                self._prof.__enter__()
-        except BaseException:
-            self._resume_gc()
-            raise
-        return self
+                self._prof.stop()
+            self._prof = None
 
-    def __exit__(self, *exc) -> None:
-        try:
-            if self._cuda:
-                torch.cuda.synchronize()
-            with _quiet_stderr():
-                self._prof.__exit__(*exc)
-            if exc[0] is None:
-                self._events = self._flatten()
-        finally:
-            self._prof = None  # its events are garbage now, still in the young generation
-            self._resume_gc()
-
-    def _resume_gc(self) -> None:
-        if self._gc_was_enabled:
-            gc.enable()
-
-    def events(self) -> tuple[tuple[str, str, str, float, float], ...]:
-        """The step's events, flattened: (name, category, track, start_us, duration_us)."""
-        return self._events
-
-    def _flatten(self) -> tuple[tuple[str, str, str, float, float], ...]:
-        out = []
-        for e in self._prof.events():
-            duration = e.time_range.end - e.time_range.start
-            if duration <= 0:
+    def _read(self, results) -> list[Event]:
+        offset, cuda = self._offset_us, torch.autograd.DeviceType.CUDA
+        launched_at: dict[int, float] = {}  # host operator's correlation id -> its start
+        kernels, out = [], []
+        for e in results.events():
+            duration = e.duration_ns() / 1e3
+            start = e.start_ns() / 1e3 + offset
+            if e.device_type() == cuda:
+                if duration > 0:
+                    track = f"gpu:{e.device_index()}:{e.device_resource_id()}"
+                    kernels.append((e.name(), track, start, duration, e.linked_correlation_id()))
                 continue
-            on_device = e.device_type == torch.autograd.DeviceType.CUDA
-            category = "hook" if e.name in HOOK_POINTS else "kernel" if on_device else "cpu_op"
-            if category == "cpu_op" and (duration < MIN_CPU_OP_US or e.name in _BOOKKEEPING):
+            launched_at[e.correlation_id()] = start
+            name = e.name()
+            category = "hook" if name in HOOK_POINTS else "cpu_op"
+            if duration <= 0 or (
+                category == "cpu_op" and (duration < MIN_CPU_OP_US or name in _BOOKKEEPING)
+            ):
                 continue  # most host operators are views and casts of a few microseconds
-            track = f"gpu:{e.device_index}:{e.thread}" if on_device else f"cpu:{e.thread}"
-            out.append((e.name, category, track, self._offset_us + e.time_range.start, duration))
-        return tuple(out)
+            out.append(Event(name, category, f"cpu:{e.start_thread_id()}", start, duration, start))
+        for name, track, start, duration, link in kernels:
+            placed = launched_at.get(link, start)
+            out.append(Event(name, "kernel", track, start, duration, placed))
+        return out
 
 
 @contextlib.contextmanager

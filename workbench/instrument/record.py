@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ..core import Admission, ReqView
 
@@ -72,8 +72,11 @@ class StepRecord:
     device_ms: float  # forward and sampling on the device (CUDA events; wall time on the CPU)
     host_ms: float = 0.0  # host work: schedule, prepare, enqueue, then process the tokens
     wait_ms: float = 0.0  # host blocked on the device for the tokens (near 0: host-bound)
-    page_rows: dict[int, tuple[int, ...]] | None = None  # record="full": table row -> KV slots
-    events: tuple[Any, ...] | None = field(default=None, repr=False)  # record="full": profiler
+    # record="full": table row -> its slots as runs (pos_start, pos_end, slot_start)
+    page_rows: dict[int, tuple[tuple[int, int, int], ...]] | None = None
+    # record="full": profiler events (name, category, track, start_us, duration_us); filled in
+    # when the profiler session that covered the step ends (`Probe.flush`)
+    events: list[tuple] | None = field(default=None, repr=False)
 
     @property
     def rows(self) -> tuple[LedgerRow, ...]:

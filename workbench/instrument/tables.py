@@ -4,18 +4,22 @@ built from StepRecords. A row is built by keyword, so a column and its value can
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from .latency import tpot
+from .roofline import NO_COST
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from .record import StepRecord
+    from .roofline import StepCost
 
 
 class StepRow(NamedTuple):
-    """One scheduler step: its batch by kind, the queue, the KV pool and the timings."""
+    """One scheduler step: its batch by kind, the queue, the KV pool, the timings, and its
+    roofline (`roofline.StepCost`; NaN in a history without one)."""
 
     step: int
     phase: str
@@ -43,6 +47,10 @@ class StepRow(NamedTuple):
     device_ms: float
     host_ms: float
     wait_ms: float
+    bytes_read: float  # weights once, the KV contexts read, the new tokens' KV written
+    flops: float
+    bound_ms: float  # the roofline's time for the step; NaN without a device spec
+    achieved_gbps: float  # bytes_read / device_ms; NaN where device_ms is 0
 
 
 class LedgerEntry(NamedTuple):
@@ -118,9 +126,11 @@ class PageRow(NamedTuple):
 
 class TableRows:
     """The tables' rows so far, record by record; a live history keeps one and adds only the
-    records that came since its last tables (a view redraws after every step)."""
+    records that came since its last tables (a view redraws after every step). `cost` gives
+    each step its roofline columns (None: NaN)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cost: StepCost | None = None) -> None:
+        self.cost = cost
         self.count = 0  # records added
         self.last: StepRecord | None = None  # the last of them, to tell a history started over
         # NOTE: rows are kept as plain tuples (`tuple(StepRow(...))`): the garbage collector
@@ -164,6 +174,8 @@ class TableRows:
                 finish=r.finish,
             )
             self.ledger.append(tuple(entry))
+        bound = NO_COST if self.cost is None else self.cost.of_step(rows)
+        device_ms = rec.device_ms
         step = StepRow(
             step=rec.step,
             phase=rec.phase,
@@ -188,9 +200,13 @@ class TableRows:
             launched_at=rec.launched_at,
             completed_at=rec.completed_at,
             wall_ms=rec.wall_ms,
-            device_ms=rec.device_ms,
+            device_ms=device_ms,
             host_ms=rec.host_ms,
             wait_ms=rec.wait_ms,
+            bytes_read=bound.bytes_read,
+            flops=bound.flops,
+            bound_ms=bound.bound_ms,
+            achieved_gbps=bound.bytes_read / device_ms / 1e6 if device_ms > 0 else math.nan,
         )
         self.steps.append(tuple(step))
         for name, category, track, start_us, duration_us in rec.events or ():
@@ -205,7 +221,7 @@ class TableRows:
             self.events.append(tuple(event))
         if rec.page_rows:
             for r in rows:
-                for pos_start, pos_end, slot_start in _runs(rec.page_rows[r.table_idx]):
+                for pos_start, pos_end, slot_start in rec.page_rows[r.table_idx]:
                     page = PageRow(
                         step=rec.step,
                         uid=r.uid,
@@ -318,19 +334,6 @@ def _rounded(frame: pd.DataFrame) -> pd.DataFrame:
     decimals = {c: 9 if c.endswith("_s") or c.endswith("_at") else 6 for c in frame.columns}
     floats = [c for c in frame.columns if frame[c].dtype.kind == "f"]
     return frame.round({c: (3 if c.endswith("_us") else decimals[c]) for c in floats})
-
-
-def _runs(slots) -> list[tuple[int, int, int]]:
-    """(pos_start, pos_end, slot_start) for each run of consecutive slots in a page-table row."""
-    import numpy as np
-
-    slots = np.asarray(slots, dtype=np.int64)
-    if not len(slots):
-        return []
-    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
-    starts = np.concatenate([[0], breaks])
-    ends = np.concatenate([breaks, [len(slots)]])
-    return [(int(a), int(b), int(slots[a])) for a, b in zip(starts, ends)]
 
 
 def _text_as_string(frame: pd.DataFrame) -> pd.DataFrame:

@@ -67,6 +67,13 @@ class PrefillAdder:
     share_threshold: int = 0  # 0: never wait for a prefix being computed in this batch
     batch_prompts: list[np.ndarray] = field(default_factory=list)  # prompts admitted so far
     on_match: Callable[[int, int, int], None] | None = None  # (uid, prompt_len, cached_len)
+    # request slots this batch may still take (None: the table's free rows; the scheduler
+    # passes fewer when max_running_reqs was lowered below them)
+    slots_left: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.slots_left is None:
+            self.slots_left = self.table.available_size
 
     def try_add_one(self, pending: PendingReq) -> Req | str:
         """The admitted request, or the name of the check that refused it."""
@@ -75,7 +82,7 @@ class PrefillAdder:
         if pending.chunked is not None:  # holds its slot and handle: no checks again
             chunked = pending.chunked
             return self._add(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)
-        if self.table.available_size == 0:
+        if self.slots_left <= 0:
             return NO_SLOT
         match = self.cache.match(pending.token_ids)
         cached_len = match.handle.cached_len
@@ -94,6 +101,7 @@ class PrefillAdder:
             self.cache.unlock(match.handle)
             return KV_FULL_AFTER_LOCK
         row = self.table.allocate()
+        self.slots_left -= 1
         if cached_len > 0:
             self.table.write_row(row, 0, match.slots)
         req = self._add(pending, match.handle, row, cached_len)

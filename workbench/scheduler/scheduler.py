@@ -96,10 +96,11 @@ class Scheduler(EarlyEnds):
         """Run one batch to completion and return what it did; None when there is nothing to do.
 
         With overlap, the batch after it is already launched when this returns. With
-        record="full" the step runs under torch.profiler and its record carries the events.
+        record="full" the step runs under the probe's profiler session; its record gets the
+        events when the session ends (`probe.flush()`).
         """
-        with self.probe.step():
-            outcome = self._step()
+        self.probe.before_step(self.step_index)
+        outcome = self._step()
         return None if outcome is None else self._finish(outcome)
 
     def _step(self) -> StepOutcome | None:
@@ -126,12 +127,20 @@ class Scheduler(EarlyEnds):
         outcome.record = self.probe.step_end(outcome, self.occupancy)
         return outcome
 
+    @property
+    def free_slots(self) -> int:
+        """Request slots free under `max_running_reqs` (which `reconfigure` may lower below the
+        table's rows)."""
+        table = self.table
+        in_use = table.max_running_reqs - table.available_size
+        return min(table.available_size, self.config.max_running_reqs - in_use)
+
     def occupancy(self) -> Occupancy:
         cache = self.cache
         return Occupancy(
             len(self.prefill.queue),
             len(self.decode.running),
-            self.table.available_size,
+            self.free_slots,
             cache.free_size,
             cache.evictable_size,
             cache.total_size,
@@ -190,6 +199,7 @@ class Scheduler(EarlyEnds):
             reserved_size=self.decode.reserved_size,
             cache=self.cache,
             table=self.table,
+            slots_left=self.free_slots,
             share_threshold=self.config.share_threshold if self.cache.shares else 0,
             on_match=self.probe.cache_match_hook(self.step_index),
         )

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from ..instrument.families import breakdown_table
-from ..instrument.latency import tpot
+from ..instrument.latency import inter_token_latencies, tpot
 from .common import WIDTH, _alt, _binned_steps
 from .report import summary
 
@@ -35,21 +35,31 @@ def request_latencies(history) -> pd.DataFrame:
 
 
 def compare_table(runs: Mapping[str, object]) -> pd.DataFrame:
-    """One row per run: the report's headline figures, latency percentiles (steps and ms) and,
-    for runs profiled with record="full", the mean ms per step of each kernel family."""
+    """One row per run: the report's headline figures; latency in steps; TTFT, TPOT and ITL
+    percentiles in ms (p50, p90, p99: TTFT and TPOT over requests, ITL over the gaps of all
+    requests); mean step times, and against the roofline where the run has it (`bound_ms`,
+    `achieved_gbps` of the steps table); for runs profiled with record="full", the mean ms per
+    step of each kernel family."""
     rows = {}
     for label, history in runs.items():
         lat = request_latencies(history)
+        steps = history.steps
+        itl_ms = inter_token_latencies(steps, history.ledger) * 1e3
         row = summary(history)
         row.update(
             {
                 "mean TTFT (steps)": round(float(lat.ttft_steps.mean()), 2),
                 "p90 TTFT (steps)": float(lat.ttft_steps.quantile(0.9)),
                 "mean steps per output token": round(float(lat.tpot_steps.mean()), 3),
-                "p90 TTFT (ms)": round(float(lat.ttft_ms.quantile(0.9)), 1),
-                "mean step wall (ms)": round(float(history.steps.wall_ms.mean()), 3),
-                "mean step device (ms)": round(float(history.steps.device_ms.mean()), 3),
-                "mean step host (ms)": _mean(history.steps, "host_ms"),
+                **_percentiles("TTFT", lat.ttft_ms),
+                **_percentiles("TPOT", lat.tpot_ms),
+                **_percentiles("ITL", itl_ms),
+                "mean step wall (ms)": round(float(steps.wall_ms.mean()), 3),
+                "mean step device (ms)": round(float(steps.device_ms.mean()), 3),
+                "mean step host (ms)": _mean(steps, "host_ms"),
+                "mean step bound (ms)": _mean(steps, "bound_ms"),
+                "mean achieved GB/s": _mean(steps, "achieved_gbps"),
+                "bound / device time": _bound_share(steps),
             }
         )
         breakdown = breakdown_table(history)
@@ -63,8 +73,24 @@ def compare_table(runs: Mapping[str, object]) -> pd.DataFrame:
 
 
 def _mean(steps: pd.DataFrame, column: str) -> float | None:
-    """A column's mean, or None for runs saved before the column existed."""
+    """A column's mean, or None for runs saved before the column existed (NaN where it has no
+    values, e.g. the roofline of a run on the CPU)."""
     return round(float(steps[column].mean()), 3) if column in steps else None
+
+
+def _percentiles(name: str, ms: pd.Series) -> dict[str, float]:
+    """p50, p90 and p99 of `ms` (NaN where there is none), as `latency_summary` takes them."""
+    return {f"p{q} {name} (ms)": round(float(ms.quantile(q / 100)), 2) for q in (50, 90, 99)}
+
+
+def _bound_share(steps: pd.DataFrame) -> float | None:
+    """The steps' roofline time over their device time, over the steps that have a bound: 1.0
+    would be every step at its roofline. None for runs without the column, NaN without a spec."""
+    if "bound_ms" not in steps:
+        return None
+    bounded = steps[steps.bound_ms.notna()]
+    device_ms = bounded.device_ms.sum()
+    return round(float(bounded.bound_ms.sum() / device_ms), 3) if device_ms > 0 else float("nan")
 
 
 def compare_chart(runs: Mapping[str, object], unit: str = "steps"):

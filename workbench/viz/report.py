@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..instrument.latency import inter_token_latencies
 from . import charts
 
 
 def summary(history) -> dict:
-    """Headline figures of a run, from its tables."""
+    """Headline figures of a run, from its tables. The median ITL is over the gaps between
+    consecutive tokens of all requests; the median TPOT over the requests' own means."""
     steps, requests = history.steps, history.requests
+    itl = inter_token_latencies(steps, history.ledger)
     seconds = float(steps.completed_at.max() - steps.launched_at.min()) if len(steps) else 0.0
     tokens = int(requests.completion_tokens.sum())
     return {
@@ -30,6 +33,7 @@ def summary(history) -> dict:
         "output tokens/s": round(tokens / seconds, 1) if seconds else None,
         "median TTFT (ms)": _ms(requests.ttft_s.median()),
         "median TPOT (ms)": _ms(requests.tpot_s.median()),
+        "median ITL (ms)": _ms(itl.median()),
         "largest batch": int(steps.batch_size.max()) if len(steps) else 0,
         "peak KV in use (tokens)": int(steps.kv_in_use.max()) if len(steps) else 0,
     }

@@ -118,12 +118,14 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
 
 
 def step_breakdown(history, highlight_step: int | None = None):
-    """Per step: device time by kernel family (attention, matmul, sampling, ...) and idle."""
+    """Per step: device time by kernel family (attention, matmul, sampling, ...) and idle; and,
+    where the steps table has it, the step's roofline bound (`bound_ms`) as a line over its bar."""
     alt = _alt()
     frame = breakdown_table(history)
     if frame.empty:
         return _empty(alt, "profiler events are recorded with record='full'")
     width = max(1, int(np.ceil(frame.step.nunique() / MAX_BARS)))
+    bound = _bounds(history.steps, frame.step.unique(), width)
     if width > 1:
         frame = frame.assign(step=frame.step // width * width)
         frame = frame.groupby(["step", "family"], as_index=False).ms.mean()
@@ -139,6 +141,34 @@ def step_breakdown(history, highlight_step: int | None = None):
             tooltip=["step:Q", "family:N", alt.Tooltip("ms:Q", format=".2f")],
         )
     )
+    title = "Where each step's time went"
+    if bound is not None:
+        # NOTE: one level segment per bar (x to x2), so the line follows the bars also where
+        # only some steps were profiled
+        line = (
+            alt.Chart(bound)
+            .mark_rule(color="black", strokeWidth=1.5)
+            .encode(
+                x=_step_x(alt),
+                x2="step_end:Q",
+                y=alt.Y("bound_ms:Q", title="ms"),
+                tooltip=["step:Q", alt.Tooltip("bound_ms:Q", format=".4f", title="bound (ms)")],
+            )
+        )
+        chart = alt.layer(chart, line)
+        title += " (black: the roofline bound)"
     return _with_rule(alt, chart, highlight_step, "step").properties(
-        width=WIDTH, height=150, title="Where each step's time went"
+        width=WIDTH, height=150, title=title
     )
+
+
+def _bounds(steps: pd.DataFrame, profiled, width: int) -> pd.DataFrame | None:
+    """The roofline bound of the profiled steps, averaged over bins of `width` steps like the
+    bars; None when the steps table has none (a run on the CPU, or saved before the column)."""
+    if "bound_ms" not in steps or steps.bound_ms.isna().all():
+        return None
+    frame = steps.loc[steps.step.isin(profiled) & steps.bound_ms.notna(), ["step", "bound_ms"]]
+    if width > 1:
+        frame = frame.assign(step=frame.step // width * width)
+        frame = frame.groupby("step", as_index=False).bound_ms.mean()
+    return frame.assign(step_end=frame.step + width)

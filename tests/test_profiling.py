@@ -1,0 +1,157 @@
+"""Profiling runs and comparing schedules on one engine: a profiler session per run (or per window
+of steps) whose events land in the steps that caused them, page-table snapshots as slot runs,
+`compare` over named settings, `max_running_reqs` changed live, and `close()`."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from workbench import LLM, SamplingParams, Workbench
+from workbench.core import ReqView
+from workbench.instrument.probe import slot_runs
+from workbench.models.induction import pattern_continuation, pattern_prompts
+
+from .conftest import CPU_AND_GPU
+
+MODEL = "dummy:qwen3-induction"
+STEP_RANGES = ("schedule.end", "batch.prepared", "forward.end", "sample.end", "step.end")
+
+
+def workbench(device: str, **options) -> Workbench:
+    return Workbench(
+        MODEL, device=device, num_pages=4096, max_running_reqs=8, cuda_graph_max_bs=8, **options
+    )
+
+
+def submit(wb: Workbench, seed: int = 0, count: int = 5) -> dict[int, list[int]]:
+    rng = random.Random(seed)
+    prompts = pattern_prompts(rng, [rng.randint(20, 70) for _ in range(count)], period=7)
+    return {
+        wb.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True), arrival_step=i): p
+        for i, p in enumerate(prompts)
+    }
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("device", CPU_AND_GPU)
+def test_each_profiled_step_gets_its_own_ranges_and_kernels(device, overlap):
+    """One session over the run; afterwards every step holds exactly one range of each hook
+    point it went through (with overlap, the next batch's launch runs inside this step's
+    scheduler call, and its ranges still go to the next step), and on a GPU its kernels."""
+    with workbench(device, record="full", overlap=overlap, max_extend_tokens=24) as wb:
+        prompts = submit(wb)
+        records = wb.run(progress=False)
+        assert all(r.events is not None for r in records)
+        events = wb.history.events
+        for step, group in events[events.category == "hook"].groupby("step"):
+            assert Counter(group.name) == Counter(STEP_RANGES), step
+        assert set(events.step) == {r.step for r in records}
+        if device == "cuda":
+            kernels = events[events.category == "kernel"].groupby("step").size()
+            assert set(kernels.index) == {r.step for r in records}
+        outputs = {o["uid"]: o["token_ids"] for o in wb.outputs()}
+        assert outputs == {u: pattern_continuation(p, 8) for u, p in prompts.items()}
+        wb.check_integrity()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("device", CPU_AND_GPU)
+def test_profile_steps_limits_the_profiler_to_a_window(device, overlap):
+    with workbench(device, record="full", profile_steps=range(3, 6), overlap=overlap) as wb:
+        submit(wb)
+        records = wb.run(progress=False)
+        profiled = {r.step for r in records if r.events is not None}
+        assert profiled == {3, 4, 5}
+        assert set(wb.history.events.step) == profiled
+        assert all(r.events for r in records if r.step in profiled)
+        assert len(wb.history.pages) > 0  # page snapshots are kept for every step
+
+        wb.reset()
+        wb.reconfigure(profile_steps=range(0, 100, 4))  # every 4th step
+        submit(wb, seed=1)
+        records = wb.run(progress=False)
+        profiled = {r.step for r in records if r.events is not None}
+        assert profiled == {r.step for r in records if r.step % 4 == 0}
+        events = wb.history.events
+        for step, group in events[events.category == "hook"].groupby("step"):
+            assert Counter(group.name) == Counter(STEP_RANGES), step  # launch and collect
+
+
+def test_profile_steps_is_checked():
+    with pytest.raises(TypeError, match="profile_steps"):
+        Workbench("tiny-llama", record="full", profile_steps=10)
+    with pytest.raises(ValueError, match="profile_steps"):
+        Workbench("tiny-llama", record="full", profile_steps=[1, -2])
+
+
+def test_stepping_by_hand_gives_each_step_its_events():
+    with workbench("cpu", record="full") as wb:
+        submit(wb)
+        for _ in range(4):
+            record = wb.step()
+            names = Counter(e[0] for e in record.events if e[1] == "hook")
+            assert names == Counter(STEP_RANGES)
+
+
+def test_slot_runs_equal_the_rows_they_summarise():
+    rng = np.random.default_rng(0)
+    table = rng.integers(0, 50, size=(6, 40)).astype(np.int32)
+    table[2, :30] = np.arange(100, 130)  # one long run
+    table[3, 10:25] = np.arange(7, 22)
+    rows = [
+        ReqView(uid, "decode", idx, 0, length, length + 1, length, 0)
+        for uid, (idx, length) in enumerate([(0, 5), (2, 30), (3, 40), (5, 1)])
+    ]
+    runs = slot_runs(table, rows)
+    for r in rows:
+        rebuilt = [s + i for a, b, s in runs[r.table_idx] for i in range(b - a)]
+        assert rebuilt == table[r.table_idx, : r.device_len].tolist()
+        starts = [a for a, _, _ in runs[r.table_idx]]
+        assert starts == sorted(starts) and starts[0] == 0
+        # maximal runs: a run never continues the one before it
+        for (a, b, s), (_, _, s2) in zip(runs[r.table_idx], runs[r.table_idx][1:]):
+            assert s2 != s + (b - a)
+
+
+def test_compare_runs_named_settings_on_one_engine():
+    with workbench("cpu", record="light") as wb:
+        prompts = submit(wb, count=6)
+        engine = wb.engine
+        settings = {
+            "chunk 16": dict(max_extend_tokens=16),
+            "chunk 64, mixed": dict(max_extend_tokens=64, policy="mixed"),
+            "2 running": dict(max_running_reqs=2, policy="decode_first"),
+        }
+        runs = wb.compare(settings, progress=False)
+        assert list(runs) == list(settings) and wb.engine is engine
+        answers = {name: run.meta["texts"] for name, run in runs.items()}
+        assert all(a == answers["chunk 16"] for a in answers.values())
+        assert runs["2 running"].steps.batch_size.max() <= 2
+        assert (runs["2 running"].admissions.reason == "no_slot").any()
+        assert runs["chunk 16"].steps.num_tokens.max() <= 16
+        assert runs["chunk 64, mixed"].meta["policy"] == "mixed"
+        assert len(runs["chunk 16"].requests) == len(prompts)
+        # a bad setting is refused before anything runs
+        before = len(wb.history)
+        with pytest.raises(ValueError, match="max_running_reqs"):
+            wb.compare({"ok": {}, "too many": dict(max_running_reqs=9)}, progress=False)
+        with pytest.raises(ValueError, match="engine"):
+            wb.compare({"page": dict(page_size=16)}, progress=False)
+        assert len(wb.history) == before
+
+
+def test_a_closed_engine_refuses_work():
+    llm = LLM("tiny-llama", max_running_reqs=4)
+    llm.generate(["Hello"], SamplingParams(max_tokens=2))
+    llm.close()
+    llm.close()  # twice is fine
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate(["Hello"], SamplingParams(max_tokens=2))
+    with Workbench("tiny-llama") as wb:
+        wb.add_request("Hello", SamplingParams(max_tokens=2))
+    with pytest.raises(RuntimeError, match="closed"):
+        wb.step()
