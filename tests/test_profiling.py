@@ -9,10 +9,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 
 from workbench import LLM, SamplingParams, Workbench
 from workbench.core import ReqView
-from workbench.instrument.probe import slot_runs
+from workbench.instrument.probe import PageSnapshots
+from workbench.kvcache.table import TableManager
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
 from .conftest import CPU_AND_GPU
@@ -97,24 +99,51 @@ def test_stepping_by_hand_gives_each_step_its_events():
             assert names == Counter(STEP_RANGES)
 
 
-def test_slot_runs_equal_the_rows_they_summarise():
+def naive_runs(slots: list[int]) -> list[tuple[int, int, int]]:
+    runs = []
+    for pos, slot in enumerate(slots):
+        if runs and slot == runs[-1][2] + (runs[-1][1] - runs[-1][0]):
+            runs[-1] = (runs[-1][0], pos + 1, runs[-1][2])
+        else:
+            runs.append((pos, pos + 1, slot))
+    return runs
+
+
+def test_page_snapshots_equal_the_rows_they_summarise_as_rows_grow_and_change():
+    """Snapshots read only what a row gained since the last one; after rows grow (decode),
+    get new pages elsewhere, are rewritten (a prefix swapped for the cache's) or change hands,
+    each snapshot still equals the runs of the row's whole contents."""
     rng = np.random.default_rng(0)
-    table = rng.integers(0, 50, size=(6, 40)).astype(np.int32)
-    table[2, :30] = np.arange(100, 130)  # one long run
-    table[3, 10:25] = np.arange(7, 22)
-    rows = [
-        ReqView(uid, "decode", idx, 0, length, length + 1, length, 0)
-        for uid, (idx, length) in enumerate([(0, 5), (2, 30), (3, 40), (5, 1)])
-    ]
-    runs = slot_runs(table, rows)
-    for r in rows:
-        rebuilt = [s + i for a, b, s in runs[r.table_idx] for i in range(b - a)]
-        assert rebuilt == table[r.table_idx, : r.device_len].tolist()
-        starts = [a for a, _, _ in runs[r.table_idx]]
-        assert starts == sorted(starts) and starts[0] == 0
-        # maximal runs: a run never continues the one before it
-        for (a, b, s), (_, _, s2) in zip(runs[r.table_idx], runs[r.table_idx][1:]):
-            assert s2 != s + (b - a)
+    table = TableManager(6, 64, torch.device("cpu"))
+    lengths = {row: int(rng.integers(1, 20)) for row in range(5)}
+    uids = dict(enumerate(range(5)))
+    next_slot = 0
+    for row, n in lengths.items():
+        table.write_row(row, 0, np.arange(next_slot, next_slot + n, dtype=np.int32))
+        next_slot += n + int(rng.integers(0, 3))
+    snapshots = PageSnapshots()
+    for step in range(40):
+        rows = [ReqView(uids[r], "decode", r, n - 1, n, 64, 1, 0) for r, n in lengths.items()]
+        taken = snapshots.take(table, rows)
+        for r in rows:
+            assert list(taken[r.table_idx]) == naive_runs(
+                table.page_table_host[r.table_idx, : r.device_len].tolist()
+            ), (step, r)
+        for row in lengths:  # grow: the next slot, often contiguous, sometimes a new page
+            if lengths[row] >= 63:
+                continue
+            slot = int(table.page_table_host[row, lengths[row] - 1]) + 1
+            if rng.random() < 0.2:
+                slot, next_slot = next_slot, next_slot + 1
+            cols = np.array([lengths[row]])
+            table.write_slots(np.array([row]), cols, np.array([slot], dtype=np.int32))
+            lengths[row] += 1
+        if step % 7 == 3:  # a prefix swapped for other slots
+            table.write_row(1, 0, np.arange(500, 504, dtype=np.int32))
+        if step % 11 == 5:  # the row changes hands: a new request, shorter
+            uids[2] += 100
+            lengths[2] = 3
+            table.write_slots(np.array([2, 2, 2]), np.arange(3), np.arange(900, 903))
 
 
 def test_compare_runs_named_settings_on_one_engine():

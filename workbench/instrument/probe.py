@@ -55,6 +55,7 @@ class Probe:
         self.history = History(self.cost)
         self._t0 = time.perf_counter()
         self._session: ProfilerSession | None = None
+        self._pages = PageSnapshots()
         # while a session runs: each recorded step's host windows, and its record's event list
         self._windows: list[tuple[float, float, int]] = []  # (start_s, end_s, step)
         self._pending: dict[int, list] = {}
@@ -68,6 +69,7 @@ class Probe:
         if self._session is not None:
             self._session.discard()
         self._windows, self._pending = [], {}
+        self._pages = PageSnapshots()
         self.history = History(self.cost)
         self._t0 = time.perf_counter()
 
@@ -167,7 +169,7 @@ class Probe:
     ) -> dict[int, tuple] | None:
         """Fires "batch.prepared"; with record="full", returns the batch's page-table rows as
         slot runs, snapshot now: with overlap they change before the batch is collected."""
-        page_rows = slot_runs(table.page_table_host, rows) if self.record == "full" else None
+        page_rows = self._pages.take(table, rows) if self.record == "full" else None
         if "batch.prepared" in self.hooks:
             num_tokens = sum(r.extend_len for r in rows)
             event = ev.BatchPrepared(step, batch.phase, tuple(rows), num_tokens, new_pages)
@@ -228,27 +230,68 @@ class Probe:
         return record
 
 
-def slot_runs(page_table: np.ndarray, rows: list[ReqView]) -> dict[int, tuple]:
-    """Each row's page-table entries ``[0, device_len)`` as runs of consecutive KV slots,
-    ``(pos_start, pos_end, slot_start)``: a request's KV mostly lies in one or two runs, so this
-    is a few tuples per request where the slots themselves are thousands of ints per step."""
-    if not rows:
-        return {}
-    idx = np.array([r.table_idx for r in rows], dtype=np.int64)
-    lens = np.array([r.device_len for r in rows], dtype=np.int64)
-    first = np.cumsum(lens) - lens  # where each row begins in the flat arrays
-    pos = np.arange(int(lens.sum())) - np.repeat(first, lens)
+def slot_runs(
+    page_table: np.ndarray, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> list[list[tuple[int, int, int]]]:
+    """For each row `idx[i]`, its entries ``[starts[i], ends[i])`` as maximal runs of consecutive
+    KV slots, ``(pos_start, pos_end, slot_start)``, in whole-array steps."""
+    lens = ends - starts
+    first = np.cumsum(lens) - lens  # where each segment begins in the flat arrays
+    pos = np.arange(int(lens.sum())) - np.repeat(first - starts, lens)
     slots = page_table[np.repeat(idx, lens), pos].astype(np.int64)
     begins = np.ones(len(slots), dtype=bool)
-    begins[1:] = (pos[1:] == 0) | (slots[1:] != slots[:-1] + 1)
-    starts = np.flatnonzero(begins)
-    ends = np.append(starts[1:], len(slots))
-    owner = np.repeat(np.arange(len(rows)), lens)[starts]
-    runs: dict[int, list] = {int(i): [] for i in idx}
-    for o, a, b in zip(owner.tolist(), starts.tolist(), ends.tolist()):
-        p = int(pos[a])
-        runs[int(idx[o])].append((p, p + b - a, int(slots[a])))
-    return {i: tuple(r) for i, r in runs.items()}
+    begins[1:] = slots[1:] != slots[:-1] + 1
+    begins[first[lens > 0]] = True
+    run_starts = np.flatnonzero(begins)
+    run_ends = np.append(run_starts[1:], len(slots))
+    owner = np.repeat(np.arange(len(idx)), lens)[run_starts]
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(len(idx))]
+    for o, a, b, p, slot in zip(
+        owner.tolist(),
+        run_starts.tolist(),
+        run_ends.tolist(),
+        pos[run_starts].tolist(),
+        slots[run_starts].tolist(),
+    ):
+        out[o].append((p, p + b - a, slot))
+    return out
+
+
+class PageSnapshots:
+    """The page-table rows of each batch as slot runs (record="full"), kept between steps, so a
+    step reads only what each row gained since the last: a decode step of 256 requests reads
+    256 entries, not the hundreds of thousands its rows hold."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, tuple[int, int, int, list]] = {}  # row -> uid, rewrites, len, runs
+
+    def take(self, table: TableManager, rows: list[ReqView]) -> dict[int, tuple]:
+        known = []
+        for r in rows:
+            kept = self._rows.get(r.table_idx)
+            fresh = (
+                kept is None
+                or kept[0] != r.uid
+                or kept[1] != table.rewrites[r.table_idx]
+                or kept[2] > r.device_len
+            )
+            known.append(None if fresh else kept)
+        idx = np.array([r.table_idx for r in rows], dtype=np.int64)
+        starts = np.array([0 if k is None else k[2] for k in known], dtype=np.int64)
+        ends = np.array([r.device_len for r in rows], dtype=np.int64)
+        gained = slot_runs(table.page_table_host, idx, starts, ends)
+        out = {}
+        for r, kept, new in zip(rows, known, gained):
+            runs = [] if kept is None else list(kept[3])
+            if runs and new:
+                (a, b, s), (a2, b2, s2) = runs[-1], new[0]
+                if a2 == b and s2 == s + (b - a):  # the row's last run goes on
+                    runs[-1] = (a, b2, s)
+                    new = new[1:]
+            runs.extend(new)
+            self._rows[r.table_idx] = (r.uid, int(table.rewrites[r.table_idx]), r.device_len, runs)
+            out[r.table_idx] = tuple(runs)
+        return out
 
 
 def check_profile_steps(steps) -> Container[int] | None:

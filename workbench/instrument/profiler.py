@@ -60,48 +60,57 @@ class Event(NamedTuple):
 
 
 class ProfilerSession:
-    """One torch.profiler session over any number of steps (record="full").
+    """One torch.profiler (kineto) session over any number of steps (record="full").
 
     Nothing is read while it runs: no synchronisation and no Python object per event. `stop()`
     synchronises once and reads kineto's events once. A start and stop around every step
     instead cost a synchronisation and tens of milliseconds each, which a profiled run then
     measured as its own step times.
+
+    On a GPU only ranges (the hook points' `record_function`) are recorded on the host, not
+    every ATen operator: the kernels come from CUPTI, each linked to the range that launched it,
+    and tracing thousands of operators a step would slow the host (the one that matters with
+    overlap) several times over. On a CPU the operators are the kernels, so all are recorded.
     """
 
     def __init__(self, clock: Callable[[], float], device: torch.device) -> None:
         self._clock, self._cuda = clock, device.type == "cuda"
-        self._activities = activities(device)
-        self._prof = None
+        self._activities = set(activities(device))
+        self._results_of = None  # stops the session; gives kineto's results
         self._offset_us = 0.0
 
     @property
     def running(self) -> bool:
-        return self._prof is not None
+        return self._results_of is not None
 
     def start(self) -> None:
-        from torch.profiler import profile
+        from torch._C._profiler import RecordScope
+        from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+        from torch.autograd.profiler import profile
 
-        prof = profile(activities=self._activities)
+        config = profile(use_kineto=True).config()  # this torch's defaults
+        scopes = {RecordScope.USER_SCOPE} if self._cuda else set()
         with _quiet_stderr():
-            prof.start()
+            _prepare_profiler(config, self._activities)
+            _enable_profiler(config, self._activities, scopes)
         # NOTE: kineto's times are on the Unix clock; the records', on the run's clock.
         self._offset_us = self._clock() * 1e6 - time.time_ns() / 1e3
-        self._prof = prof
+        self._results_of = _disable_profiler
 
     def stop(self) -> list[Event]:
         """End the session; its events, in the order kineto gives them."""
-        prof, self._prof = self._prof, None
+        disable, self._results_of = self._results_of, None
         if self._cuda:
             torch.cuda.synchronize()
         with _quiet_stderr():
-            prof.stop()
-        return self._read(prof.profiler.kineto_results)
+            results = disable()
+        return self._read(results)
 
     def discard(self) -> None:
-        if self._prof is not None:
+        if self._results_of is not None:
+            disable, self._results_of = self._results_of, None
             with _quiet_stderr():
-                self._prof.stop()
-            self._prof = None
+                disable()
 
     def _read(self, results) -> list[Event]:
         offset, cuda = self._offset_us, torch.autograd.DeviceType.CUDA
@@ -111,9 +120,12 @@ class ProfilerSession:
             duration = e.duration_ns() / 1e3
             start = e.start_ns() / 1e3 + offset
             if e.device_type() == cuda:
-                if duration > 0:
+                name = e.name()
+                # NOTE: a hook range shows on the device too (kineto's GPU annotation of the
+                # kernels it launched); its host twin is kept
+                if duration > 0 and name not in HOOK_POINTS:
                     track = f"gpu:{e.device_index()}:{e.device_resource_id()}"
-                    kernels.append((e.name(), track, start, duration, e.linked_correlation_id()))
+                    kernels.append((name, track, start, duration, e.linked_correlation_id()))
                 continue
             launched_at[e.correlation_id()] = start
             name = e.name()

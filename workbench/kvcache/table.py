@@ -31,6 +31,10 @@ class TableManager:
         # NOTE: zeros, so the dummy row reads valid token ids.
         self.token_pool = torch.zeros((rows, max_seq_len), dtype=torch.int32, device=device)
         self._free_rows = list(range(max_running_reqs - 1, -1, -1))
+        # NOTE: writes per row that may change entries written before (a matched prefix, a
+        # prompt's pages swapped for the prefix cache's): a snapshot that reads only what a row
+        # gained since the last one (record="full") must read such a row whole again
+        self.rewrites = np.zeros(rows, dtype=np.int64)
 
     @property
     def available_size(self) -> int:
@@ -50,6 +54,7 @@ class TableManager:
     def write_row(self, row: int, start: int, slots: np.ndarray) -> None:
         """Point ``[row, start : start + len(slots)]`` at KV slots, on the host and the device."""
         self.page_table_host[row, start : start + len(slots)] = slots
+        self.rewrites[row] += 1
         if self.device.type != "cpu":
             src = to_device(slots, self.device, torch.int32)
             self.page_table[row, start : start + len(slots)].copy_(src)
