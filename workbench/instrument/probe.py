@@ -24,7 +24,7 @@ from ..core import Admissions, Batch, Req, ReqView
 from . import events as ev
 from .history import History
 from .hooks import HookRegistry
-from .profiler import ProfilerSession
+from .profiler import ProfilerSession, assign_to_steps
 from .record import KVState, StepRecord
 
 if TYPE_CHECKING:
@@ -56,8 +56,9 @@ class Probe:
         self._t0 = time.perf_counter()
         self._session: ProfilerSession | None = None
         self._pages = PageSnapshots()
-        # while a session runs: each recorded step's host windows, and its record's event list
-        self._windows: list[tuple[float, float, int]] = []  # (start_s, end_s, step)
+        # while a session runs: where each step's launch and collect began (the profiler's
+        # events are given to steps by them), and each profiled step's record's event list
+        self._marks: list[tuple[float, int, str]] = []  # seconds, step, "launch" | "collect"
         self._pending: dict[int, list] = {}
 
     def clock(self) -> float:
@@ -68,7 +69,7 @@ class Probe:
         """A new run: an empty history and the clock from zero; the hooks stay."""
         if self._session is not None:
             self._session.discard()
-        self._windows, self._pending = [], {}
+        self._marks, self._pending = [], {}
         self._pages = PageSnapshots()
         self.history = History(self.cost)
         self._t0 = time.perf_counter()
@@ -102,19 +103,11 @@ class Probe:
         if self._session is None or not self._session.running:
             return
         events = self._session.stop()
-        windows, self._windows = self._windows, []
+        marks, self._marks = self._marks, []
         pending, self._pending = self._pending, {}
-        if not windows:
-            return
-        windows.sort()
-        starts = np.array([w[0] for w in windows]) * 1e6
-        ends = np.array([w[1] for w in windows]) * 1e6
-        placed = np.array([e.placed_us for e in events])
-        slot = np.searchsorted(starts, placed, side="right") - 1
-        inside = (slot >= 0) & (placed <= ends[np.maximum(slot, 0)])
-        for event, i, keep in zip(events, slot.tolist(), inside.tolist()):
-            if keep:  # host time outside every step (the caller's own code) is not kept
-                pending[windows[i][2]].append(event[:5])
+        for step, assigned in assign_to_steps(events, marks).items():
+            if step in pending:  # not a launch that found nothing to run
+                pending[step].extend(assigned)
         self.history.events_changed()
 
     # -- hook points, in the order they fire ----------------------------------------------
@@ -133,8 +126,13 @@ class Probe:
             "cache.match", ev.CacheMatch(step, uid, prompt_len, cached_len)
         )
 
-    def schedule_end(self, step: int, batch: Batch | None, admissions: Admissions) -> None:
-        """ "admit" and "reject" per decision, then "schedule.end"."""
+    def schedule_end(
+        self, step: int, batch: Batch | None, admissions: Admissions, started: float
+    ) -> None:
+        """ "admit" and "reject" per decision, then "schedule.end". `started`: when the launch
+        began (a launch that finds nothing to run is a window of no step for the profiler)."""
+        if self._session is not None and self._session.running:
+            self._marks.append((started, -1 if batch is None else step, "launch"))
         hooks = self.hooks
         if "admit" in hooks and batch is not None:
             by_uid = {r.uid: r for r in batch.reqs}
@@ -186,7 +184,10 @@ class Probe:
         if "forward.end" in self.hooks:
             self.hooks.emit("forward.end", ev.ForwardEnd(step, batch.phase, tuple(batch.views())))
 
-    def sample_end(self, step: int, batch: Batch, tokens: list[int]) -> None:
+    def sample_end(self, step: int, batch: Batch, tokens: list[int], started: float) -> None:
+        """`started`: when the collect began (where the profiler's events of it begin)."""
+        if self._session is not None and self._session.running:
+            self._marks.append((started, step, "collect"))
         if "sample.end" in self.hooks:
             uids = tuple(r.uid for r in batch.sampled_reqs)
             self.hooks.emit("sample.end", ev.SampleEnd(step, uids, tuple(tokens)))
@@ -220,12 +221,6 @@ class Probe:
         if "step.end" in self.hooks:
             self.hooks.emit("step.end", record)
         if profiled:
-            launched = outcome.launched
-            start, collect_ms = launched.launched_at, outcome.wait_ms + outcome.collect_ms
-            self._windows.append((start, start + launched.launch_ms / 1e3, outcome.index))
-            self._windows.append(
-                (outcome.completed_at - collect_ms / 1e3, self.clock(), outcome.index)
-            )
             self._pending[outcome.index] = events
         return record
 

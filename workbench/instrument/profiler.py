@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from .hooks import HOOK_POINTS
@@ -47,16 +48,74 @@ def activities(device: torch.device) -> list:
 
 
 class Event(NamedTuple):
-    """One profiler event on the run's clock, and the host time that places it in a step: its
-    own start for host events; for a kernel, the start of the host operator that launched it
-    (with overlap a kernel may run while the host already prepares the next batch)."""
+    """One profiler event on the run's clock, with what ties it to a step: a host range or
+    operator has its own correlation id (`corr`); a kernel or a CUDA runtime call links to the
+    range or operator that launched it (`link`), whose step is its step. 0: none."""
 
     name: str
     category: str  # "hook" (a hook point's range), "kernel" or "cpu_op"
     track: str  # "cpu:<thread>" or "gpu:<device>:<stream>"
     start_us: float
     duration_us: float
-    placed_us: float
+    corr: int
+    link: int
+
+
+LAUNCH_RANGES = frozenset({"schedule.end", "batch.prepared", "forward.end"})
+COLLECT_RANGES = frozenset({"sample.end", "step.end"})
+SKEW_US = 20.0  # how far the profiler's clock and the run's may disagree
+
+
+def assign_to_steps(
+    events: list[Event], marks: list[tuple[float, int, str]]
+) -> dict[int, list[tuple]]:
+    """Each event's step. `marks` are where the steps' host work began on the run's clock:
+    (seconds, step, "launch") when a batch's launch began (step -1: a launch that found
+    nothing to run), (seconds, step, "collect") when its collect began. A hook range goes to
+    the last mark of its kind before it (give or take the two clocks' skew); another host event
+    to the last mark of any kind before it; a kernel or runtime call to the step of the range
+    or operator that launched it. Returns step -> (name, category, track, start_us,
+    duration_us) tuples."""
+    by_kind = {kind: _marks([m for m in marks if m[2] == kind]) for kind in ("launch", "collect")}
+    every = _marks(marks)
+    step_of: dict[int, int] = {}
+    placed: list[tuple[Event, int]] = []
+    linked = []
+    for e in events:
+        if e.link:
+            linked.append(e)
+            continue
+        mid = e.start_us + e.duration_us / 2
+        if e.category == "hook" and (e.name in LAUNCH_RANGES or e.name in COLLECT_RANGES):
+            kind = "launch" if e.name in LAUNCH_RANGES else "collect"
+            step = _last_before(by_kind[kind], mid + SKEW_US)
+        else:
+            step = _last_before(every, mid)
+        if step is not None:
+            placed.append((e, step))
+            if e.corr:
+                step_of[e.corr] = step
+    for e in linked:
+        step = step_of.get(e.link)
+        if step is None:
+            step = _last_before(every, e.start_us + e.duration_us / 2)
+        if step is not None:
+            placed.append((e, step))
+    out: dict[int, list[tuple]] = {}
+    for e, step in placed:
+        out.setdefault(step, []).append(e[:5])
+    return out
+
+
+def _marks(marks) -> tuple[np.ndarray, list[int]]:
+    marks = sorted(marks)
+    return np.array([m[0] for m in marks], dtype=np.float64) * 1e6, [m[1] for m in marks]
+
+
+def _last_before(marks, t: float) -> int | None:
+    times, steps = marks
+    i = int(np.searchsorted(times, t, side="right")) - 1
+    return steps[i] if i >= 0 else None
 
 
 class ProfilerSession:
@@ -114,30 +173,29 @@ class ProfilerSession:
 
     def _read(self, results) -> list[Event]:
         offset, cuda = self._offset_us, torch.autograd.DeviceType.CUDA
-        launched_at: dict[int, float] = {}  # host operator's correlation id -> its start
-        kernels, out = [], []
+        out = []
         for e in results.events():
             duration = e.duration_ns() / 1e3
+            if duration <= 0:
+                continue
+            name, link = e.name(), e.linked_correlation_id()
             start = e.start_ns() / 1e3 + offset
             if e.device_type() == cuda:
-                name = e.name()
                 # NOTE: a hook range shows on the device too (kineto's GPU annotation of the
                 # kernels it launched); its host twin is kept
-                if duration > 0 and name not in HOOK_POINTS:
+                if name not in HOOK_POINTS:
                     track = f"gpu:{e.device_index()}:{e.device_resource_id()}"
-                    kernels.append((name, track, start, duration, e.linked_correlation_id()))
+                    out.append(Event(name, "kernel", track, start, duration, 0, link))
                 continue
-            launched_at[e.correlation_id()] = start
-            name = e.name()
             category = "hook" if name in HOOK_POINTS else "cpu_op"
-            if duration <= 0 or (
-                category == "cpu_op" and (duration < MIN_CPU_OP_US or name in _BOOKKEEPING)
-            ):
+            if category == "cpu_op" and (duration < MIN_CPU_OP_US or name in _BOOKKEEPING):
                 continue  # most host operators are views and casts of a few microseconds
-            out.append(Event(name, category, f"cpu:{e.start_thread_id()}", start, duration, start))
-        for name, track, start, duration, link in kernels:
-            placed = launched_at.get(link, start)
-            out.append(Event(name, "kernel", track, start, duration, placed))
+            # NOTE: a CUDA runtime call (cudaLaunchKernel) links to a range or operator; its own
+            # correlation id is CUPTI's, from another sequence that can collide with theirs
+            corr = 0 if link else e.correlation_id()
+            out.append(
+                Event(name, category, f"cpu:{e.start_thread_id()}", start, duration, corr, link)
+            )
         return out
 
 

@@ -151,7 +151,7 @@ class Scheduler(EarlyEnds):
         probe, step, started = self.probe, self.step_index, self.clock()
         with probe.range("schedule.end"):
             batch, admissions = self.schedule_next_batch()
-        probe.schedule_end(step, batch, admissions)
+        probe.schedule_end(step, batch, admissions, started)
         if batch is None:
             self._check_not_stuck(admissions)
             return None
@@ -221,7 +221,7 @@ class Scheduler(EarlyEnds):
                     launched.device.done.synchronize()
                 waited = self.clock() - start
                 raw = launched.device.tokens.tolist()
-            probe.sample_end(step, batch, raw)
+            probe.sample_end(step, batch, raw, start)
             tokens, finished = self._append_tokens(batch, raw, step)
             self._free_finished(batch)
         end = self.clock()
