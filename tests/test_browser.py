@@ -228,8 +228,14 @@ def _open_and_run(page, base: str, lab_log: Path, name: str) -> None:
 
 
 # Every chart output of the notebook (widget or HTML): drawn when it holds an SVG or a canvas.
-CHARTS = """() => Array.from(document.querySelectorAll('.jp-OutputArea-output .vega-embed'))
-    .map(el => el.querySelector('svg, canvas') !== null)"""
+# a chart drawn by Vega in the page, or one rendered to an image in the kernel (notebook 04)
+CHARTS = """() => [
+    ...Array.from(document.querySelectorAll('.jp-OutputArea-output .vega-embed'))
+        .map(el => el.querySelector('svg, canvas') !== null),
+    ...Array.from(document.querySelectorAll(
+        ".jp-OutputArea-output[data-mime-type='image/png'] img"
+    )).map(img => img.complete && img.naturalWidth > 0),
+]"""
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from .instrument.hooks import HookRegistry
 from .instrument.probe import build_record
 from .instrument.record import StepRecord
 from .llm import LLM, Prompt
+from .requests import checked_requests
 
 
 class Workbench:
@@ -247,7 +248,12 @@ class Workbench:
         default the requests added since the last reset. Each run starts from an empty prefix
         cache; afterwards the workbench holds the last one. Every setting and request is checked
         before the first run starts."""
-        workload = self._workload(requests)
+        if requests is None:
+            workload = list(self._submitted or self._previous)
+            if not workload:
+                raise ValueError("requests is None and no request was added since the last reset")
+        else:
+            workload = checked_requests(self.llm, requests)
         checked = {}
         for name, options in V.mapping("settings", settings).items():
             checked[str(name)] = dict(V.mapping(f"settings[{name!r}]", options))
@@ -261,26 +267,6 @@ class Workbench:
             self.run(progress=progress)
             runs[name] = self.snapshot(run=name, settings=options)
         return runs
-
-    def _workload(self, requests: Sequence[tuple] | None) -> list[tuple]:
-        if requests is None:
-            workload = list(self._submitted or self._previous)
-            if not workload:
-                raise ValueError("requests is None and no request was added since the last reset")
-            return workload
-        workload = []
-        for i, request in enumerate(requests):
-            if not isinstance(request, tuple) or len(request) not in (2, 3):
-                raise TypeError(
-                    f"requests[{i}] must be (prompt, sampling) or (prompt, sampling, "
-                    f"arrival_step), got {request!r}"
-                )
-            prompt, sampling, arrival = (*request, 0)[:3]
-            sampling = sampling if sampling is not None else SamplingParams()
-            ids = self.llm.encode(prompt, i)
-            self.llm.check_request(ids, sampling, i)
-            workload.append((ids, sampling, V.integer(f"requests[{i}] arrival_step", arrival, 0)))
-        return workload
 
     def snapshot(self, **meta: Any) -> RunHistory:
         """The run so far as a `RunHistory` (what `load_run` gives for a saved run): its tables
