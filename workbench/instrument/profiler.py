@@ -174,28 +174,31 @@ class ProfilerSession:
     def _read(self, results) -> list[Event]:
         offset, cuda = self._offset_us, torch.autograd.DeviceType.CUDA
         out = []
+        # NOTE: each accessor is a call into C++; a run leaves hundreds of thousands of events,
+        # so the ones dropped (short host calls) are dropped after as few calls as possible
         for e in results.events():
             duration = e.duration_ns() / 1e3
             if duration <= 0:
                 continue
-            name, link = e.name(), e.linked_correlation_id()
-            start = e.start_ns() / 1e3 + offset
-            if e.device_type() == cuda:
+            on_device = e.device_type() == cuda
+            name = e.name()
+            if on_device:
                 # NOTE: a hook range shows on the device too (kineto's GPU annotation of the
                 # kernels it launched); its host twin is kept
-                if name not in HOOK_POINTS:
-                    track = f"gpu:{e.device_index()}:{e.device_resource_id()}"
-                    out.append(Event(name, "kernel", track, start, duration, 0, link))
-                continue
-            category = "hook" if name in HOOK_POINTS else "cpu_op"
-            if category == "cpu_op" and (duration < MIN_CPU_OP_US or name in _BOOKKEEPING):
-                continue  # most host operators are views and casts of a few microseconds
+                if name in HOOK_POINTS:
+                    continue
+                category, track = "kernel", f"gpu:{e.device_index()}:{e.device_resource_id()}"
+            else:
+                category = "hook" if name in HOOK_POINTS else "cpu_op"
+                if category == "cpu_op" and (duration < MIN_CPU_OP_US or name in _BOOKKEEPING):
+                    continue  # most host operators are views and casts of a few microseconds
+                track = f"cpu:{e.start_thread_id()}"
+            link = e.linked_correlation_id()
             # NOTE: a CUDA runtime call (cudaLaunchKernel) links to a range or operator; its own
             # correlation id is CUPTI's, from another sequence that can collide with theirs
-            corr = 0 if link else e.correlation_id()
-            out.append(
-                Event(name, category, f"cpu:{e.start_thread_id()}", start, duration, corr, link)
-            )
+            corr = 0 if link or on_device else e.correlation_id()
+            start = e.start_ns() / 1e3 + offset
+            out.append(Event(name, category, track, start, duration, corr, link))
         return out
 
 
