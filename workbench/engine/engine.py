@@ -70,19 +70,40 @@ class Engine:
         self.graphs: GraphRunner | None = None
         if self.device.type == "cuda" and self.backend.supports_cuda_graph:
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
-            self.graphs = GraphRunner(
-                self.model,
-                self.ctx,
-                self.backend,
-                self.pool.dummy_slot,
-                self.device,
-                max_bs,
-                capture=config.cuda_graph_enabled,
-            )
+            try:
+                self.graphs = GraphRunner(
+                    self.model,
+                    self.ctx,
+                    self.backend,
+                    self.pool.dummy_slot,
+                    self.device,
+                    max_bs,
+                    capture=config.cuda_graph_enabled,
+                )
+            except torch.cuda.OutOfMemoryError as exc:
+                self._out_of_memory(exc)
         # NOTE: one full collection now makes the start-up objects (torch, transformers, the
         # model) long-lived; otherwise the first full collection can fall inside a run (seen on
         # the CPU with record="light": one pass of 0.19 s in a 300-step run).
         gc.collect()
+
+    def _out_of_memory(self, exc: Exception) -> None:
+        """What ran out while the engine was built, and what to do: the KV pool took its share
+        of what was free, and another engine (or program) holds the rest."""
+        kv_gib = (
+            self.num_pages
+            * self.config.page_size
+            * self.model_config.kv_bytes_per_token(self.dtype.itemsize)
+            / 2**30
+        )
+        self.close()
+        torch.cuda.empty_cache()
+        raise RuntimeError(
+            f"out of GPU memory capturing CUDA graphs, after the KV pool took {kv_gib:.1f} GiB "
+            f"(memory_ratio={self.config.memory_ratio} of the memory free when it was built): "
+            "another engine (in this process or another) holds the rest. close() it, or give "
+            "each engine a smaller memory_ratio (e.g. 0.4 for two side by side)"
+        ) from exc
 
     def close(self) -> None:
         """Drop every tensor the engine holds (the caller then frees the cached memory)."""
