@@ -90,13 +90,16 @@ def test_profile_steps_is_checked():
         Workbench("tiny-llama", record="full", profile_steps=[1, -2])
 
 
-def test_stepping_by_hand_gives_each_step_its_events():
-    with workbench("cpu", record="full") as wb:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_stepping_by_hand_gives_each_step_its_events(overlap):
+    """Each `wb.step()` is a profiler session of its own; with overlap a step's batch was
+    launched in the call before, and its launch's events still reach its record."""
+    with workbench("cpu", record="full", overlap=overlap) as wb:
         submit(wb)
-        for _ in range(4):
+        for _ in range(6):
             record = wb.step()
             names = Counter(e[0] for e in record.events if e[1] == "hook")
-            assert names == Counter(STEP_RANGES)
+            assert names == Counter(STEP_RANGES), record.step
 
 
 def naive_runs(slots: list[int]) -> list[tuple[int, int, int]]:

@@ -59,6 +59,7 @@ class Probe:
         # while a session runs: where each step's launch and collect began (the profiler's
         # events are given to steps by them), and each profiled step's record's event list
         self._marks: list[tuple[float, int, str]] = []  # seconds, step, "launch" | "collect"
+        self._early: dict[int, list] = {}  # events of a batch launched before a session ended
         self._pending: dict[int, list] = {}
 
     def clock(self) -> float:
@@ -69,7 +70,7 @@ class Probe:
         """A new run: an empty history and the clock from zero; the hooks stay."""
         if self._session is not None:
             self._session.discard()
-        self._marks, self._pending = [], {}
+        self._marks, self._pending, self._early = [], {}, {}
         self._pages = PageSnapshots()
         self.history = History(self.cost)
         self._t0 = time.perf_counter()
@@ -106,8 +107,10 @@ class Probe:
         marks, self._marks = self._marks, []
         pending, self._pending = self._pending, {}
         for step, assigned in assign_to_steps(events, marks).items():
-            if step in pending:  # not a launch that found nothing to run
+            if step in pending:
                 pending[step].extend(assigned)
+            elif step >= 0:  # a batch still in flight (overlap): its record comes later
+                self._early[step] = assigned
         self.history.events_changed()
 
     # -- hook points, in the order they fire ----------------------------------------------
@@ -213,7 +216,9 @@ class Probe:
             return None
         running = self._session is not None and self._session.running
         profiled = running and self._profiled(outcome.index)
-        events: list | None = [] if profiled else None  # filled when the session ends
+        early = self._early.pop(outcome.index, [])  # its launch, seen by an earlier session
+        self._early = {i: e for i, e in self._early.items() if i > outcome.index}
+        events: list | None = early if profiled else None  # filled when the session ends
         with self.range("step.end"):
             record = build_record(outcome, occupancy(), events)
             if self.record != "off":
