@@ -105,7 +105,7 @@ class Probe:
             return
         events = self._session.stop()
         marks, self._marks = self._marks, []
-        pending, self._pending = self._pending, {}
+        pending, self._pending, self._early = self._pending, {}, {}
         for step, assigned in assign_to_steps(events, marks).items():
             if step in pending:
                 pending[step].extend(assigned)
@@ -216,8 +216,8 @@ class Probe:
             return None
         running = self._session is not None and self._session.running
         profiled = running and self._profiled(outcome.index)
-        early = self._early.pop(outcome.index, [])  # its launch, seen by an earlier session
-        self._early = {i: e for i, e in self._early.items() if i > outcome.index}
+        # its launch's events, when an earlier session saw it (overlap, stepping by hand)
+        early = self._early.pop(outcome.index, []) if self._early else []
         events: list | None = early if profiled else None  # filled when the session ends
         with self.range("step.end"):
             record = build_record(outcome, occupancy(), events)
