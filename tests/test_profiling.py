@@ -8,12 +8,15 @@ import random
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from workbench import LLM, SamplingParams, Workbench
 from workbench.core import ReqView
+from workbench.instrument.history import pages_at
 from workbench.instrument.probe import PageSnapshots
+from workbench.instrument.tables import PageRow
 from workbench.kvcache.table import TableManager
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
@@ -124,12 +127,21 @@ def test_page_snapshots_equal_the_rows_they_summarise_as_rows_grow_and_change():
     for row, n in lengths.items():
         table.write_row(row, 0, np.arange(next_slot, next_slot + n, dtype=np.int32))
         next_slot += n + int(rng.integers(0, 3))
-    snapshots = PageSnapshots()
+    snapshots, gained = PageSnapshots(), []
     for step in range(40):
         rows = [ReqView(uids[r], "decode", r, n - 1, n, 64, 1, 0) for r, n in lengths.items()]
-        taken = snapshots.take(table, rows)
+        taken = snapshots.take(table, rows, step)
         for r in rows:
-            assert list(taken[r.table_idx]) == naive_runs(
+            since, runs = taken[r.table_idx]
+            gained += [(step, r.uid, r.table_idx, *run, since) for run in runs]
+            if since < step:  # a row that went on gained one position: one run, not the row
+                assert len(runs) == 1, (step, r, runs)
+        pages = pd.DataFrame(gained, columns=PageRow._fields)
+        whole = pages_at(pages, step)
+        for r in rows:
+            got = whole[whole.table_idx == r.table_idx]
+            assert set(got.uid) == {r.uid}
+            assert list(zip(got.pos_start, got.pos_end, got.slot_start)) == naive_runs(
                 table.page_table_host[r.table_idx, : r.device_len].tolist()
             ), (step, r)
         for row in lengths:  # grow: the next slot, often contiguous, sometimes a new page

@@ -44,7 +44,8 @@ def test_charts_from_a_live_and_a_loaded_run_are_the_same(run):
     )
     # the page table shows the prefix the second request shares with the first
     owners = set()
-    for step, rows in loaded.pages.groupby("step"):
+    for step in loaded.pages.step.unique():
+        rows = loaded.pages_at(step)
         ledger = loaded.ledger[loaded.ledger.step == step]
         cached = dict(zip(ledger.uid, ledger.cached_tokens))
         owners |= set(viz.charts._sharing_segments(rows, cached).owner)
@@ -63,7 +64,7 @@ def test_the_page_table_tells_the_prefix_caches_pages_from_own():
     assert row.cached_tokens > 0
     spec = json.dumps(viz.page_table(wb.history, record.step).to_dict())
     assert '"prefix cache"' in spec and '"own"' in spec
-    pages = wb.history.pages[wb.history.pages.step == record.step]
+    pages = wb.history.pages_at(record.step)
     segments = viz.charts._sharing_segments(pages, {uid: row.cached_tokens})
     cache = segments[segments.owner == "prefix cache"]
     assert cache.pos_start.min() == 0 and cache.pos_end.max() == row.cached_tokens

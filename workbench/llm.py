@@ -266,7 +266,9 @@ class LLM:
             self._drop(uids)
             raise
         finally:
-            self.scheduler.probe.flush()  # record="full": the events of the call's steps
+            # record="full": the profiler session ends; its events are read when the history
+            # is first looked at (seconds of Python for a long run)
+            self.scheduler.probe.flush()
         return [self.output(self.scheduler.finished.pop(uid)) for uid in uids]
 
     def _drop(self, uids: list[int]) -> None:

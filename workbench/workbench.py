@@ -142,9 +142,10 @@ class Workbench:
 
     def _end_call(self) -> None:
         """After every step, run or run_until: the profiler's events (record="full") go to the
-        records, then the views redraw."""
+        records (the records handed back show them), then the views redraw."""
         if self.scheduler is not None:  # not closed
             self.scheduler.probe.flush()
+            self.scheduler.probe.read_events()
         self._notify(final=True)
 
     def _notify(self, final: bool) -> None:

@@ -103,7 +103,7 @@ def serve(
     outcome = sched.flush()
     if outcome is not None and on_step is not None:
         on_step(outcome)
-    sched.probe.flush()  # record="full": the events of the run's steps
+    sched.probe.flush()  # record="full": the session ends (its events are read when looked at)
     for uid in index_of:
         sched.finished.pop(uid, None)
     return [Timing(arrivals[i], first[i], finish[i], count[i]) for i in range(len(prompts))]

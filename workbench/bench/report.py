@@ -14,6 +14,8 @@ def print_result(r: dict) -> None:
         f"output tokens {r['output_tokens']} | seconds {r['seconds']:.2f} | "
         f"output tokens/s {r['output_tokens_per_s']:,.0f}"
     )
+    if r.get("events_read_seconds") is not None:
+        print(f"profiler events read after the run in {r['events_read_seconds']:.2f} s")
     _print_time_split(r)
     _print_decode_step(r)
     if "ttft_ms_p50" in r:

@@ -76,6 +76,7 @@ class TimedRun(NamedTuple):
     steps: list[StepTime]
     collections: GcWatch  # stopped: its counts are final
     latency: dict  # TTFT, TPOT and end-to-end percentiles with --request-rate; else empty
+    read_seconds: float  # --record full: reading the profiler's events after the run
 
 
 def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
@@ -99,7 +100,11 @@ def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
     sync()
     seconds = time.perf_counter() - start
     collections.stop()
-    return TimedRun(start, seconds, output_tokens, steps, collections, latency)
+    # NOTE: the profiler's events are read when first looked at, after the run (timed apart)
+    read = time.perf_counter()
+    llm.scheduler.probe.read_events()
+    read_seconds = time.perf_counter() - read
+    return TimedRun(start, seconds, output_tokens, steps, collections, latency, read_seconds)
 
 
 def _generate(
@@ -128,6 +133,7 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
         **settings(llm, args),
         output_tokens=run.output_tokens,
         seconds=round(run.seconds, 3),
+        events_read_seconds=round(run.read_seconds, 3) if args.record == "full" else None,
         output_tokens_per_s=round(run.output_tokens / run.seconds, 1),
         steps=len(run.steps),
         roofline_tokens_per_s=round(bound.tokens_per_second, 1),

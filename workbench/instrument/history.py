@@ -6,7 +6,8 @@ Tables (one DataFrame each):
 - ``requests``: one row per request (arrival, first scheduled, first token, finish; TTFT, TPOT);
 - ``admissions``: one row per admission decision (admitted, or the reason it waited);
 - ``events``: one row per profiler event (record="full");
-- ``pages``: the page-table rows of each batch as runs of consecutive KV slots (record="full").
+- ``pages``: what each batch's page-table rows gained, as runs of consecutive KV slots
+  (record="full"); ``pages_at(step)`` gives a step's rows whole.
 
 Each table's columns are the fields of its row type in `tables.py`.
 
@@ -17,7 +18,7 @@ tables, which every view can show without a model or a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,11 @@ class _Tables:
     def pages(self) -> pd.DataFrame:
         return self.tables()["pages"]
 
+    def pages_at(self, step: int) -> pd.DataFrame:
+        """The page-table rows of step `step`'s batch, whole: each row's maximal runs of
+        consecutive KV slots (step, uid, table_idx, pos_start, pos_end, slot_start)."""
+        return pages_at(self.pages, step)
+
     def dashboard(self):
         """The dashboard's views of this run: the step slider, the request picker and every
         chart, without the engine's buttons (`wb.dashboard()` drives a live workbench)."""
@@ -87,10 +93,14 @@ class _Tables:
 
 
 class History(_Tables):
-    def __init__(self, cost: StepCost | None = None) -> None:
+    def __init__(
+        self, cost: StepCost | None = None, before_tables: Callable[[], None] | None = None
+    ) -> None:
         """`cost`: the roofline of the engine's steps, for the steps table's `bytes_read`,
-        `flops`, `bound_ms` and `achieved_gbps` (None: those columns are NaN)."""
-        self.cost = cost
+        `flops`, `bound_ms` and `achieved_gbps` (None: those columns are NaN).
+        `before_tables`: called before the tables or a record are read (the probe reads the
+        profiler events of ended sessions into the records then)."""
+        self.cost, self._before_tables = cost, before_tables
         self.records: list[StepRecord] = []
         self.arrivals: dict[int, tuple[int, float, int, int]] = {}  # uid -> step, s, prompt, max
         # uid -> (step it ended before, seconds, reason): ended between steps ("abort") or by a
@@ -120,9 +130,13 @@ class History(_Tables):
         return len(self.records)
 
     def __getitem__(self, i: int) -> StepRecord:
+        if self._before_tables is not None:
+            self._before_tables()
         return self.records[i]
 
     def tables(self) -> dict[str, pd.DataFrame]:
+        if self._before_tables is not None:
+            self._before_tables()
         # the records were cleared or replaced, or the rows were built with another cost
         if not self._rows.follows(self.records) or self._rows.cost is not self.cost:
             self._rows, self._cache = TableRows(self.cost), None
@@ -156,6 +170,31 @@ def load_run(path: str | Path) -> RunHistory:
     """A run saved with `Workbench.save` (or `History.save`), ready for every view: a Parquet
     file (told by its first bytes, whatever its name) or the JSON of older runs."""
     return RunHistory(*runfile.read(path))
+
+
+def pages_at(pages: pd.DataFrame, step: int) -> pd.DataFrame:
+    """The rows of `step` from the runs they gained (the pages table), joined into maximal
+    runs. A run gained at step s belongs to every later step of its row with the same `since`
+    (a pages table saved before runs were kept as gains lists every step whole)."""
+    columns = ["step", "uid", "table_idx", "pos_start", "pos_end", "slot_start"]
+    if "since" not in pages.columns:
+        return pages.loc[pages.step == step, columns].reset_index(drop=True)
+    keys = pages.loc[pages.step == step, ["uid", "table_idx", "since"]].drop_duplicates()
+    runs = pages[pages.step <= step].merge(keys, on=["uid", "table_idx", "since"])
+    runs = runs.sort_values(["table_idx", "pos_start"], ignore_index=True)
+    # a run that goes on where the one before it in the row ended (positions and slots)
+    same_row = runs.table_idx.eq(runs.table_idx.shift())
+    goes_on = same_row & runs.pos_start.eq(runs.pos_end.shift())
+    goes_on &= runs.slot_start.eq((runs.slot_start + runs.pos_end - runs.pos_start).shift())
+    group = (~goes_on).cumsum()
+    joined = runs.groupby(group, sort=False).agg(
+        uid=("uid", "first"),
+        table_idx=("table_idx", "first"),
+        pos_start=("pos_start", "first"),
+        pos_end=("pos_end", "last"),
+        slot_start=("slot_start", "first"),
+    )
+    return joined.assign(step=step)[columns].reset_index(drop=True)
 
 
 def _build_tables(

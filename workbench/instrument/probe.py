@@ -24,7 +24,7 @@ from ..core import Admissions, Batch, Req, ReqView
 from . import events as ev
 from .history import History
 from .hooks import HookRegistry
-from .profiler import ProfilerSession, assign_to_steps
+from .profiler import ProfilerSession, assign_to_steps, gc_paused
 from .record import KVState, StepRecord
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class Probe:
         self.hooks = hooks if hooks is not None else HookRegistry()
         self.device = torch.device(device)
         self.cost = cost
-        self.history = History(self.cost)
+        self.history = History(self.cost, before_tables=self.read_events)
         self._t0 = time.perf_counter()
         self._session: ProfilerSession | None = None
         self._pages = PageSnapshots()
@@ -61,6 +61,8 @@ class Probe:
         self._marks: list[tuple[float, int, str]] = []  # seconds, step, "launch" | "collect"
         self._early: dict[int, list] = {}  # events of a batch launched before a session ended
         self._pending: dict[int, list] = {}
+        # ended sessions not read yet: (read, marks, step -> the list its events go in)
+        self._unread: list[tuple[Callable[[], list], list, dict[int, list]]] = []
 
     def clock(self) -> float:
         """Seconds since the run started (or was reset): the time axis of the records."""
@@ -70,9 +72,10 @@ class Probe:
         """A new run: an empty history and the clock from zero; the hooks stay."""
         if self._session is not None:
             self._session.discard()
+        self.read_events()  # the old history's, for whoever still holds it
         self._marks, self._pending, self._early = [], {}, {}
         self._pages = PageSnapshots()
-        self.history = History(self.cost)
+        self.history = History(self.cost, before_tables=self.read_events)
         self._t0 = time.perf_counter()
 
     def range(self, name: str):
@@ -98,19 +101,33 @@ class Probe:
         return self.profile_steps is None or index in self.profile_steps
 
     def flush(self) -> None:
-        """End the profiler session, if one runs, and give each step it covered its events (in
-        its record and the history's events table). The workbench calls this at the end of
-        every `step`, `run` and `generate`; events are not known before."""
+        """End the profiler session, if one runs. Its events are read and given to the steps
+        it covered (their records and the history's events table) when first looked for
+        (`read_events`: the history's tables, `wb.step()`), not here: reading a long run's
+        hundreds of thousands of kernels takes seconds of Python. The workbench calls this at
+        the end of every `step`, `run` and `generate`; events are not known before."""
         if self._session is None or not self._session.running:
             return
-        events = self._session.stop()
         marks, self._marks = self._marks, []
-        pending, self._pending, self._early = self._pending, {}, {}
-        for step, assigned in assign_to_steps(events, marks).items():
-            if step in pending:
-                pending[step].extend(assigned)
-            elif step >= 0:  # a batch still in flight (overlap): its record comes later
-                self._early[step] = assigned
+        lists, self._pending = self._pending, {}
+        # a batch launched in this session and still in flight (overlap, stepping by hand):
+        # its record, built in a later step, takes the list its launch's events will fill
+        self._early = {}
+        for _, step, kind in marks:
+            if kind == "launch" and step >= 0 and step not in lists:
+                lists[step] = self._early[step] = []
+        self._unread.append((self._session.stop(), marks, lists))
+
+    def read_events(self) -> None:
+        """Read the ended profiler sessions' events into the steps they belong to."""
+        unread, self._unread = self._unread, []
+        if not unread:
+            return
+        with gc_paused():
+            for read, marks, lists in unread:
+                for step, assigned in assign_to_steps(read(), marks).items():
+                    if step in lists:
+                        lists[step].extend(assigned)
         self.history.events_changed()
 
     # -- hook points, in the order they fire ----------------------------------------------
@@ -168,9 +185,10 @@ class Probe:
     def batch_prepared(
         self, step: int, batch: Batch, rows: list[ReqView], new_pages: int, table: TableManager
     ) -> dict[int, tuple] | None:
-        """Fires "batch.prepared"; with record="full", returns the batch's page-table rows as
-        slot runs, snapshot now: with overlap they change before the batch is collected."""
-        page_rows = self._pages.take(table, rows) if self.record == "full" else None
+        """Fires "batch.prepared"; with record="full", returns what the batch's page-table rows
+        gained as slot runs (`PageSnapshots`), taken now: with overlap they change before the
+        batch is collected."""
+        page_rows = self._pages.take(table, rows, step) if self.record == "full" else None
         if "batch.prepared" in self.hooks:
             num_tokens = sum(r.extend_len for r in rows)
             event = ev.BatchPrepared(step, batch.phase, tuple(rows), num_tokens, new_pages)
@@ -218,7 +236,7 @@ class Probe:
         profiled = running and self._profiled(outcome.index)
         # its launch's events, when an earlier session saw it (overlap, stepping by hand)
         early = self._early.pop(outcome.index, []) if self._early else []
-        events: list | None = early if profiled else None  # filled when the session ends
+        events: list | None = early if profiled else None  # filled when the events are read
         with self.range("step.end"):
             record = build_record(outcome, occupancy(), events)
             if self.record != "off":
@@ -258,40 +276,34 @@ def slot_runs(
 
 
 class PageSnapshots:
-    """The page-table rows of each batch as slot runs (record="full"), kept between steps, so a
-    step reads only what each row gained since the last: a decode step of 256 requests reads
-    256 entries, not the hundreds of thousands its rows hold."""
+    """The page-table rows of each batch as slot runs (record="full"), each step only what a
+    row gained since the last: a decode step of 256 requests reads and keeps 256 entries, not
+    the hundreds of thousands its rows hold (`pages_at` puts a step's rows back together).
+    With one-token pages, requests decoding side by side take interleaved slots, so a row is
+    one run per token: keeping every row whole at every step grows with steps x rows x length.
+    """
 
     def __init__(self) -> None:
-        self._rows: dict[int, tuple[int, int, int, list]] = {}  # row -> uid, rewrites, len, runs
+        # row -> uid, rewrites, length and since when (step) its runs are listed
+        self._rows: dict[int, tuple[int, int, int, int]] = {}
 
-    def take(self, table: TableManager, rows: list[ReqView]) -> dict[int, tuple]:
-        known = []
+    def take(self, table: TableManager, rows: list[ReqView], step: int) -> dict[int, tuple]:
+        """Row -> (since, runs gained): `since` is the step from which the row's runs are
+        listed (this one when the row is new, changed hands or was rewritten), the runs
+        (pos_start, pos_end, slot_start) its positions gained since it was last taken."""
+        begins, sinces = [], []
         for r in rows:
             kept = self._rows.get(r.table_idx)
-            fresh = (
-                kept is None
-                or kept[0] != r.uid
-                or kept[1] != table.rewrites[r.table_idx]
-                or kept[2] > r.device_len
-            )
-            known.append(None if fresh else kept)
+            rewrites = int(table.rewrites[r.table_idx])
+            if kept is None or kept[:2] != (r.uid, rewrites) or kept[2] > r.device_len:
+                kept = (r.uid, rewrites, 0, step)
+            begins.append(kept[2])
+            sinces.append(kept[3])
+            self._rows[r.table_idx] = (r.uid, rewrites, r.device_len, kept[3])
         idx = np.array([r.table_idx for r in rows], dtype=np.int64)
-        starts = np.array([0 if k is None else k[2] for k in known], dtype=np.int64)
         ends = np.array([r.device_len for r in rows], dtype=np.int64)
-        gained = slot_runs(table.page_table_host, idx, starts, ends)
-        out = {}
-        for r, kept, new in zip(rows, known, gained):
-            runs = [] if kept is None else list(kept[3])
-            if runs and new:
-                (a, b, s), (a2, b2, s2) = runs[-1], new[0]
-                if a2 == b and s2 == s + (b - a):  # the row's last run goes on
-                    runs[-1] = (a, b2, s)
-                    new = new[1:]
-            runs.extend(new)
-            self._rows[r.table_idx] = (r.uid, int(table.rewrites[r.table_idx]), r.device_len, runs)
-            out[r.table_idx] = tuple(runs)
-        return out
+        gained = slot_runs(table.page_table_host, idx, np.array(begins, dtype=np.int64), ends)
+        return {r.table_idx: (since, tuple(new)) for r, since, new in zip(rows, sinces, gained)}
 
 
 def check_profile_steps(steps) -> Container[int] | None:

@@ -4,6 +4,8 @@ flattened to (name, category, track, start_us, duration_us) on the run's time ax
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -14,7 +16,7 @@ import torch
 
 from .hooks import HOOK_POINTS
 
-MIN_CPU_OP_US = 10.0  # host operators shorter than this are not kept (kernels and ranges are)
+MIN_CPU_OP_NS = 10_000  # host operators shorter than this are not kept (kernels and ranges are)
 _BOOKKEEPING = {
     "aten::as_strided",
     "aten::view",
@@ -74,57 +76,62 @@ def assign_to_steps(
     nothing to run), (seconds, step, "collect") when its collect began. A hook range goes to
     the last mark of its kind before it (give or take the two clocks' skew); another host event
     to the last mark of any kind before it; a kernel or runtime call to the step of the range
-    or operator that launched it. Returns step -> (name, category, track, start_us,
-    duration_us) tuples."""
-    by_kind = {kind: _marks([m for m in marks if m[2] == kind]) for kind in ("launch", "collect")}
-    every = _marks(marks)
-    step_of: dict[int, int] = {}
-    placed: list[tuple[Event, int]] = []
-    linked = []
-    for e in events:
-        if e.link:
-            linked.append(e)
-            continue
-        mid = e.start_us + e.duration_us / 2
-        if e.category == "hook" and (e.name in LAUNCH_RANGES or e.name in COLLECT_RANGES):
-            kind = "launch" if e.name in LAUNCH_RANGES else "collect"
-            step = _last_before(by_kind[kind], mid + SKEW_US)
-        else:
-            step = _last_before(every, mid)
-        if step is not None:
-            placed.append((e, step))
-            if e.corr:
-                step_of[e.corr] = step
-    for e in linked:
-        step = step_of.get(e.link)
-        if step is None:
-            step = _last_before(every, e.start_us + e.duration_us / 2)
-        if step is not None:
-            placed.append((e, step))
-    out: dict[int, list[tuple]] = {}
-    for e, step in placed:
-        out.setdefault(step, []).append(e[:5])
+    or operator that launched it (by time when that one is not known). Returns step ->
+    (name, category, track, start_us, duration_us) tuples, in the events' order."""
+    if not events:
+        return {}
+    # NOTE: whole columns at once: a profiled run has hundreds of thousands of events
+    names, categories, _, starts, durations, corrs, links = zip(*events)
+    mid = np.array(starts) + np.array(durations) / 2
+    corr, link = np.array(corrs, dtype=np.int64), np.array(links, dtype=np.int64)
+    kind = np.array(
+        [_RANGE_KIND.get(n, 0) if c == "hook" else 0 for n, c in zip(names, categories)],
+        dtype=np.int8,
+    )  # 0: any mark, 1: launch marks, 2: collect marks
+    step = np.full(len(events), _NONE, dtype=np.int64)
+    host = link == 0
+    for code, which, skew in ((0, None, 0.0), (1, "launch", SKEW_US), (2, "collect", SKEW_US)):
+        chosen = host & (kind == code)
+        kept = [m for m in marks if which is None or m[2] == which]
+        step[chosen] = _last_before(kept, mid[chosen] + skew)
+    # a linked event: the step of the host event whose correlation id it names
+    known = host & (corr != 0) & (step != _NONE)
+    order = np.argsort(corr[known], kind="stable")
+    keys, values = corr[known][order], step[known][order]
+    linked = np.flatnonzero(~host)
+    at = np.searchsorted(keys, link[linked], side="right") - 1  # the last of equal ids
+    found = at >= 0
+    found[found] = keys[at[found]] == link[linked][found]
+    step[linked[found]] = values[at[found]]
+    lost = linked[~found]
+    step[lost] = _last_before(marks, mid[lost])
+    out: dict[int, list[tuple]] = {s: [] for s in np.unique(step).tolist() if s != _NONE}
+    for e, s in zip(events, step.tolist()):
+        if s != _NONE:
+            out[s].append(e[:5])
     return out
 
 
-def _marks(marks) -> tuple[np.ndarray, list[int]]:
+_RANGE_KIND = {**dict.fromkeys(LAUNCH_RANGES, 1), **dict.fromkeys(COLLECT_RANGES, 2)}
+_NONE = -(2**62)  # no step (before the first mark)
+
+
+def _last_before(marks: list[tuple[float, int, str]], t: np.ndarray) -> np.ndarray:
+    """The step of the last of `marks` at or before each time `t` (microseconds); _NONE
+    before the first."""
     marks = sorted(marks)
-    return np.array([m[0] for m in marks], dtype=np.float64) * 1e6, [m[1] for m in marks]
-
-
-def _last_before(marks, t: float) -> int | None:
-    times, steps = marks
-    i = int(np.searchsorted(times, t, side="right")) - 1
-    return steps[i] if i >= 0 else None
+    times = np.array([m[0] for m in marks], dtype=np.float64) * 1e6
+    steps = np.array([m[1] for m in marks] + [_NONE], dtype=np.int64)  # [-1]: none
+    return steps[np.searchsorted(times, t, side="right") - 1]
 
 
 class ProfilerSession:
     """One torch.profiler (kineto) session over any number of steps (record="full").
 
     Nothing is read while it runs: no synchronisation and no Python object per event. `stop()`
-    synchronises once and reads kineto's events once. A start and stop around every step
-    instead cost a synchronisation and tens of milliseconds each, which a profiled run then
-    measured as its own step times.
+    synchronises once and hands back the reader of kineto's events (`read_events`). A start
+    and stop around every step instead cost a synchronisation and tens of milliseconds each,
+    which a profiled run then measured as its own step times.
 
     On a GPU only ranges (the hook points' `record_function`) are recorded on the host, not
     every ATen operator: the kernels come from CUPTI, each linked to the range that launched it,
@@ -156,14 +163,16 @@ class ProfilerSession:
         self._offset_us = self._clock() * 1e6 - time.time_ns() / 1e3
         self._results_of = _disable_profiler
 
-    def stop(self) -> list[Event]:
-        """End the session; its events, in the order kineto gives them."""
+    def stop(self) -> Callable[[], list[Event]]:
+        """End the session. Returns what reads its events, in the order kineto gives them:
+        reading a long run's (hundreds of thousands of kernels, a few microseconds of Python
+        each) is left until someone looks."""
         disable, self._results_of = self._results_of, None
         if self._cuda:
             torch.cuda.synchronize()
         with _quiet_stderr():
             results = disable()
-        return self._read(results)
+        return functools.partial(read_events, results, self._offset_us)
 
     def discard(self) -> None:
         if self._results_of is not None:
@@ -171,35 +180,60 @@ class ProfilerSession:
             with _quiet_stderr():
                 disable()
 
-    def _read(self, results) -> list[Event]:
-        offset, cuda = self._offset_us, torch.autograd.DeviceType.CUDA
-        out = []
-        # NOTE: each accessor is a call into C++; a run leaves hundreds of thousands of events,
-        # so the ones dropped (short host calls) are dropped after as few calls as possible
-        for e in results.events():
-            duration = e.duration_ns() / 1e3
-            if duration <= 0:
+
+def read_events(results, offset_us: float) -> list[Event]:
+    """A stopped session's events (kineto's `results`), on the run's clock (`offset_us` from
+    kineto's)."""
+    offset, cuda, hooks = offset_us, torch.autograd.DeviceType.CUDA, HOOK_POINTS
+    tracks: dict[tuple, str] = {}
+    out = []
+    append = out.append
+    # NOTE: each accessor is a call into C++ and a run leaves hundreds of thousands of
+    # events: the ones dropped (short host calls) go after as few calls as possible
+    for e in results.events():
+        duration = e.duration_ns()
+        if duration <= 0:
+            continue
+        name = e.name()
+        if e.device_type() == cuda:
+            # NOTE: a hook range shows on the device too (kineto's GPU annotation of the
+            # kernels it launched); its host twin is kept
+            if name in hooks:
                 continue
-            on_device = e.device_type() == cuda
-            name = e.name()
-            if on_device:
-                # NOTE: a hook range shows on the device too (kineto's GPU annotation of the
-                # kernels it launched); its host twin is kept
-                if name in HOOK_POINTS:
-                    continue
-                category, track = "kernel", f"gpu:{e.device_index()}:{e.device_resource_id()}"
-            else:
-                category = "hook" if name in HOOK_POINTS else "cpu_op"
-                if category == "cpu_op" and (duration < MIN_CPU_OP_US or name in _BOOKKEEPING):
-                    continue  # most host operators are views and casts of a few microseconds
-                track = f"cpu:{e.start_thread_id()}"
-            link = e.linked_correlation_id()
-            # NOTE: a CUDA runtime call (cudaLaunchKernel) links to a range or operator; its own
-            # correlation id is CUPTI's, from another sequence that can collide with theirs
-            corr = 0 if link or on_device else e.correlation_id()
-            start = e.start_ns() / 1e3 + offset
-            out.append(Event(name, category, track, start, duration, corr, link))
-        return out
+            where = (e.device_index(), e.device_resource_id())
+            track = tracks.get(where) or tracks.setdefault(where, "gpu:{}:{}".format(*where))
+            start, link = e.start_ns() / 1e3 + offset, e.linked_correlation_id()
+            append(Event(name, "kernel", track, start, duration / 1e3, 0, link))
+            continue
+        if name in hooks:
+            category = "hook"
+        elif duration < MIN_CPU_OP_NS or name in _BOOKKEEPING:
+            continue  # most host operators are views and casts of a few microseconds
+        else:
+            category = "cpu_op"
+        thread = e.start_thread_id()
+        track = tracks.get(thread) or tracks.setdefault(thread, f"cpu:{thread}")
+        link = e.linked_correlation_id()
+        # NOTE: a CUDA runtime call (cudaLaunchKernel) links to a range or operator; its own
+        # correlation id is CUPTI's, from another sequence that can collide with theirs
+        corr = 0 if link else e.correlation_id()
+        start = e.start_ns() / 1e3 + offset
+        append(Event(name, category, track, start, duration / 1e3, corr, link))
+    return out
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """No garbage collection meanwhile: reading a session makes hundreds of thousands of small
+    tuples, each allocation counting towards a collection that would walk every object the
+    process holds (seconds in all, for nothing: none of them is garbage)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager

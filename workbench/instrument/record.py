@@ -72,8 +72,10 @@ class StepRecord:
     device_ms: float  # forward and sampling on the device (CUDA events; wall time on the CPU)
     host_ms: float = 0.0  # host work: schedule, prepare, enqueue, then process the tokens
     wait_ms: float = 0.0  # host blocked on the device for the tokens (near 0: host-bound)
-    # record="full": table row -> its slots as runs (pos_start, pos_end, slot_start)
-    page_rows: dict[int, tuple[tuple[int, int, int], ...]] | None = None
+    # record="full": table row -> (since, runs): the slot runs (pos_start, pos_end, slot_start)
+    # the row gained in this step, its runs listed since step `since` (`History.pages_at`
+    # gives a step's rows whole)
+    page_rows: dict[int, tuple[int, tuple[tuple[int, int, int], ...]]] | None = None
     # record="full": profiler events (name, category, track, start_us, duration_us); filled in
     # when the profiler session that covered the step ends (`Probe.flush`)
     events: list[tuple] | None = field(default=None, repr=False)

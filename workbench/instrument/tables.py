@@ -114,7 +114,8 @@ class EventRow(NamedTuple):
 
 
 class PageRow(NamedTuple):
-    """One run of consecutive KV slots in a page-table row (record="full")."""
+    """A run of consecutive KV slots that a page-table row gained in a step (record="full"):
+    the row holds it from `step` on, for as long as its runs are listed from `since`."""
 
     step: int
     uid: int
@@ -122,6 +123,7 @@ class PageRow(NamedTuple):
     pos_start: int
     pos_end: int
     slot_start: int
+    since: int
 
 
 class TableRows:
@@ -221,7 +223,8 @@ class TableRows:
             self.events.append(tuple(event))
         if rec.page_rows:
             for r in rows:
-                for pos_start, pos_end, slot_start in rec.page_rows[r.table_idx]:
+                since, runs = rec.page_rows[r.table_idx]
+                for pos_start, pos_end, slot_start in runs:
                     page = PageRow(
                         step=rec.step,
                         uid=r.uid,
@@ -229,6 +232,7 @@ class TableRows:
                         pos_start=pos_start,
                         pos_end=pos_end,
                         slot_start=slot_start,
+                        since=since,
                     )
                     self.pages.append(tuple(page))
 

@@ -33,7 +33,7 @@ class InFlight:
     launched_at: float
     padded_size: int
     cuda_graph: bool
-    page_rows: dict[int, tuple] | None = None  # record="full": each row's slot runs
+    page_rows: dict[int, tuple] | None = None  # record="full": slot runs each row gained
     launch_ms: float = 0.0  # host time to schedule, prepare and enqueue this batch
     overlapped: bool = False  # set when the next batch is launched before this is collected
 

@@ -105,7 +105,7 @@ def page_table(history, step: int, highlight_uid: int | None = None):
     with another request of the batch, or its own."""
     alt = _alt()
     pages = getattr(history, "pages", None)
-    rows = pages[pages.step == step] if pages is not None and len(pages) else None
+    rows = history.pages_at(step) if pages is not None and len(pages) else None
     if rows is None or rows.empty:
         return _empty(alt, f"step {step}: page rows are recorded with record='full'")
     ledger = history.ledger[history.ledger.step == step]
