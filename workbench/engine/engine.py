@@ -70,6 +70,7 @@ class Engine:
         self.graphs: GraphRunner | None = None
         if self.device.type == "cuda" and self.backend.supports_cuda_graph:
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
+            oom = None
             try:
                 self.graphs = GraphRunner(
                     self.model,
@@ -81,13 +82,17 @@ class Engine:
                     capture=config.cuda_graph_enabled,
                 )
             except torch.cuda.OutOfMemoryError as exc:
-                self._out_of_memory(exc)
+                oom = str(exc).split("\n")[0]
+            # NOTE: raised outside the except block: the out-of-memory error's frames hold the
+            # half-captured graphs' memory, and a chained error (kept by a notebook) keeps them
+            if oom is not None:
+                self._out_of_memory(oom)
         # NOTE: one full collection now makes the start-up objects (torch, transformers, the
         # model) long-lived; otherwise the first full collection can fall inside a run (seen on
         # the CPU with record="light": one pass of 0.19 s in a 300-step run).
         gc.collect()
 
-    def _out_of_memory(self, exc: Exception) -> None:
+    def _out_of_memory(self, cause: str) -> None:
         """What ran out while the engine was built, and what to do: the KV pool took its share
         of what was free, and another engine (or program) holds the rest."""
         kv_gib = (
@@ -97,13 +102,15 @@ class Engine:
             / 2**30
         )
         self.close()
+        gc.collect()
         torch.cuda.empty_cache()
         raise RuntimeError(
             f"out of GPU memory capturing CUDA graphs, after the KV pool took {kv_gib:.1f} GiB "
             f"(memory_ratio={self.config.memory_ratio} of the memory free when it was built): "
             "another engine (in this process or another) holds the rest. close() it, or give "
-            "each engine a smaller memory_ratio (e.g. 0.4 for two side by side)"
-        ) from exc
+            "each engine a smaller memory_ratio (e.g. 0.4 for two side by side). "
+            f"torch: {cause}"
+        )
 
     def close(self) -> None:
         """Drop every tensor the engine holds (the caller then frees the cached memory)."""
