@@ -21,11 +21,11 @@ def test_packed_arrays_come_back_as_aligned_int64_slices():
 
 
 def test_ranges_match_the_per_request_aranges():
-    from workbench.scheduler.prepare import _ranges
+    from workbench.engine.inputs import ranges
 
     rng = np.random.default_rng(0)
     for n in (0, 1, 7, 256):
         starts = rng.integers(0, 1000, n)
         ends = starts + rng.integers(0, 5, n)  # empty ranges included
         expected = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends)] + [[]])
-        assert _ranges(starts, ends).tolist() == expected.astype(np.int64).tolist()
+        assert ranges(starts, ends).tolist() == expected.astype(np.int64).tolist()

@@ -69,6 +69,10 @@ class EngineConfig:
     # A waiting request that shares at least this many uncached prompt tokens with a request
     # admitted in the same batch waits for that request's prefix to be cached (0: never waits).
     share_threshold: int = 32
+    # processes the model is split across (tensor parallelism, Megatron-style): this process
+    # is rank 0 and schedules; ranks 1.. are started by the engine (or by torchrun) on the next
+    # GPUs (gloo processes on the CPU)
+    tp_size: int = 1
 
     def __post_init__(self) -> None:
         from . import validate as V
@@ -99,6 +103,7 @@ class EngineConfig:
             max_seq_len_cap=V.integer("max_seq_len_cap", self.max_seq_len_cap, 1),
             kv_memory_gb=V.real("kv_memory_gb", self.kv_memory_gb, 0.0, low_open=True),
             share_threshold=V.integer("share_threshold", self.share_threshold, 0),
+            tp_size=V.integer("tp_size", self.tp_size, 1, 64),
         )
         if self.attention is not None:
             from .attention import BACKENDS

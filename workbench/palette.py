@@ -8,6 +8,7 @@ FAMILY_COLORS = {
     "matmul": "#2a9d8f",
     "sampling": "#e9c46a",
     "norm/rope/act": "#f4a261",
+    "communication": "#8338ec",
     "other": "#b0b0b0",
     "idle": "#eeeeee",
 }

@@ -115,6 +115,13 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
         help="FlashInfer's fused norm, rope and SiLU kernels (default: where installed)",
     )
     p.add_argument("--record", default="off", choices=RECORD_LEVELS, help="step records kept")
+    p.add_argument(
+        "--tp-size",
+        type=int,
+        default=1,
+        help="tensor parallelism: GPUs (CPU processes) the model is split across; the engine "
+        "starts the other ranks, or under `torchrun --nproc-per-node N` uses torchrun's",
+    )
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:

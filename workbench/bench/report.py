@@ -34,7 +34,9 @@ def _settings_line(r: dict) -> str:
         return "on" if r[key] else "off"
 
     return (
-        f"workbench bench: {r['model']} on {r['device']} ({r['dtype']}), overlap "
+        f"workbench bench: {r['model']} on {r['device']} ({r['dtype']})"
+        + (f" x {r['tp_size']} (tensor parallel)" if r.get("tp_size", 1) > 1 else "")
+        + ", overlap "
         f"{on('overlap')}, cuda graphs {on('cuda_graph')}, fused kernels {on('fused_kernels')}, "
         f"fused rope {on('fused_rope')}, fused sampling {on('fused_sampling')}, "
         f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, policy {r['policy']}, "

@@ -57,6 +57,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
         cuda_graph=args.cuda_graph,
         fused_kernels=args.fused_kernels,
         record=args.record,
+        tp_size=args.tp_size,
         **{"policy": args.policy, **engine_options(args.option)},
     )
 
@@ -164,6 +165,7 @@ def settings(llm: LLM, args: argparse.Namespace) -> dict:
         device=torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
         dtype=str(engine.dtype).removeprefix("torch."),
         overlap=llm.scheduler.overlap,
+        tp_size=engine.tp.size,
         cuda_graph=engine.config.cuda_graph_enabled,
         fused_kernels=engine.config.fused_kernels_enabled,
         fused_sampling=engine.config.fused_sampling_enabled,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import time
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -12,35 +15,48 @@ from ..attention import create_backend
 from ..config import EngineConfig
 from ..core import Batch
 from ..device import DeviceTimer, to_device_many
+from ..distributed import SINGLE, TPGroup
 from ..kvcache.pool import KVPool
 from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
+from ..models.decoder import check_tp_size
 from ..models.weights import build_model
 from .context import ForwardContext
 from .graph import GraphRunner
 from .sampler import Sampler
+from .tp import Ranks, rank_device
+from .tp import start as start_ranks
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
-        self.config = config
-        self.device, self.dtype = config.torch_device, config.torch_dtype
+    def __init__(self, config: EngineConfig, tp: TPGroup | None = None) -> None:
+        """`tp`: this process's rank of a tensor-parallel engine (`tp.py` starts the ranks of
+        `config.tp_size` and gives each its group; None: this is rank 0, or the only one)."""
+        self.config, self.dtype = config, config.torch_dtype
         self.model_dir = resolve(config.model)
         self.model_config = cfg = ModelConfig.from_dir(self.model_dir)
+        check_tp_size(cfg, config.tp_size)  # before any process or memory is taken
+        self.ranks: Ranks | None = None  # rank 0 of several: the others
+        if tp is None and config.tp_size > 1:
+            _check_gpus(config)
+            tp, self.ranks = start_ranks(config)
+        self.tp = tp or SINGLE
+        self.device = rank_device(config, self.tp.rank) if self.tp.size > 1 else config.torch_device
         self.max_seq_len = config.max_seq_len or min(
             cfg.max_position_embeddings, config.max_seq_len_cap
         )
         self._check_fits()
         self.model = build_model(
-            cfg, self.max_seq_len, self.device, self.dtype, self.model_dir, seed=config.seed
+            cfg, self.max_seq_len, self.device, self.dtype, self.model_dir, config.seed, self.tp
         )
         self.model.use_fused_kernels(config.fused_kernels_enabled, config.fused_rope_enabled)
-        self.num_pages = config.num_pages or self._pages_from_memory()
+        # NOTE: every rank must have the same slots: rank 0 allocates them for all
+        self.num_pages = config.num_pages or self.tp.min_int(self._pages_from_memory(), self.device)
         self.pool = KVPool(
             cfg.num_layers,
             self.num_pages,
             config.page_size,
-            cfg.num_kv_heads,
+            cfg.num_kv_heads // self.tp.size,  # this rank's KV heads
             cfg.head_dim,
             self.dtype,
             self.device,
@@ -48,11 +64,13 @@ class Engine:
         # NOTE: whole pages: a request near the context limit allocates its last page in full.
         width = -(-self.max_seq_len // config.page_size) * config.page_size
         self.table = TableManager(config.max_running_reqs, width, self.device)
+        if self.ranks is not None:
+            self.table.journal = []  # what the other ranks replay before each step
         self.backend = create_backend(
             config.attention_backend,
             pool=self.pool,
             table=self.table,
-            num_heads=cfg.num_heads,
+            num_heads=cfg.num_heads // self.tp.size,
             head_dim=cfg.head_dim,
             config=config,
         )
@@ -113,14 +131,18 @@ class Engine:
         )
 
     def close(self) -> None:
-        """Drop every tensor the engine holds (the caller then frees the cached memory)."""
+        """Drop every tensor the engine holds (the caller then frees the cached memory); stop
+        the other ranks."""
         self.graphs = self.model = self.pool = self.table = self.backend = None
         self.ctx = self.sampler = None
+        ranks, self.ranks = self.ranks, None
+        if ranks is not None:
+            ranks.close()
 
     def _check_fits(self) -> None:
         if self.device.type != "cuda":
             return
-        need = self.model_config.num_params() * self.dtype.itemsize
+        need = self.model_config.num_params() * self.dtype.itemsize // self.tp.size
         free, _ = torch.cuda.mem_get_info(self.device)
         if need > free:
             raise ValueError(
@@ -129,7 +151,7 @@ class Engine:
             )
 
     def _pages_from_memory(self) -> int:
-        per_token = self.model_config.kv_bytes_per_token(self.dtype.itemsize)
+        per_token = self.model_config.kv_bytes_per_token(self.dtype.itemsize) // self.tp.size
         if self.device.type == "cuda":
             # NOTE: what memory_ratio leaves over is for activations, CUDA graphs and workspaces.
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -161,16 +183,55 @@ class Engine:
         written to the token pool (where the next decode reads it), and a copy of those tokens
         to the host started. On a GPU all of it is only enqueued; wait on `done` before reading
         `tokens`. `stage` names the part running, for a failure to name."""
-        timer = DeviceTimer(self.device)
-        timer.start()
         self.stage = "forward"
-        logits = self.forward(batch)
-        for req in batch.reqs:
-            req.complete_one()
-        self.stage = "sample"
-        tokens, done = self.sample(batch, logits)
-        timer.stop()
-        return DeviceStep(tokens, done, timer)
+        if self.ranks is not None:
+            self.ranks.launch(batch, self.table)
+        with self._ranks_alive():
+            timer = DeviceTimer(self.device)
+            timer.start()
+            logits = self.forward(batch)
+            for req in batch.reqs:
+                req.complete_one()
+            self.stage = "sample"
+            tokens, done = self.sample(batch, logits)
+            timer.stop()
+        return DeviceStep(tokens, done, timer, self.tp.size)
+
+    def wait(self, step: DeviceStep) -> None:
+        """Until `step`'s tokens are on the host. With other ranks, polled: a rank that died
+        leaves rank 0's collectives waiting on the GPU, and this raises instead of hanging."""
+        if step.done is None:
+            return
+        if self.ranks is None:
+            step.done.synchronize()
+            return
+        polls = 0
+        while not step.done.query():
+            polls += 1
+            if polls % 256 == 0:
+                self.ranks.check()
+            time.sleep(5e-5)
+
+    def check_ranks(self) -> None:
+        """With tensor parallelism: every rank's request table (page table, token pool) equals
+        rank 0's, so the ranks read and write the same KV slots."""
+        if self.ranks is not None:
+            differ = self.ranks.same_tables(self.table)
+            if differ:
+                raise AssertionError(
+                    f"tensor-parallel ranks {differ} hold a request table unlike rank 0's"
+                )
+
+    @contextlib.contextmanager
+    def _ranks_alive(self) -> Iterator[None]:
+        """A failure while other ranks run says so when one of them died (gloo raises at once
+        when a peer's connection closes)."""
+        try:
+            yield
+        except Exception:
+            if self.ranks is not None:
+                self.ranks.check(wait_s=2.0)
+            raise
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -206,3 +267,16 @@ class DeviceStep(NamedTuple):
     tokens: torch.Tensor  # int32 [sampled requests], on the host (filled asynchronously)
     done: torch.cuda.Event | None  # recorded after the copy; None on the CPU
     timer: DeviceTimer  # the step's device time
+    tp_size: int = 1  # processes the step ran on (tensor parallelism)
+
+
+def _check_gpus(config: EngineConfig) -> None:
+    device = config.torch_device
+    if device.type != "cuda":
+        return
+    have = torch.cuda.device_count() - (device.index or 0)
+    if have < config.tp_size:
+        raise ValueError(
+            f"tp_size={config.tp_size} needs {config.tp_size} GPUs from {device}; "
+            f"{have} found (allowed: 1 to {have})"
+        )

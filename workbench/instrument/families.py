@@ -1,5 +1,6 @@
-"""Kernel families: profiler event names sorted into attention, matmul, sampling, norm/rope/act
-and other, and each step's device time by family (record="full")."""
+"""Kernel families: profiler event names sorted into communication (tensor parallelism's
+collectives), attention, matmul, sampling, norm/rope/act and other, and each step's device time
+by family (record="full")."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 _FAMILIES = [
+    # NOTE: first: NCCL's kernel names also mention the reduction ("AllReduce_Sum_bf16")
+    ("communication", re.compile(r"nccl|all_?reduce|all_?gather|gloo|c10d::", re.I)),
     ("attention", re.compile(r"attention|flash|BatchDecode|BatchPrefill|sdpa|fmha", re.I)),
     (
         "sampling",
@@ -52,6 +55,9 @@ _CPU_LEAVES = {
     "aten::neg_",
     "aten::sub",
     "aten::sub_",
+    "c10d::allreduce_",
+    "c10d::_allgather_base_",
+    "c10d::allgather_into_tensor_coalesced_",
 }
 
 

@@ -344,6 +344,7 @@ def build_record(
         device_ms=launched.device.timer.elapsed_ms(),
         host_ms=launched.launch_ms + outcome.collect_ms,
         wait_ms=outcome.wait_ms,
+        tp_size=launched.device.tp_size,
         page_rows=launched.page_rows,
         events=events,
     )

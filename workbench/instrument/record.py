@@ -72,6 +72,7 @@ class StepRecord:
     device_ms: float  # forward and sampling on the device (CUDA events; wall time on the CPU)
     host_ms: float = 0.0  # host work: schedule, prepare, enqueue, then process the tokens
     wait_ms: float = 0.0  # host blocked on the device for the tokens (near 0: host-bound)
+    tp_size: int = 1  # processes the step's forward ran on (tensor parallelism)
     # record="full": table row -> (since, runs): the slot runs (pos_start, pos_end, slot_start)
     # the row gained in this step, its runs listed since step `since` (`History.pages_at`
     # gives a step's rows whole)

@@ -40,6 +40,7 @@ class StepRow(NamedTuple):
     kv_total: int
     free_slots: int
     cuda_graph: bool
+    tp_size: int  # processes the forward ran on (tensor parallelism)
     overlapped: bool
     launched_at: float
     completed_at: float
@@ -198,6 +199,7 @@ class TableRows:
             kv_total=rec.kv.total,
             free_slots=rec.free_slots,
             cuda_graph=rec.cuda_graph,
+            tp_size=rec.tp_size,
             overlapped=rec.overlapped,
             launched_at=rec.launched_at,
             completed_at=rec.completed_at,

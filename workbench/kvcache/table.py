@@ -35,6 +35,9 @@ class TableManager:
         # prompt's pages swapped for the prefix cache's): a snapshot that reads only what a row
         # gained since the last one (record="full") must read such a row whole again
         self.rewrites = np.zeros(rows, dtype=np.int64)
+        # NOTE: with tensor parallelism, rank 0's writes since its last step, which the other
+        # ranks replay on their tables before running the same step (None: not kept)
+        self.journal: list[tuple[str, tuple]] | None = None
 
     @property
     def available_size(self) -> int:
@@ -48,11 +51,15 @@ class TableManager:
         self._free_rows.append(row)
 
     def write_tokens(self, row: int, start: int, token_ids: list[int]) -> None:
+        if self.journal is not None:
+            self.journal.append(("write_tokens", (row, start, token_ids)))
         src = to_device(token_ids, self.device, torch.int32)
         self.token_pool[row, start : start + len(token_ids)].copy_(src)
 
     def write_row(self, row: int, start: int, slots: np.ndarray) -> None:
         """Point ``[row, start : start + len(slots)]`` at KV slots, on the host and the device."""
+        if self.journal is not None:
+            self.journal.append(("write_row", (row, start, slots)))
         self.page_table_host[row, start : start + len(slots)] = slots
         self.rewrites[row] += 1
         if self.device.type != "cpu":
@@ -61,6 +68,8 @@ class TableManager:
 
     def write_slots(self, rows: np.ndarray, cols: np.ndarray, slots: np.ndarray) -> None:
         """Point page-table entries at KV slots, on the host and on the device."""
+        if self.journal is not None:
+            self.journal.append(("write_slots", (rows, cols, slots)))
         self.page_table_host[rows, cols] = slots
         if self.device.type != "cpu":
             index = tuple(to_device_many([rows, cols], self.device))

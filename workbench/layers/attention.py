@@ -1,4 +1,8 @@
-"""The attention layer: merged QKV projection, optional q/k norm, RoPE, backend, output proj."""
+"""The attention layer: merged QKV projection, optional q/k norm, RoPE, backend, output proj.
+
+Tensor-parallel (Megatron): each rank holds num_heads / size query heads and num_kv_heads / size
+KV heads (q/k/v column-parallel), attends over them alone, and o_proj (row-parallel) sums the
+ranks' outputs. Everything after qkv_proj, the KV pool included, sees the local head counts."""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..distributed import SINGLE, TPGroup
 from .norm import RMSNorm
+from .parallel import ColumnParallelLinear, RowParallelLinear, split
 from .rotary import Rotary
 
 if TYPE_CHECKING:
@@ -25,13 +31,20 @@ class AttentionLayer(nn.Module):
         rotary: Rotary,
         qkv_bias: bool,
         qk_norm_eps: float | None,  # Qwen3 normalises each head of q and k before RoPE
+        tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, hidden_size, bias=False)
+        # this rank's heads: what the kernels, the backend and the KV pool see
+        self.num_heads = split(num_heads, tp, "num_heads")
+        self.num_kv_heads = split(num_kv_heads, tp, "num_kv_heads")
+        self.head_dim = head_dim
+        self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        q_full, kv_full = num_heads * head_dim, num_kv_heads * head_dim
+        self.qkv_proj = ColumnParallelLinear(
+            hidden_size, (q_full, kv_full, kv_full), bias=qkv_bias, tp=tp
+        )
+        self.o_proj = RowParallelLinear(q_full, hidden_size, bias=False, tp=tp)
         self.rotary = rotary
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None

@@ -1,4 +1,6 @@
-"""Gated MLP with the gate and up projections merged into one matmul."""
+"""Gated MLP with the gate and up projections merged into one matmul.
+
+Tensor-parallel (Megatron): gate/up column-parallel, down row-parallel with one all-reduce."""
 
 from __future__ import annotations
 
@@ -6,13 +8,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed import SINGLE, TPGroup
+from .parallel import ColumnParallelLinear, RowParallelLinear
+
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, bias: bool = False, tp: TPGroup = SINGLE
+    ) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = ColumnParallelLinear(
+            hidden_size, (intermediate_size, intermediate_size), bias=bias, tp=tp
+        )
+        self.intermediate_size = self.gate_up_proj.local_sizes[0]  # this rank's share
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, tp=tp)
         self.fused = False  # set by Decoder.use_fused_kernels(): FlashInfer's silu_and_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,9 @@
 
 The forward takes a flat batch: every token of every request on one axis, with its absolute
 position; attention reads each request's earlier tokens from the KV pool through the context.
+
+With tensor parallelism (`tp`, Megatron-style) each rank holds a share of every layer's heads,
+intermediate size and vocabulary; the ranks run the same forward and all return full logits.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..distributed import SINGLE, TPGroup
 from ..layers.attention import AttentionLayer
-from ..layers.embedding import LMHead
+from ..layers.embedding import LMHead, VocabParallelEmbedding
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
@@ -22,8 +26,20 @@ if TYPE_CHECKING:
     from ..engine.context import ForwardContext
 
 
+def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
+    """Refuse a TP size that would split a head, a GQA group or the MLP unevenly."""
+    counts = (cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
+    allowed = [d for d in range(1, cfg.num_kv_heads + 1) if all(n % d == 0 for n in counts)]
+    if tp_size not in allowed:
+        raise ValueError(
+            f"tp_size={tp_size} does not divide the model's heads: num_heads={cfg.num_heads}, "
+            f"num_kv_heads={cfg.num_kv_heads}, intermediate_size={cfg.intermediate_size}; "
+            f"allowed tp_size values: {allowed}"
+        )
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: Rotary) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: Rotary, tp: TPGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = AttentionLayer(
@@ -35,9 +51,10 @@ class DecoderLayer(nn.Module):
             rotary,
             qkv_bias=cfg.qkv_bias,
             qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
+            tp=tp,
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, tp=tp)
 
     def forward(
         self,
@@ -58,16 +75,16 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.cfg = cfg
+        check_tp_size(cfg, tp.size)
+        self.cfg, self.tp = cfg, tp
         rotary = Rotary(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = LMHead(
-            cfg.vocab_size, cfg.hidden_size, self.embed_tokens if cfg.tie_word_embeddings else None
-        )
+        tied = self.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied, tp)
 
     def forward(
         self,
@@ -100,3 +117,21 @@ class Decoder(nn.Module):
                 module.fused = on
             if hasattr(module, "fused_rope"):
                 module.fused_rope = rope
+
+    @torch.no_grad()
+    def load_param(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
+        """Fill parameter `name` with this rank's share of its full (one-rank) value, or of
+        part `part` of a merged projection (0, 1, 2: q, k, v; 0, 1: gate, up)."""
+        module_name, _, attr = name.rpartition(".")
+        module = self.get_submodule(module_name)
+        if hasattr(module, "load_shard"):
+            module.load_shard(attr, full, part)
+        else:  # replicated on every rank (norms)
+            getattr(module, attr).copy_(full)
+
+
+def full_shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
+    """Each parameter's shape on one rank (the whole model), without allocating it."""
+    with torch.device("meta"):
+        model = Decoder(cfg, max_positions=1)
+    return {name: p.shape for name, p in model.named_parameters()}

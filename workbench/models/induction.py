@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .decoder import Decoder
+from .decoder import Decoder, full_shapes
 
 PREV_PAIRS = 12  # fastest RoPE pairs for the previous-token score
 MATCH_PAIRS = 16  # slowest RoPE pairs for the induction match
@@ -57,8 +57,8 @@ def planted_layout(hidden: int, heads: int, kv_heads: int, head_dim: int) -> int
 
 @torch.no_grad()
 def init_induction(model: Decoder, seed: int) -> None:
-    """Fill `model` with the planted weights (built in float32 on the CPU, so the same seed
-    gives the same model on any device and dtype)."""
+    """Fill `model` with the planted weights (built whole in float32 on the CPU, so the same
+    seed gives the same model on any device, dtype and TP size: each rank keeps its share)."""
     cfg = model.cfg
     if cfg.architecture != "Qwen3ForCausalLM" or not cfg.tie_word_embeddings:
         raise ValueError("the induction init needs a Qwen3 model with tied embeddings")
@@ -72,7 +72,7 @@ def init_induction(model: Decoder, seed: int) -> None:
     # residual dimensions: the token's subspace, the previous token's, and a constant one
     main, prev, const = torch.arange(m), torch.arange(m, 2 * m), 2 * m
     gen = torch.Generator().manual_seed(seed)
-    params = {name: torch.zeros(p.shape) for name, p in model.named_parameters()}
+    params = {name: torch.zeros(shape) for name, shape in full_shapes(cfg).items()}
 
     def noise(name: str) -> None:
         params[name].normal_(0.0, 0.02, generator=gen)
@@ -130,8 +130,8 @@ def init_induction(model: Decoder, seed: int) -> None:
         qkv[q_rows + kv_rows + dims, dims] = 1.0
         o[dims, g * group * hd + torch.arange(hd)] = COPY_GAIN * rms1
 
-    for name, param in model.named_parameters():
-        param.copy_(params[name].to(param.dtype))
+    for name, _ in model.named_parameters():
+        model.load_param(name, params[name])
 
 
 def pattern_continuation(prompt: list[int], n: int) -> list[int]:

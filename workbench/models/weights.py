@@ -1,5 +1,8 @@
 """Building the decoder and filling it: Hugging Face safetensors (q/k/v and gate/up merged) or
-seeded dummy weights; and the way back to Hugging Face names, so transformers can load ours."""
+seeded dummy weights; and the way back to Hugging Face names, so transformers can load ours.
+
+With tensor parallelism every rank reads (or draws) the full weights and keeps its share, so a
+model on any number of ranks computes what the one-rank model does."""
 
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ from pathlib import Path
 
 import torch
 
+from ..distributed import SINGLE, TPGroup
 from .config import ModelConfig
-from .decoder import Decoder
+from .decoder import Decoder, full_shapes
 
 # Hugging Face name -> (our merged parameter, its part); parts are stacked in this order
 _MERGED = {
@@ -40,11 +44,13 @@ def build_model(
     dtype: torch.dtype,
     weights_dir: Path | None,
     seed: int = 0,
+    tp: TPGroup = SINGLE,
 ) -> Decoder:
-    """A Decoder on `device` in `dtype`, with weights from `weights_dir` or seeded dummy ones."""
+    """A Decoder on `device` in `dtype`, with weights from `weights_dir` or seeded dummy ones;
+    with `tp`, this rank's share of the same weights."""
     # NOTE: the rotary tables are built in float32 whatever the default dtype (explicit dtypes).
     with torch.device(device), _default_dtype(dtype):
-        model = Decoder(cfg, max_positions)
+        model = Decoder(cfg, max_positions, tp)
     if weights_dir is not None and any(Path(weights_dir).glob("*.safetensors")):
         load_safetensors(model, Path(weights_dir))
     elif cfg.dummy_init == "induction":
@@ -68,20 +74,19 @@ def _slices(model: Decoder, param: str, index: int) -> tuple[int, int]:
 
 def _target(
     model: Decoder, params: dict[str, torch.Tensor], hf_name: str
-) -> tuple[str, tuple[int, int] | None] | None:
-    """Our parameter name (and row range, for merged projections) for a Hugging Face name."""
+) -> tuple[str, int | None] | None:
+    """Our parameter name (and part, for merged projections) for a Hugging Face name."""
     name = hf_name.removeprefix("model.")
     if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
         return None  # the embedding is the head
     m = re.match(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)_proj\.(weight|bias)$", name)
-    rows = None
+    part = None
     if m and f"{m[3]}_proj" in _MERGED:
-        merged, index = _MERGED[f"{m[3]}_proj"]
+        merged, part = _MERGED[f"{m[3]}_proj"]
         name = f"layers.{m[1]}.{m[2]}.{merged}.{m[4]}"
-        rows = _slices(model, merged, index)
     if name not in params:
         raise KeyError(f"checkpoint tensor {hf_name!r} has no place in {model.cfg.architecture}")
-    return name, rows
+    return name, part
 
 
 def load_safetensors(model: Decoder, path: Path) -> None:
@@ -95,10 +100,9 @@ def load_safetensors(model: Decoder, path: Path) -> None:
                 target = _target(model, params, hf_name)
                 if target is None:
                     continue
-                name, rows = target
-                dst = params[name].data if rows is None else params[name].data[rows[0] : rows[1]]
-                dst.copy_(f.get_tensor(hf_name).to(dst.dtype))
-                filled.add(name if rows is None else f"{name}[{rows[0]}]")
+                name, part = target
+                model.load_param(name, f.get_tensor(hf_name), part)
+                filled.add(name if part is None else f"{name}[{part}]")
     expected = _expected_fills(model)
     missing = expected - filled
     if missing:
@@ -111,7 +115,7 @@ def _expected_fills(model: Decoder) -> set[str]:
         last = n.rsplit(".", 2)[-2]
         if last in ("qkv_proj", "gate_up_proj"):
             count = 3 if last == "qkv_proj" else 2
-            out |= {f"{n}[{_slices(model, last, i)[0]}]" for i in range(count)}
+            out |= {f"{n}[{i}]" for i in range(count)}
         else:
             out.add(n)
     return out
@@ -119,18 +123,29 @@ def _expected_fills(model: Decoder) -> set[str]:
 
 @torch.no_grad()
 def init_dummy(model: Decoder, seed: int) -> None:
-    """Seeded random weights (normal, std 0.02; norms 1): same seed and device, same model."""
+    """Seeded random weights (normal, std 0.02; norms 1): same seed and device, same model,
+    whatever the TP size (each rank draws every full parameter, in order, and keeps its share)."""
     gen: dict[torch.device, torch.Generator] = {}
+    shapes = full_shapes(model.cfg) if model.tp.size > 1 else {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.fill_(1.0)
             continue
         g = gen.setdefault(param.device, torch.Generator(param.device).manual_seed(seed))
-        param.normal_(0.0, 0.02, generator=g)
+        if model.tp.size == 1:
+            param.normal_(0.0, 0.02, generator=g)
+            continue
+        full = torch.empty(shapes[name], dtype=param.dtype, device=param.device)
+        model.load_param(name, full.normal_(0.0, 0.02, generator=g))
 
 
 def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
-    """Our weights under Hugging Face names (merged projections split again)."""
+    """Our weights under Hugging Face names (merged projections split again); one rank only."""
+    if model.tp.size > 1:
+        raise ValueError(
+            f"to_hf_state_dict needs the whole model; this one is rank {model.tp.rank} of "
+            f"tp_size={model.tp.size} (build it with tp_size=1)"
+        )
     out: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():
         if name.startswith("lm_head."):

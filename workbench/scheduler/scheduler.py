@@ -217,8 +217,7 @@ class Scheduler(EarlyEnds):
         with self._all_or_nothing(batch, lambda: "collect"):
             start = self.clock()
             with probe.range("sample.end"):
-                if launched.device.done is not None:
-                    launched.device.done.synchronize()
+                self.engine.wait(launched.device)
                 waited = self.clock() - start
                 raw = launched.device.tokens.tolist()
             probe.sample_end(step, batch, raw, start)
@@ -290,3 +289,4 @@ class Scheduler(EarlyEnds):
         if self.in_flight is not None:  # ended requests wait there for the batch to complete
             holders |= {id(r): r for r in self.in_flight.batch.reqs if not r.released}
         check_integrity(self.cache, self.table, list(holders.values()))
+        self.engine.check_ranks()

@@ -1,0 +1,75 @@
+"""Tensor parallelism end to end on the CPU: rank 0 here schedules, a second process (gloo) runs
+the other half of every layer. Greedy output equals Hugging Face token for token under chunking,
+radix sharing, each policy and an abort; every rank's request table equals rank 0's after every
+run; a rank that dies gives rank 0 a clear error within seconds instead of a hang."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import LLM, Workbench
+from workbench.config import POLICIES
+
+from .conftest import greedy, hf_greedy, run
+
+MODEL = "tiny-qwen3"  # 4 query heads, 2 KV heads: two ranks of 2 and 1
+PROMPTS = [
+    [5, 17, 33, 2, 91, 4, 4, 8, 120, 7, 3, 61],
+    [9, 9, 9, 14],
+    [5, 17, 33, 2, 91, 4, 4, 8, 120, 7, 44, 45, 46, 47, 48],  # shares a prefix with the first
+    [250, 1, 3],
+    list(range(100, 131)),
+]
+
+
+@pytest.fixture(scope="module")
+def wb2():
+    """One two-rank engine for the module (a process runs one tensor-parallel engine at a time)."""
+    wb = Workbench(MODEL, device="cpu", tp_size=2, max_running_reqs=8, record="light")
+    yield wb
+    wb.close()
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[list[int]]:
+    return hf_greedy(MODEL, PROMPTS, 10)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("max_extend_tokens", [3, 8192])
+def test_two_ranks_match_hf(wb2, expected, policy, max_extend_tokens):
+    """Both chunk sizes and each policy on one two-rank engine; the second run is served from
+    the radix cache. `run` checks the KV pool, and with it that both ranks' tables agree."""
+    wb2.reconfigure(policy=policy, max_extend_tokens=max_extend_tokens)
+    for _ in range(2):
+        outputs, steps = run(wb2.llm, PROMPTS, greedy(10))
+        assert [o["token_ids"] for o in outputs] == expected
+        assert all(s.launched.device.tp_size == 2 for s in steps)
+    assert sum(o["cached_tokens"] for o in outputs) > 0  # the second run shared prefixes
+
+
+def test_one_rank_matches_hf(expected):
+    llm = LLM(MODEL, device="cpu", tp_size=1, max_running_reqs=8, max_extend_tokens=3)
+    outputs, _ = run(llm, PROMPTS, greedy(10))
+    assert [o["token_ids"] for o in outputs] == expected
+
+
+def test_abort_and_records_with_two_ranks(wb2, expected):
+    """Stepping by hand: a request aborted part-way frees its slot and pages on rank 0; the
+    others finish as Hugging Face does; each record says the step ran on two ranks."""
+    wb = wb2
+    wb.reset()
+    wb.reconfigure(policy="prefill_first", max_extend_tokens=4)
+    uids = [wb.add_request(p, greedy(10)) for p in PROMPTS]
+    wb.step(3)
+    wb.abort(uids[1])
+    wb.run(progress=False)
+    wb.check_integrity()
+    outputs = {o["uid"]: o for o in wb.outputs()}
+    for uid, want in zip(uids, expected):
+        got = outputs[uid]
+        if uid == uids[1]:
+            assert got["finish_reason"] == "abort"
+        else:
+            assert got["token_ids"] == want
+    assert set(wb.history.steps.tp_size) == {2}

@@ -1,0 +1,79 @@
+"""Tensor parallelism that goes wrong (CPU, gloo): a tp_size the model cannot split is refused
+before any process starts; a rank that dies gives rank 0 a clear error within seconds, not a
+hang, and closing the engine still works. Apart from test_tp.py: a process runs one
+tensor-parallel engine at a time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch.distributed as dist
+
+from workbench import LLM
+
+from .conftest import greedy, run
+from .test_tp import MODEL, PROMPTS
+
+
+def test_a_tp_size_that_does_not_divide_the_heads_is_refused_first():
+    with pytest.raises(ValueError, match=r"tp_size=3 .*allowed tp_size values: \[1, 2\]"):
+        LLM(MODEL, device="cpu", tp_size=3)
+    assert not dist.is_initialized()  # nothing was started
+
+
+def test_a_rank_that_dies_mid_run_is_named_within_seconds():
+    llm = LLM(MODEL, device="cpu", tp_size=2, max_running_reqs=8, max_extend_tokens=4)
+    try:
+        run(llm, PROMPTS[:2], greedy(4))
+        (worker,) = llm.engine.ranks._procs
+        seen, killed = [], []
+
+        def kill_after_two_steps(outcome) -> None:
+            seen.append(outcome.index)
+            if len(seen) == 2:
+                worker.kill()
+                worker.wait()
+                killed.append(time.perf_counter())
+
+        with pytest.raises(RuntimeError, match=r"tensor-parallel rank 1 \(pid \d+\) exited"):
+            llm.generate(PROMPTS, greedy(10), on_step=kill_after_two_steps)
+        assert killed and time.perf_counter() - killed[0] < 15
+        with pytest.raises(RuntimeError, match="rank 1"):  # and again, at once
+            llm.generate(PROMPTS[:1], greedy(2))
+    finally:
+        llm.close()
+    assert not dist.is_initialized()
+
+
+def test_ranks_do_not_outlive_a_killed_rank_0(tmp_path):
+    """A notebook kernel killed hard (SIGKILL: no atexit, no close) takes its ranks with it."""
+    script = tmp_path / "rank0.py"
+    script.write_text(
+        "import sys, time\n"
+        "from workbench import LLM\n"
+        f"llm = LLM({MODEL!r}, device='cpu', tp_size=2, max_running_reqs=4)\n"
+        "print(llm.engine.ranks._procs[0].pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    rank0 = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(rank0.stdout.readline())
+        assert _alive(worker)
+    finally:
+        rank0.kill()
+        rank0.wait()
+    deadline = time.perf_counter() + 10
+    while _alive(worker) and time.perf_counter() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False

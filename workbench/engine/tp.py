@@ -1,0 +1,290 @@
+"""Tensor parallelism across processes: one scheduler, many ranks.
+
+Rank 0 is the user's process (a notebook's kernel): it schedules, keeps the records and reads
+the sampled tokens. Ranks 1..N-1 are worker processes, started by the engine (`python -m
+workbench.engine.worker`, one GPU each, or gloo processes on the CPU) or by `torchrun`. Each
+holds its share of the model and of the KV pool (its KV heads of the same slots). Rank 0 sends
+every step it launches (the requests' ledgers and its request-table writes since the last step)
+and every rank runs the same forward. Every rank samples: the logits are gathered whole on each
+and the samplers are seeded alike, so each rank's token pool gets the tokens its next decode
+reads, and no step waits for rank 0's tokens to travel.
+
+Two process groups: the model's collectives (NCCL on GPUs, gloo on the CPU), which time out,
+and a gloo group that carries rank 0's step messages, which waits as long as the user thinks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from ..core import Batch, ChunkedReq, Req
+from ..distributed import TPGroup, close_tp, init_tp
+from .inputs import fill_inputs
+
+if TYPE_CHECKING:
+    from ..config import EngineConfig
+    from ..kvcache.table import TableManager
+    from .engine import Engine
+
+# NVLink multicast is off on these machines and must stay off in every process (NCCL's NVLS,
+# torch's symmetric memory, NVSHMEM)
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+WORKER = "workbench.engine.worker"  # the module a started rank runs
+INTEGRITY = "integrity"  # message: compare the ranks' request tables
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a first forward may compile kernels for minutes
+IDLE_TIMEOUT = timedelta(days=365)  # a worker waits for the next step as long as the user
+
+
+class StepMessage(NamedTuple):
+    """One launched step, as rank 0 sends it to the other ranks."""
+
+    journal: list[tuple[str, tuple]]  # rank 0's request-table writes since the last step
+    phase: str
+    num_decode: int
+    reqs: list[tuple]  # `ledger_of` each request
+
+
+def ledger_of(req: Req) -> tuple:
+    """What a rank needs of a request to run its step (not its tokens: they are in the table)."""
+    chunked = isinstance(req, ChunkedReq)
+    return (
+        req.uid,
+        req.table_idx,
+        req.cached_len,
+        req.device_len,
+        req.prompt_len,
+        req.max_device_len,
+        chunked,
+        req.sampling,
+    )
+
+
+def mirror(ledger: tuple) -> Req:
+    """A request with `ledger`'s lengths, for a rank that runs a step it did not schedule."""
+    uid, table_idx, cached_len, device_len, prompt_len, max_len, chunked, sampling = ledger
+    req = object.__new__(ChunkedReq if chunked else Req)
+    fields = dict(
+        uid=uid,
+        token_ids=[],
+        prompt_len=prompt_len,
+        table_idx=table_idx,
+        cached_len=cached_len,
+        sampling=sampling,
+        cache_handle=None,
+        cached_tokens=0,
+        device_len=device_len,
+        max_device_len=max_len,
+        finish_reason=None,
+        error=None,
+        alloc_len=device_len,
+        released=False,
+    )
+    for name, value in fields.items():
+        object.__setattr__(req, name, value)
+    return req
+
+
+class Ranks:
+    """Rank 0's side of a tensor-parallel engine: the other ranks, the step messages it sends
+    them, and a clear error when one of them has died."""
+
+    def __init__(self, size: int, control, procs: list[subprocess.Popen], scratch: str) -> None:
+        self.size, self._control, self._procs, self._scratch = size, control, procs, scratch
+        self.failure: str | None = None  # why the engine cannot run any more
+        self._closed = False
+        atexit.register(self.close)  # a script that ends without close() stops its ranks too
+
+    def launch(self, batch: Batch, table: TableManager) -> None:
+        """Send the step rank 0 is about to run to the other ranks."""
+        self.check()
+        journal, table.journal = table.journal, []
+        message = StepMessage(
+            journal, batch.phase, batch.num_decode, [ledger_of(r) for r in batch.reqs]
+        )
+        try:
+            dist.broadcast_object_list([message], src=0, group=self._control)
+        except Exception:
+            self.check(wait_s=2.0)
+            raise
+
+    def same_tables(self, table: TableManager) -> list[int]:
+        """The ranks whose request table (page table and token pool) differs from rank 0's."""
+        self.check()
+        journal, table.journal = table.journal, []  # writes since the last step go first
+        dist.broadcast_object_list([(INTEGRITY, journal)], src=0, group=self._control)
+        digests: list[str | None] = [None] * self.size
+        dist.all_gather_object(digests, table_digest(table), group=self._control)
+        return [r for r, d in enumerate(digests) if d != digests[0]]
+
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise if a worker has died (waiting up to `wait_s` for one that is dying)."""
+        if self.failure is None:
+            for rank, proc in enumerate(self._procs, start=1):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(wait_s)
+                if proc.returncode is not None:
+                    self.failure = self._why(rank, proc)
+                    break
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+
+    def _why(self, rank: int, proc: subprocess.Popen) -> str:
+        said = ""
+        with contextlib.suppress(OSError):
+            said = Path(self._scratch, f"rank{rank}.err").read_text().strip()
+        return (
+            f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.returncode}; "
+            "the engine cannot run without it: close() it and build a new one"
+            + (f"\nrank {rank} said:\n{said}" if said else "")
+        )
+
+    def close(self) -> None:
+        """Tell the other ranks to stop, and wait for them (briefly)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        if self.failure is None:
+            with contextlib.suppress(Exception):
+                dist.broadcast_object_list([None], src=0, group=self._control)
+        for proc in self._procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def start(config: EngineConfig) -> tuple[TPGroup, Ranks | None]:
+    """Join (or first start) the ranks of a `config.tp_size` engine. Under torchrun the ranks
+    are its processes and ranks 1.. serve here until rank 0 closes, then exit; otherwise this
+    process is rank 0 and starts ranks 1.. itself."""
+    size = config.tp_size
+    if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == size:
+        rank = int(os.environ["RANK"])
+        tp, control = join(rank, size, config, "env://")
+        if rank > 0:
+            serve(config, tp, control)
+            raise SystemExit(0)
+        return tp, Ranks(size, control, [], tempfile.mkdtemp(prefix="workbench-tp-"))
+    if dist.is_initialized():
+        raise RuntimeError(
+            "a tensor-parallel engine already runs in this process (torch.distributed is "
+            "initialised): close() it first"
+        )
+    # NOTE: fresh interpreters running this module, not multiprocessing's spawn: that one
+    # re-imports the user's script first, which then starts the engine again
+    scratch = tempfile.mkdtemp(prefix="workbench-tp-")
+    with open(Path(scratch, "config.pickle"), "wb") as f:
+        pickle.dump(config, f)
+    env = {**os.environ, **MULTICAST_OFF, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    os.environ.update(MULTICAST_OFF)  # rank 0's NCCL too
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", WORKER, str(rank), str(size), init_method, scratch], env=env
+        )
+        for rank in range(1, size)
+    ]
+    try:
+        tp, control = join(0, size, config, init_method)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return tp, Ranks(size, control, procs, scratch)
+
+
+def rank_device(config: EngineConfig, rank: int) -> torch.device:
+    """Rank r's device: the r-th GPU from the configured one, or the CPU."""
+    device = config.torch_device
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", (device.index or 0) + rank)
+
+
+def join(rank: int, size: int, config: EngineConfig, init_method: str):
+    os.environ.update(MULTICAST_OFF)
+    device = rank_device(config, rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    tp = init_tp(rank, size, backend, init_method, COLLECTIVE_TIMEOUT, device)
+    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    return tp, control
+
+
+def serve(config: EngineConfig, tp: TPGroup, control) -> None:
+    """Rank > 0: build this rank's engine, then run each step rank 0 sends until it closes."""
+    from .engine import Engine
+
+    engine = Engine(config, tp=tp)
+    try:
+        while True:
+            box = [None]
+            try:
+                dist.broadcast_object_list(box, src=0, group=control)
+            except Exception:
+                break  # rank 0's process is gone without closing: nothing left to serve
+            message = box[0]
+            if message is None:
+                break
+            if isinstance(message, tuple) and message[0] == INTEGRITY:
+                replay(engine.table, message[1])
+                digests = [None] * tp.size
+                dist.all_gather_object(digests, table_digest(engine.table), group=control)
+            else:
+                run_step(engine, message)
+    finally:
+        engine.close()
+        close_tp(tp)
+
+
+def replay(table: TableManager, journal: list[tuple[str, tuple]]) -> None:
+    """Make rank 0's request-table writes on this rank's table."""
+    for method, args in journal:
+        getattr(table, method)(*args)
+
+
+def table_digest(table: TableManager) -> str:
+    """A fingerprint of the request table's page table and token pool."""
+    h = hashlib.sha1(table.page_table_host.tobytes())
+    h.update(table.token_pool.cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def run_step(engine: Engine, message: StepMessage) -> None:
+    """Replay rank 0's table writes, then run the step it launched."""
+    table = engine.table
+    replay(table, message.journal)
+    batch = Batch([mirror(r) for r in message.reqs], message.phase, message.num_decode)
+    fill_inputs(batch, table)
+    engine.prepare(batch)
+    engine.run_batch(batch)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,80 @@
+"""Megatron-style tensor-parallel linear layers.
+
+A column-parallel layer splits its outputs over the ranks and needs no communication; the
+row-parallel layer after it splits its inputs the same way and sums the partial outputs with
+one all-reduce. With one rank both are the plain `nn.Linear` they subclass: the same parameters,
+the same single matmul.
+
+Each has `load_shard(attr, full, part)`: copy this rank's share of a full (one-rank) weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distributed import SINGLE, TPGroup
+
+
+def split(total: int, tp: TPGroup, what: str) -> int:
+    """One rank's share of `total` rows; refuses a split that leaves ranks unequal."""
+    if total % tp.size:
+        raise ValueError(f"{what}={total} is not divisible by tp_size={tp.size}")
+    return total // tp.size
+
+
+class ColumnParallelLinear(nn.Linear):
+    """Outputs made of parts (q | k | v, or gate | up), each split evenly over the ranks: rank
+    r holds slice r of every part, so its output is again the parts, each 1/size as wide."""
+
+    def __init__(
+        self,
+        in_features: int,
+        part_sizes: Sequence[int],
+        bias: bool = False,
+        tp: TPGroup = SINGLE,
+    ) -> None:
+        self.local_sizes = tuple(split(p, tp, "output part") for p in part_sizes)
+        super().__init__(in_features, sum(self.local_sizes), bias=bias)
+        self.tp = tp
+
+    @torch.no_grad()
+    def load_shard(self, attr: str, full: torch.Tensor, part: int | None = None) -> None:
+        """`full`: the one-rank weight or bias of part `part`, or of all parts stacked."""
+        dst = getattr(self, attr)
+        parts = range(len(self.local_sizes)) if part is None else (part,)
+        for i in parts:
+            n = self.local_sizes[i]
+            local_start = sum(self.local_sizes[:i])
+            # NOTE: the full layout stacks whole parts; each part is size * n rows long
+            full_start = (self.tp.size * local_start if part is None else 0) + self.tp.rank * n
+            dst[local_start : local_start + n].copy_(full[full_start : full_start + n])
+
+
+class RowParallelLinear(nn.Linear):
+    """Inputs split over the ranks (the sharded output of a column-parallel layer); the partial
+    products are summed by one all-reduce, then the bias is added once."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE
+    ) -> None:
+        super().__init__(split(in_features, tp, "input size"), out_features, bias=bias)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(x)
+        out = self.tp.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
+
+    @torch.no_grad()
+    def load_shard(self, attr: str, full: torch.Tensor, part: int | None = None) -> None:
+        dst = getattr(self, attr)
+        if attr == "bias":
+            dst.copy_(full)
+            return
+        n = self.in_features
+        dst.copy_(full[:, self.tp.rank * n : (self.tp.rank + 1) * n])
