@@ -221,6 +221,8 @@ def test_a_context_that_is_not_whole_pages():
     [
         (lambda wb: wb.add_request("hi", greedy(2), arrival_step=-1), ValueError, "arrival_step"),
         (lambda wb: wb.add_request("hi", greedy(2), arrival_step=1.5), TypeError, "arrival_step"),
+        (lambda wb: wb.add_request("hi", greedy(2), arrival_time=-1), ValueError, "arrival_time"),
+        (lambda wb: wb.add_request("hi", greedy(2), arrival_time="1s"), TypeError, "arrival_time"),
         (lambda wb: wb.add_request("hi", {"max_tokens": 2}), TypeError, "SamplingParams"),
         (lambda wb: wb.step(0), ValueError, "n must be an integer >= 1, got 0"),
         (lambda wb: wb.step(True), TypeError, "n must be an integer"),
@@ -236,7 +238,7 @@ def test_bad_workbench_calls(call, error, message):
     wb = Workbench("tiny-llama", max_running_reqs=2)
     with pytest.raises(error, match=message):
         call(wb)
-    assert wb.scheduler.is_idle and not wb._future
+    assert wb.scheduler.is_idle and wb.is_done
     wb.add_request("The capital of France is", greedy(3))
     wb.run(progress=False)
     wb.check_integrity()

@@ -199,3 +199,42 @@ def test_a_closed_engine_refuses_work():
         wb.add_request("Hello", SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError, match="closed"):
         wb.step()
+
+
+def test_requests_arrive_at_times_on_the_runs_clock():
+    """Arrival times: an idle engine waits for the next request, whose TTFT counts from when it
+    arrived; `compare` serves a timed workload under each setting alike."""
+    with workbench("cpu", record="light") as wb:
+        rng = random.Random(1)
+        prompts = pattern_prompts(rng, [30, 40, 50], period=7)
+        sampling = SamplingParams(max_tokens=4, ignore_eos=True)
+        times = [0.0, 0.4, 0.8]
+        requests = [(p, sampling, t) for p, t in zip(prompts, times)]
+        runs = wb.compare(
+            {"chunk 8": dict(max_extend_tokens=8), "chunk 64": dict(max_extend_tokens=64)},
+            requests,
+            progress=False,
+            arrival="time",
+        )
+        for run in runs.values():
+            arrived = run.requests.sort_values("uid").arrival_s.tolist()
+            assert all(a >= t for a, t in zip(arrived, times))
+            assert arrived[-1] < times[-1] + 0.5  # served as it came, not after a long wait
+            assert run.steps.completed_at.max() >= times[-1]
+        assert runs["chunk 8"].meta["texts"] == runs["chunk 64"].meta["texts"]
+        # again by hand: reset(again=True) keeps the times
+        uids = wb.reset(again=True)
+        assert len(uids) == 3 and not wb.is_done
+        wb.run(progress=False)
+        assert wb.history.requests.arrival_s.max() >= times[-1]
+        with pytest.raises(ValueError, match="arrival_step or arrival_time"):
+            wb.add_request(prompts[0], sampling, arrival_step=3, arrival_time=1.0)
+        with pytest.raises(ValueError, match=r"requests\[1\] arrival time"):
+            wb.compare(
+                {"x": {}},
+                [(prompts[0], sampling, 0.0), (prompts[1], sampling, -1.0)],
+                progress=False,
+                arrival="time",
+            )
+        with pytest.raises(ValueError, match="arrival"):
+            wb.compare({"x": {}}, requests, progress=False, arrival="minutes")

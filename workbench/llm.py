@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -284,6 +284,20 @@ class LLM:
         for uid in uids:
             sched.finished.pop(uid, None)
         sched.hooks.clear_pending()
+
+    def texts(self, arriving: Iterable[tuple[int, list[int]]] = ()) -> dict[str, list[str]]:
+        """Each request's prompt and answer so far, as text, by uid (a string: JSON keys);
+        `arriving`: (uid, prompt ids) of requests not queued yet."""
+        sched, decode = self.scheduler, self.decode
+        reqs = {**{r.uid: r for r in sched.live_reqs}, **sched.finished}
+        out = {
+            uid: [decode(r.token_ids[: r.prompt_len]), decode(r.token_ids[r.prompt_len :])]
+            for uid, r in reqs.items()
+        }
+        # the queue's own copy of a prompt is whole (a chunk's ledger holds what it computed)
+        waiting = [(p.uid, p.token_ids) for p in sched.prefill.queue] + list(arriving)
+        out |= {uid: [decode(ids), ""] for uid, ids in waiting}
+        return {str(uid): out[uid] for uid in sorted(out)}
 
     def output(self, req: Req) -> dict:
         ids = req.token_ids[req.prompt_len :]

@@ -1,28 +1,44 @@
-"""A list of requests given at once (`Workbench.compare`): each checked before any runs."""
+"""Requests and settings given at once (`Workbench.compare`): each checked before any runs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from . import validate as V
 from .core import SamplingParams
 from .llm import LLM
 
 
-def checked_requests(llm: LLM, requests: Sequence[tuple]) -> list[tuple]:
-    """``(prompt, sampling)`` or ``(prompt, sampling, arrival_step)`` tuples as
-    ``(token_ids, sampling, arrival_step)``; raises TypeError or ValueError naming the first bad
-    one, before anything is queued."""
+def checked_requests(llm: LLM, requests: Sequence[tuple], arrival: str = "step") -> list[tuple]:
+    """``(prompt, sampling)`` or ``(prompt, sampling, arrival)`` tuples as ``(token_ids,
+    sampling, arrival_step, arrival_time)``: the arrival a step (`arrival="step"`) or seconds on
+    the run's clock (`arrival="time"`). Raises TypeError or ValueError naming the first bad one,
+    before anything is queued."""
+    by_time = V.choice("arrival", arrival, ("step", "time")) == "time"
     checked = []
     for i, request in enumerate(requests):
         if not isinstance(request, tuple) or len(request) not in (2, 3):
             raise TypeError(
-                f"requests[{i}] must be (prompt, sampling) or (prompt, sampling, arrival_step), "
+                f"requests[{i}] must be (prompt, sampling) or (prompt, sampling, {arrival}), "
                 f"got {request!r}"
             )
-        prompt, sampling, arrival = (*request, 0)[:3]
+        prompt, sampling, at = (*request, 0)[:3]
         sampling = sampling if sampling is not None else SamplingParams()
         ids = llm.encode(prompt, i)
         llm.check_request(ids, sampling, i)
-        checked.append((ids, sampling, V.integer(f"requests[{i}] arrival_step", arrival, 0)))
+        if by_time:
+            checked.append((ids, sampling, 0, V.real(f"requests[{i}] arrival time", at, 0.0)))
+        else:
+            checked.append((ids, sampling, V.integer(f"requests[{i}] arrival_step", at, 0), None))
+    return checked
+
+
+def checked_settings(llm: LLM, settings: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
+    """Name -> `reconfigure` arguments, each checked against the engine (a bad one raises,
+    naming it, before anything runs)."""
+    checked = {}
+    for name, options in V.mapping("settings", settings).items():
+        checked[str(name)] = dict(V.mapping(f"settings[{name!r}]", options))
+        llm.check_settings(**checked[str(name)])
     return checked

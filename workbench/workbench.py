@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from . import validate as V
+from .arrivals import Arrivals, Due
 from .core import SamplingParams
 from .instrument.history import RunHistory
 from .instrument.hooks import HookRegistry
 from .instrument.probe import build_record
 from .instrument.record import StepRecord
 from .llm import LLM, Prompt
-from .requests import checked_requests
+from .requests import checked_requests, checked_settings
 
 
 class Workbench:
@@ -41,11 +42,11 @@ class Workbench:
         self.engine = self.llm.engine
         self.tokenizer = self.llm.tokenizer
         self.config = self.llm.config
-        self._future: list[tuple[int, int, list[int], SamplingParams]] = []  # arrival, uid, ...
-        # requests added since the last reset (prompt ids, sampling, arrival step), and those of
-        # the run before it: what reset(again=True) adds again
-        self._submitted: list[tuple[list[int], SamplingParams, int]] = []
-        self._previous: list[tuple[list[int], SamplingParams, int]] = []
+        self._arrivals = Arrivals()  # requests added ahead of their arrival
+        # requests added since the last reset (prompt ids, sampling, arrival step, arrival time),
+        # and those of the run before it: what reset(again=True) adds again
+        self._submitted: list[tuple[list[int], SamplingParams, int, float | None]] = []
+        self._previous: list[tuple[list[int], SamplingParams, int, float | None]] = []
         self._observers: list[Callable[[bool], None]] = []  # views; called with final=True/False
 
     # -- what to look at --------------------------------------------------------------------
@@ -64,7 +65,7 @@ class Workbench:
 
     @property
     def is_done(self) -> bool:
-        return self.scheduler.is_idle and not self._future
+        return self.scheduler.is_idle and not self._arrivals
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(
@@ -72,20 +73,30 @@ class Workbench:
         prompt: Prompt,
         sampling: SamplingParams | None = None,
         arrival_step: int | None = None,
+        arrival_time: float | None = None,
     ) -> int:
-        """Queue a request (checked now); with `arrival_step`, it joins the queue at that step."""
+        """Queue a request (checked now). With `arrival_step` it joins the queue at that step;
+        with `arrival_time`, when the run's clock (seconds since it started or was reset)
+        reaches it, an idle engine waiting for it meanwhile."""
         self.llm._open()
         sampling = sampling if sampling is not None else SamplingParams()
         arrival_step = V.optional_integer("arrival_step", arrival_step, 0)
+        if arrival_time is not None:
+            arrival_time = V.real("arrival_time", arrival_time, 0.0)
+            if arrival_step is not None:
+                raise ValueError("give arrival_step or arrival_time, not both")
         ids = self.llm.encode(prompt)
         self.llm.check_request(ids, sampling)
-        self._submitted.append((ids, sampling, max(arrival_step or 0, self.step_index)))
-        if arrival_step is None or arrival_step <= self.step_index:
+        step = max(arrival_step or 0, self.step_index)
+        self._submitted.append((ids, sampling, step, arrival_time))
+        if arrival_time is not None and arrival_time > self.scheduler.probe.clock():
+            uid = self.scheduler.new_uid()
+            self._arrivals.add(Due(arrival_time, uid, ids, sampling), by_time=True)
+        elif arrival_step is None or arrival_step <= self.step_index:
             uid = self.scheduler.add_request(ids, sampling)
         else:
             uid = self.scheduler.new_uid()
-            self._future.append((arrival_step, uid, ids, sampling))
-            self._future.sort(key=lambda f: (f[0], f[1]))
+            self._arrivals.add(Due(arrival_step, uid, ids, sampling), by_time=False)
         self._notify(final=False)  # views: there is work now (they redraw when they can)
         return uid
 
@@ -97,19 +108,12 @@ class Workbench:
         the batch in flight that still computes for it is collected).
         """
         uid = V.integer("uid", uid, 0)
-        future = next((f for f in self._future if f[1] == uid), None)
-        if future is not None:  # it arrives now, and is aborted at once
-            self._future.remove(future)
-            self.scheduler.add_request(future[2], future[3], uid=uid)
+        due = self._arrivals.take(uid)
+        if due is not None:  # it arrives now, and is aborted at once
+            self.scheduler.add_request(due.ids, due.sampling, uid=uid)
         req = self.scheduler.abort(uid)
         self._notify(final=True)
         return self.llm.output(req)
-
-    def _release_arrivals(self) -> None:
-        # NOTE: an idle engine does not count empty steps: the next arrival comes now.
-        while self._future and (self._future[0][0] <= self.step_index or self.scheduler.is_idle):
-            _, uid, ids, sampling = self._future.pop(0)
-            self.scheduler.add_request(ids, sampling, uid=uid)
 
     # -- stepping ---------------------------------------------------------------------------
     def step(self, n: int = 1) -> StepRecord | None:
@@ -132,7 +136,7 @@ class Workbench:
 
     def _step_once(self) -> StepRecord | None:
         self.llm._open()
-        self._release_arrivals()
+        self._arrivals.release(self.scheduler)
         outcome = self.scheduler.step() or self.scheduler.flush()
         if outcome is None:
             return None
@@ -206,13 +210,19 @@ class Workbench:
         requests = self._submitted or self._previous
         self._previous, self._submitted = requests, []
         self.scheduler.abort_all()
-        self._future.clear()
+        self._arrivals.clear()
         self.scheduler.check_integrity()
         uids = []
         if again:
-            uids = [self.add_request(ids, sp, arrival) for ids, sp, arrival in requests]
+            uids = [self._add_again(request) for request in requests]
         self._notify(final=True)
         return uids
+
+    def _add_again(self, request: tuple) -> int:
+        ids, sampling, step, seconds = request
+        if seconds is not None:
+            return self.add_request(ids, sampling, arrival_time=seconds)
+        return self.add_request(ids, sampling, arrival_step=step)
 
     @property
     def submitted_count(self) -> int:
@@ -224,9 +234,9 @@ class Workbench:
         """Another schedule on the same engine (weights, KV pool and CUDA graphs kept):
         `max_extend_tokens`, `policy`, `cache`, `overlap`, `share_threshold`, `record`. Only
         when every request is done; the history starts again, hooks stay."""
-        if self._future:
+        if self._arrivals:
             raise RuntimeError(
-                f"reconfigure needs an idle workbench: {len(self._future)} requests are due to "
+                f"reconfigure needs an idle workbench: {len(self._arrivals)} requests are due to "
                 "arrive (run them, abort them, or reset)"
             )
         self.llm.reconfigure(record=record, **settings)
@@ -238,6 +248,7 @@ class Workbench:
         settings: Mapping[str, Mapping[str, Any]],
         requests: Sequence[tuple] | None = None,
         progress: bool = True,
+        arrival: str = "step",
     ) -> dict[str, RunHistory]:
         """The same requests run under each named setting, one after another on this engine
         (weights, KV pool and CUDA graphs loaded once); the runs, by name, for
@@ -245,8 +256,10 @@ class Workbench:
 
         `settings`: name -> `reconfigure` arguments, e.g.
         ``{"chunk 256": dict(max_extend_tokens=256), "mixed": dict(policy="mixed")}``;
-        `requests`: ``(prompt, sampling)`` or ``(prompt, sampling, arrival_step)`` tuples, by
-        default the requests added since the last reset. Each run starts from an empty prefix
+        `requests`: ``(prompt, sampling)`` or ``(prompt, sampling, arrival)`` tuples, the
+        arrival a step (`arrival="step"`) or seconds on the run's clock (`arrival="time"`: the
+        engine serves them as they arrive, waiting when idle); by default the requests added
+        since the last reset, with their arrivals. Each run starts from an empty prefix
         cache; afterwards the workbench holds the last one. Every setting and request is checked
         before the first run starts."""
         if requests is None:
@@ -254,17 +267,13 @@ class Workbench:
             if not workload:
                 raise ValueError("requests is None and no request was added since the last reset")
         else:
-            workload = checked_requests(self.llm, requests)
-        checked = {}
-        for name, options in V.mapping("settings", settings).items():
-            checked[str(name)] = dict(V.mapping(f"settings[{name!r}]", options))
-            self.llm.check_settings(**checked[str(name)])
+            workload = checked_requests(self.llm, requests, arrival)
         runs = {}
-        for name, options in checked.items():
+        for name, options in checked_settings(self.llm, settings).items():
             self.reset()
             self.reconfigure(**options)
-            for ids, sampling, arrival in workload:
-                self.add_request(ids, sampling, arrival_step=arrival)
+            for request in workload:
+                self._add_again(request)
             self.run(progress=progress)
             runs[name] = self.snapshot(run=name, settings=options)
         return runs
@@ -277,7 +286,7 @@ class Workbench:
     def close(self) -> None:
         """Give back what the engine holds (GPU memory: weights, KV pool, CUDA graphs); the
         workbench cannot step after. ``with Workbench(...) as wb:`` closes it at the end."""
-        self._future.clear()
+        self._arrivals.clear()
         self.llm.close()
         self.scheduler = self.engine = None
 
@@ -301,17 +310,7 @@ class Workbench:
 
     def texts(self) -> dict[str, list[str]]:
         """Each request's prompt and answer so far, as text, by uid (a string: JSON keys)."""
-        sched, decode = self.scheduler, self.llm.decode
-        reqs = {**{r.uid: r for r in sched.live_reqs}, **sched.finished}
-        out = {
-            uid: [decode(r.token_ids[: r.prompt_len]), decode(r.token_ids[r.prompt_len :])]
-            for uid, r in reqs.items()
-        }
-        # the queue's own copy of a prompt is whole (a chunk's ledger holds what it computed)
-        waiting = [(p.uid, p.token_ids) for p in sched.prefill.queue]
-        waiting += [(uid, ids) for _, uid, ids, _ in self._future]
-        out |= {uid: [decode(ids), ""] for uid, ids in waiting}
-        return {str(uid): out[uid] for uid in sorted(out)}
+        return self.llm.texts([(due.uid, due.ids) for due in self._arrivals])
 
     def export_trace(self, path: str | Path) -> Path:
         """Chrome trace JSON of the run (steps; profiler events with record="full")."""

@@ -1,0 +1,80 @@
+"""Requests added ahead of their arrival: at a step of the run, or at a time on its clock."""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+from .core import SamplingParams
+
+
+class Due(NamedTuple):
+    """A request not yet in the scheduler's queue."""
+
+    at: float  # the step, or the seconds on the run's clock, it arrives at
+    uid: int
+    ids: list[int]
+    sampling: SamplingParams
+
+
+class Arrivals:
+    """The requests due to arrive, by step and by time, in arrival order.
+
+    A request due at a step joins the queue when the run reaches that step; an idle engine does
+    not count empty steps, so then the next one comes at once. A request due at a time joins
+    when the run's clock passes it; an idle engine waits for it (`next_time`), as a server
+    would, so its TTFT counts from when it arrived."""
+
+    def __init__(self) -> None:
+        self._by_step: list[Due] = []
+        self._by_time: list[Due] = []
+
+    def add(self, due: Due, by_time: bool) -> None:
+        waiting = self._by_time if by_time else self._by_step
+        waiting.append(due)
+        waiting.sort(key=lambda d: (d.at, d.uid))
+
+    def due(self, step: int, now: float, idle: bool) -> list[Due]:
+        """Those that arrive now (and take them out): at `step`, at `now` seconds; an idle
+        engine takes the next by step at once."""
+        out = []
+        while self._by_time and self._by_time[0].at <= now:
+            out.append(self._by_time.pop(0))
+        while self._by_step and (self._by_step[0].at <= step or (idle and not out)):
+            out.append(self._by_step.pop(0))
+        return out
+
+    def release(self, scheduler) -> None:
+        """Queue on `scheduler` those that arrive now; an idle one waits for the next that is
+        due at a time (nothing to run until then)."""
+        clock = scheduler.probe.clock
+        for due in self.due(scheduler.step_index, clock(), scheduler.is_idle):
+            scheduler.add_request(due.ids, due.sampling, uid=due.uid)
+        if scheduler.is_idle and self.next_time is not None:
+            time.sleep(max(0.0, self.next_time - clock()))
+            for due in self.due(scheduler.step_index, clock(), idle=False):
+                scheduler.add_request(due.ids, due.sampling, uid=due.uid)
+
+    @property
+    def next_time(self) -> float | None:
+        """When the next request due at a time arrives (None: none is)."""
+        return self._by_time[0].at if self._by_time else None
+
+    def take(self, uid: int) -> Due | None:
+        """Request `uid`, taken out (None: it is not waiting to arrive)."""
+        for waiting in (self._by_step, self._by_time):
+            for due in waiting:
+                if due.uid == uid:
+                    waiting.remove(due)
+                    return due
+        return None
+
+    def clear(self) -> None:
+        self._by_step.clear()
+        self._by_time.clear()
+
+    def __iter__(self):
+        return iter(self._by_step + self._by_time)
+
+    def __len__(self) -> int:
+        return len(self._by_step) + len(self._by_time)
