@@ -42,6 +42,14 @@ class Engine:
             tp, self.ranks = start_ranks(config)
         self.tp = tp or SINGLE
         self.device = rank_device(config, self.tp.rank) if self.tp.size > 1 else config.torch_device
+        try:
+            self._build(config, cfg)
+        except BaseException:
+            self.close()  # the other ranks too: a failed engine leaves nothing running
+            raise
+
+    def _build(self, config: EngineConfig, cfg: ModelConfig) -> None:
+        """The model, KV pool, request table, attention backend, sampler and CUDA graphs."""
         self.max_seq_len = config.max_seq_len or min(
             cfg.max_position_embeddings, config.max_seq_len_cap
         )

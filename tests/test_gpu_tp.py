@@ -1,0 +1,98 @@
+"""Tensor parallelism on two GPUs (`pytest -m gpu` on the 2-GPU machine; skipped with fewer).
+
+Prefill logits of TP=2 against TP=1 on the same seeded random model, within a stated bf16
+tolerance; greedy tokens of TP=2 equal the planted induction model's answer (its logits are
+peaked, so bf16 rounding cannot flip them) with CUDA graphs and overlap on and off; a profiled
+step shows rank 0's all-reduces as communication. Run with -s: the figures are printed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from workbench import LLM, SamplingParams, Workbench
+from workbench.instrument.families import breakdown_table
+from workbench.models.induction import pattern_continuation, pattern_prompts
+
+from .conftest import random_prompts
+from .test_gpu_numerics import _logit_gap
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+    ),
+]
+
+MODEL = "dummy:qwen3-0.6b"
+PEAKED = "dummy:qwen3-induction"
+
+
+def _prefill_logits(llm: LLM, prompts: list[list[int]]) -> torch.Tensor:
+    """Rank 0's logits of each prompt's last position (gathered whole from both ranks)."""
+    captured = []
+    hook = llm.engine.model.register_forward_hook(lambda m, i, out: captured.append(out.clone()))
+    try:
+        llm.generate(prompts, SamplingParams(max_tokens=1))
+    finally:
+        hook.remove()
+    return torch.cat(captured).float()
+
+
+def test_prefill_logits_of_two_ranks_match_one():
+    """Stated tolerance: the ranks sum half-products in another order (an all-reduce of bf16
+    partial sums instead of one GEMM), so logits differ by bf16 rounding: max abs error within
+    5% of the largest logit, worst-row cosine at least 0.999."""
+    prompts = random_prompts(32, 16, 256, seed=1)
+    with LLM(MODEL, tp_size=1, memory_ratio=0.3) as one:
+        ref = _prefill_logits(one, prompts)
+    with LLM(MODEL, tp_size=2, memory_ratio=0.3) as two:
+        got = _prefill_logits(two, prompts)
+        two.check_integrity()
+    gap = _logit_gap(got, ref)
+    scale = ref.abs().max().item()
+    print(
+        f"\nTP=2 vs TP=1 prefill logits, 32 prompts, max |logit| {scale:.3f}: max abs err "
+        f"{gap['max']:.4f}, mean abs err {gap['mean']:.5f}, min cosine {gap['cos']:.6f}, "
+        f"top-1 agreement {gap['top1']:.0%}"
+    )
+    assert gap["max"] <= 0.05 * scale
+    assert gap["cos"] >= 0.999
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+@pytest.mark.parametrize("cuda_graph", [True, False], ids=["graphs", "eager"])
+def test_greedy_two_ranks_give_the_planted_answer(cuda_graph, overlap):
+    rng = random.Random(0)
+    prompts = pattern_prompts(rng, [rng.randint(20, 300) for _ in range(48)], period=9)
+    with LLM(
+        PEAKED,
+        tp_size=2,
+        cuda_graph=cuda_graph,
+        overlap=overlap,
+        memory_ratio=0.3,
+        max_extend_tokens=512,
+    ) as llm:
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+        llm.check_integrity()
+    same = sum(o["token_ids"] == pattern_continuation(p, 24) for o, p in zip(outputs, prompts))
+    print(
+        f"\nTP=2 greedy, graphs {cuda_graph}, overlap {overlap}: {same}/48 answers equal the "
+        "planted continuation"
+    )
+    assert same == len(prompts)
+
+
+def test_a_profiled_step_shows_the_all_reduces():
+    with Workbench(MODEL, tp_size=2, record="full", memory_ratio=0.3) as wb:
+        for p in random_prompts(8, 50, 200, seed=3):
+            wb.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True))
+        wb.run(progress=False)
+        wb.check_integrity()
+        by_family = breakdown_table(wb.history).groupby("family").ms.sum()
+        steps = wb.history.steps
+    print(f"\nTP=2 profiled run, ms by family on rank 0: {by_family.round(2).to_dict()}")
+    assert by_family.get("communication", 0) > 0
+    assert set(steps.tp_size) == {2}
