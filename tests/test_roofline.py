@@ -187,3 +187,15 @@ def test_on_a_known_gpu_no_step_beats_its_bound():
     assert steps[ROOFLINE].notna().all().all()
     assert (steps.bound_ms < steps.device_ms).all()
     assert (steps.achieved_gbps < spec.bandwidth / 1e9).all()
+
+
+def test_a_step_split_over_gpus_is_bounded_by_each_ones_share(run):
+    """Tensor parallelism: N GPUs each read and compute 1/N of a step, so its bound on
+    `spec.times(N)` is 1/N of one GPU's (bytes and FLOPs stay those of the whole step)."""
+    cfg = run.engine.model_config
+    one, two = StepCost.for_model(cfg, 2, H200), StepCost.for_model(cfg, 2, H200.times(2))
+    assert H200.times(1) is H200 and H200.times(2).name == "2 x H200"
+    for rec in run.history.records:
+        a, b = one.of_step(rec.rows), two.of_step(rec.rows)
+        assert (a.bytes_read, a.flops) == (b.bytes_read, b.flops)
+        assert b.bound_ms == pytest.approx(a.bound_ms / 2, rel=1e-12)

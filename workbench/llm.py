@@ -68,7 +68,9 @@ class LLM:
         self.tokenizer = _load_tokenizer(self.engine.model_dir)
         probe.device = self.engine.device
         engine = self.engine
-        probe.cost = StepCost.for_engine(engine.model_config, engine.dtype, engine.device)
+        probe.cost = StepCost.for_engine(
+            engine.model_config, engine.dtype, engine.device, engine.tp.size
+        )
         probe.restart()  # a history that knows the cost
         self.scheduler = Scheduler(self.engine, probe)
 

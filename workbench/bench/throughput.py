@@ -125,7 +125,7 @@ def _generate(
 
 def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -> dict:
     """The result: what ran, then what it measured (the JSON fields, in their order)."""
-    spec = DEVICES[args.device_spec]
+    spec = DEVICES[args.device_spec].times(llm.engine.tp.size)  # the step split over the GPUs
     cfg = llm.engine.model_config
     bound = workload_bound(cfg, work.prompt_lens, work.output_lens, spec)
     split = split_time(run.steps, run.start)

@@ -27,6 +27,13 @@ class DeviceSpec:
     bandwidth: float  # bytes/s
     flops: float  # dense FLOP/s in the model's dtype
 
+    def times(self, count: int) -> DeviceSpec:
+        """`count` of these devices sharing a step evenly (tensor parallelism: each reads and
+        computes 1/count of it, so the step's bound is 1/count of one device's)."""
+        if count == 1:
+            return self
+        return DeviceSpec(f"{count} x {self.name}", self.bandwidth * count, self.flops * count)
+
 
 H200 = DeviceSpec("H200", 4.8e12, 989e12)
 H100 = DeviceSpec("H100", 3.35e12, 989e12)
@@ -120,10 +127,16 @@ class StepCost:
 
     @classmethod
     def for_engine(
-        cls, model_config: ModelConfig, dtype: torch.dtype, device: torch.device | str
+        cls,
+        model_config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        tp_size: int = 1,
     ) -> StepCost:
-        """The cost of an engine's steps: its model in its dtype, on its device's spec."""
-        return cls.for_model(model_config, dtype.itemsize, device_spec(device))
+        """The cost of an engine's steps: its model in its dtype, on its device's spec (times
+        `tp_size` GPUs, each with its share of every step)."""
+        spec = device_spec(device)
+        return cls.for_model(model_config, dtype.itemsize, spec and spec.times(tp_size))
 
     def of_step(self, rows: Iterable[LedgerRow]) -> StepBound:
         """The bound of a step from its ledger rows (a StepRecord's `rows`)."""
