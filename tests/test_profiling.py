@@ -14,8 +14,7 @@ import torch
 
 from workbench import LLM, SamplingParams, Workbench
 from workbench.core import ReqView
-from workbench.instrument.history import pages_at
-from workbench.instrument.probe import PageSnapshots
+from workbench.instrument.pages import PageSnapshots, pages_at
 from workbench.instrument.tables import PageRow
 from workbench.kvcache.table import TableManager
 from workbench.models.induction import pattern_continuation, pattern_prompts

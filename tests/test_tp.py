@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench import LLM, Workbench
+from workbench import LLM, Workbench, load_run
 from workbench.config import POLICIES
 
 from .conftest import greedy, hf_greedy, run
@@ -72,4 +72,18 @@ def test_abort_and_records_with_two_ranks(wb2, expected):
             assert got["finish_reason"] == "abort"
         else:
             assert got["token_ids"] == want
-    assert set(wb.history.steps.tp_size) == {2}
+    steps = wb.history.steps
+    assert set(steps.tp_size) == {2}
+    # each rank's own device time of every step (rank 0's is device_ms)
+    assert (steps.device_ms_rank1 > 0).all() and (steps.device_ms > 0).all()
+    assert wb.history[0].rank_device_ms == [pytest.approx(steps.device_ms_rank1.iloc[0])]
+
+
+def test_rank_device_times_survive_a_save(wb2, tmp_path):
+    wb2.reset()
+    for p in PROMPTS[:2]:
+        wb2.add_request(p, greedy(4))
+    wb2.run(progress=False)
+    loaded = load_run(wb2.save(tmp_path / "run.parquet"))
+    assert loaded.steps.device_ms_rank1.tolist() == wb2.history.steps.device_ms_rank1.tolist()
+    assert loaded.steps.device_ms_rank1.notna().all()

@@ -71,6 +71,7 @@ class LLM:
         probe.cost = StepCost.for_engine(
             engine.model_config, engine.dtype, engine.device, engine.tp.size
         )
+        probe.rank_times = engine.rank_device_ms  # tensor parallelism: ranks 1..'s timers
         probe.restart()  # a history that knows the cost
         self.scheduler = Scheduler(self.engine, probe)
 
@@ -112,6 +113,7 @@ class LLM:
         if profile_steps is _KEEP:
             profile_steps = old.probe.profile_steps
         probe = Probe(record, old.hooks, self.engine.device, profile_steps, cost=old.probe.cost)
+        probe.rank_times = old.probe.rank_times
         config = self.config.with_(**settings)  # validates
         built = self.engine.config.max_running_reqs
         if config.max_running_reqs > built:

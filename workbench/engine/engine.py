@@ -37,6 +37,7 @@ class Engine:
         self.model_config = cfg = ModelConfig.from_dir(self.model_dir)
         check_tp_size(cfg, config.tp_size)  # before any process or memory is taken
         self.ranks: Ranks | None = None  # rank 0 of several: the others
+        self.launches = 0  # steps run (each rank counts the same)
         if tp is None and config.tp_size > 1:
             _check_gpus(config)
             tp, self.ranks = start_ranks(config)
@@ -192,6 +193,7 @@ class Engine:
         to the host started. On a GPU all of it is only enqueued; wait on `done` before reading
         `tokens`. `stage` names the part running, for a failure to name."""
         self.stage = "forward"
+        launch, self.launches = self.launches, self.launches + 1
         if self.ranks is not None:
             self.ranks.launch(batch, self.table)
         with self._ranks_alive():
@@ -203,7 +205,7 @@ class Engine:
             self.stage = "sample"
             tokens, done = self.sample(batch, logits)
             timer.stop()
-        return DeviceStep(tokens, done, timer, self.tp.size)
+        return DeviceStep(tokens, done, timer, self.tp.size, launch)
 
     def wait(self, step: DeviceStep) -> None:
         """Until `step`'s tokens are on the host. With other ranks, polled: a rank that died
@@ -219,6 +221,11 @@ class Engine:
             if polls % 256 == 0:
                 self.ranks.check()
             time.sleep(5e-5)
+
+    def rank_device_ms(self) -> dict[int, list[float]]:
+        """With tensor parallelism: the device time of each step not asked about before on
+        ranks 1.. (launch -> ms per rank), from each rank's own timer."""
+        return {} if self.ranks is None else self.ranks.device_ms()
 
     def check_ranks(self) -> None:
         """With tensor parallelism: every rank's request table (page table, token pool) equals
@@ -276,6 +283,7 @@ class DeviceStep(NamedTuple):
     done: torch.cuda.Event | None  # recorded after the copy; None on the CPU
     timer: DeviceTimer  # the step's device time
     tp_size: int = 1  # processes the step ran on (tensor parallelism)
+    launch: int = 0  # the engine's count of steps before this one (the same on every rank)
 
 
 def _check_gpus(config: EngineConfig) -> None:

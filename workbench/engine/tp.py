@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import math
 import os
 import pickle
 import shutil
@@ -38,8 +39,9 @@ from .inputs import fill_inputs
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
+    from ..device import DeviceTimer
     from ..kvcache.table import TableManager
-    from .engine import Engine
+    from .engine import DeviceStep, Engine
 
 # NVLink multicast is off on these machines and must stay off in every process (NCCL's NVLS,
 # torch's symmetric memory, NVSHMEM)
@@ -50,6 +52,8 @@ MULTICAST_OFF = {
 }
 WORKER = "workbench.engine.worker"  # the module a started rank runs
 INTEGRITY = "integrity"  # message: compare the ranks' request tables
+DEVICE_MS = "device_ms"  # message: each rank's device time of the steps since the last ask
+MAX_TIMERS = 1 << 16  # steps whose device time a rank keeps until rank 0 asks
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a first forward may compile kernels for minutes
 IDLE_TIMEOUT = timedelta(days=365)  # a worker waits for the next step as long as the user
 
@@ -134,6 +138,15 @@ class Ranks:
         digests: list[str | None] = [None] * self.size
         dist.all_gather_object(digests, table_digest(table), group=self._control)
         return [r for r, d in enumerate(digests) if d != digests[0]]
+
+    def device_ms(self) -> dict[int, list[float]]:
+        """Launch -> device ms on ranks 1.. of the steps run since the last call."""
+        self.check()
+        dist.broadcast_object_list([(DEVICE_MS, None)], src=0, group=self._control)
+        reports: list[dict | None] = [None] * self.size
+        dist.all_gather_object(reports, {}, group=self._control)
+        launches = sorted(set().union(*reports[1:]))
+        return {k: [r.get(k, math.nan) for r in reports[1:]] for k in launches}
 
     def check(self, wait_s: float = 0.0) -> None:
         """Raise if a worker has died (waiting up to `wait_s` for one that is dying)."""
@@ -240,6 +253,7 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
     from .engine import Engine
 
     engine = Engine(config, tp=tp)
+    timers: dict[int, DeviceTimer] = {}  # launch -> this rank's timer, until rank 0 asks
     try:
         while True:
             box = [None]
@@ -250,12 +264,19 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
             message = box[0]
             if message is None:
                 break
-            if isinstance(message, tuple) and message[0] == INTEGRITY:
+            if isinstance(message, StepMessage):
+                step = run_step(engine, message)
+                timers[step.launch] = step.timer
+                if len(timers) > MAX_TIMERS:  # rank 0 has not asked for a long while
+                    del timers[next(iter(timers))]
+            elif message[0] == INTEGRITY:
                 replay(engine.table, message[1])
                 digests = [None] * tp.size
                 dist.all_gather_object(digests, table_digest(engine.table), group=control)
-            else:
-                run_step(engine, message)
+            elif message[0] == DEVICE_MS:
+                report = {k: t.elapsed_ms() for k, t in timers.items()}
+                timers.clear()
+                dist.all_gather_object([None] * tp.size, report, group=control)
     finally:
         engine.close()
         close_tp(tp)
@@ -274,14 +295,14 @@ def table_digest(table: TableManager) -> str:
     return h.hexdigest()
 
 
-def run_step(engine: Engine, message: StepMessage) -> None:
+def run_step(engine: Engine, message: StepMessage) -> DeviceStep:
     """Replay rank 0's table writes, then run the step it launched."""
     table = engine.table
     replay(table, message.journal)
     batch = Batch([mirror(r) for r in message.reqs], message.phase, message.num_decode)
     fill_inputs(batch, table)
     engine.prepare(batch)
-    engine.run_batch(batch)
+    return engine.run_batch(batch)
 
 
 def _free_port() -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import runfile
+from .pages import pages_at
 from .tables import TableRows
 
 if TYPE_CHECKING:
@@ -122,6 +123,11 @@ class History(_Tables):
         self.records.append(record)
         self._cache = None
 
+    def rank_times_changed(self) -> None:
+        """Other ranks' device times reached records already tabled: build the frames again
+        (the rows hold the records' lists, filled in place)."""
+        self._cache = None
+
     def events_changed(self) -> None:
         """Profiler events were given to records already tabled: build the tables again."""
         self._rows, self._cache = TableRows(self.cost), None
@@ -170,31 +176,6 @@ def load_run(path: str | Path) -> RunHistory:
     """A run saved with `Workbench.save` (or `History.save`), ready for every view: a Parquet
     file (told by its first bytes, whatever its name) or the JSON of older runs."""
     return RunHistory(*runfile.read(path))
-
-
-def pages_at(pages: pd.DataFrame, step: int) -> pd.DataFrame:
-    """The rows of `step` from the runs they gained (the pages table), joined into maximal
-    runs. A run gained at step s belongs to every later step of its row with the same `since`
-    (a pages table saved before runs were kept as gains lists every step whole)."""
-    columns = ["step", "uid", "table_idx", "pos_start", "pos_end", "slot_start"]
-    if "since" not in pages.columns:
-        return pages.loc[pages.step == step, columns].reset_index(drop=True)
-    keys = pages.loc[pages.step == step, ["uid", "table_idx", "since"]].drop_duplicates()
-    runs = pages[pages.step <= step].merge(keys, on=["uid", "table_idx", "since"])
-    runs = runs.sort_values(["table_idx", "pos_start"], ignore_index=True)
-    # a run that goes on where the one before it in the row ended (positions and slots)
-    same_row = runs.table_idx.eq(runs.table_idx.shift())
-    goes_on = same_row & runs.pos_start.eq(runs.pos_end.shift())
-    goes_on &= runs.slot_start.eq((runs.slot_start + runs.pos_end - runs.pos_start).shift())
-    group = (~goes_on).cumsum()
-    joined = runs.groupby(group, sort=False).agg(
-        uid=("uid", "first"),
-        table_idx=("table_idx", "first"),
-        pos_start=("pos_start", "first"),
-        pos_end=("pos_end", "last"),
-        slot_start=("slot_start", "first"),
-    )
-    return joined.assign(step=step)[columns].reset_index(drop=True)
 
 
 def _build_tables(

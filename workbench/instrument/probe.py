@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Container
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from .. import validate as V
@@ -24,6 +23,7 @@ from ..core import Admissions, Batch, Req, ReqView
 from . import events as ev
 from .history import History
 from .hooks import HookRegistry
+from .pages import PageSnapshots
 from .profiler import ProfilerSession, assign_to_steps, gc_paused
 from .record import KVState, StepRecord
 
@@ -63,6 +63,10 @@ class Probe:
         self._pending: dict[int, list] = {}
         # ended sessions not read yet: (read, marks, step -> the list its events go in)
         self._unread: list[tuple[Callable[[], list], list, dict[int, list]]] = []
+        # tensor parallelism: what gives ranks 1..'s device times (set by LLM), and the records'
+        # lists they go in, by launch
+        self.rank_times: Callable[[], dict[int, list[float]]] | None = None
+        self._rank_lists: dict[int, list[float]] = {}
 
     def clock(self) -> float:
         """Seconds since the run started (or was reset): the time axis of the records."""
@@ -119,7 +123,14 @@ class Probe:
         self._unread.append((self._session.stop(), marks, lists))
 
     def read_events(self) -> None:
-        """Read the ended profiler sessions' events into the steps they belong to."""
+        """Read the ended profiler sessions' events into the steps they belong to (and, with
+        tensor parallelism, the other ranks' device times of the steps recorded since)."""
+        if self._rank_lists and self.rank_times is not None:
+            for launch, times in self.rank_times().items():
+                if launch in self._rank_lists:
+                    self._rank_lists.pop(launch)[:] = times
+            self._rank_lists.clear()  # those a rank no longer had
+            self.history.rank_times_changed()
         unread, self._unread = self._unread, []
         if not unread:
             return
@@ -238,7 +249,11 @@ class Probe:
         early = self._early.pop(outcome.index, []) if self._early else []
         events: list | None = early if profiled else None  # filled when the events are read
         with self.range("step.end"):
-            record = build_record(outcome, occupancy(), events)
+            device = outcome.launched.device
+            ranks = [] if device.tp_size > 1 and self.rank_times is not None else None
+            record = build_record(outcome, occupancy(), events, ranks)
+            if ranks is not None:
+                self._rank_lists[device.launch] = ranks
             if self.record != "off":
                 self.history.append(record)
         if "step.end" in self.hooks:
@@ -246,64 +261,6 @@ class Probe:
         if profiled:
             self._pending[outcome.index] = events
         return record
-
-
-def slot_runs(
-    page_table: np.ndarray, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray
-) -> list[list[tuple[int, int, int]]]:
-    """For each row `idx[i]`, its entries ``[starts[i], ends[i])`` as maximal runs of consecutive
-    KV slots, ``(pos_start, pos_end, slot_start)``, in whole-array steps."""
-    lens = ends - starts
-    first = np.cumsum(lens) - lens  # where each segment begins in the flat arrays
-    pos = np.arange(int(lens.sum())) - np.repeat(first - starts, lens)
-    slots = page_table[np.repeat(idx, lens), pos].astype(np.int64)
-    begins = np.ones(len(slots), dtype=bool)
-    begins[1:] = slots[1:] != slots[:-1] + 1
-    begins[first[lens > 0]] = True
-    run_starts = np.flatnonzero(begins)
-    run_ends = np.append(run_starts[1:], len(slots))
-    owner = np.repeat(np.arange(len(idx)), lens)[run_starts]
-    out: list[list[tuple[int, int, int]]] = [[] for _ in range(len(idx))]
-    for o, a, b, p, slot in zip(
-        owner.tolist(),
-        run_starts.tolist(),
-        run_ends.tolist(),
-        pos[run_starts].tolist(),
-        slots[run_starts].tolist(),
-    ):
-        out[o].append((p, p + b - a, slot))
-    return out
-
-
-class PageSnapshots:
-    """The page-table rows of each batch as slot runs (record="full"), each step only what a
-    row gained since the last: a decode step of 256 requests reads and keeps 256 entries, not
-    the hundreds of thousands its rows hold (`pages_at` puts a step's rows back together).
-    With one-token pages, requests decoding side by side take interleaved slots, so a row is
-    one run per token: keeping every row whole at every step grows with steps x rows x length.
-    """
-
-    def __init__(self) -> None:
-        # row -> uid, rewrites, length and since when (step) its runs are listed
-        self._rows: dict[int, tuple[int, int, int, int]] = {}
-
-    def take(self, table: TableManager, rows: list[ReqView], step: int) -> dict[int, tuple]:
-        """Row -> (since, runs gained): `since` is the step from which the row's runs are
-        listed (this one when the row is new, changed hands or was rewritten), the runs
-        (pos_start, pos_end, slot_start) its positions gained since it was last taken."""
-        begins, sinces = [], []
-        for r in rows:
-            kept = self._rows.get(r.table_idx)
-            rewrites = int(table.rewrites[r.table_idx])
-            if kept is None or kept[:2] != (r.uid, rewrites) or kept[2] > r.device_len:
-                kept = (r.uid, rewrites, 0, step)
-            begins.append(kept[2])
-            sinces.append(kept[3])
-            self._rows[r.table_idx] = (r.uid, rewrites, r.device_len, kept[3])
-        idx = np.array([r.table_idx for r in rows], dtype=np.int64)
-        ends = np.array([r.device_len for r in rows], dtype=np.int64)
-        gained = slot_runs(table.page_table_host, idx, np.array(begins, dtype=np.int64), ends)
-        return {r.table_idx: (since, tuple(new)) for r, since, new in zip(rows, sinces, gained)}
 
 
 def check_profile_steps(steps) -> Container[int] | None:
@@ -319,7 +276,10 @@ def check_profile_steps(steps) -> Container[int] | None:
 
 
 def build_record(
-    outcome: StepOutcome, occupancy: Occupancy, events: tuple | None = None
+    outcome: StepOutcome,
+    occupancy: Occupancy,
+    events: list | None = None,
+    rank_device_ms: list | None = None,
 ) -> StepRecord:
     launched, o = outcome.launched, occupancy
     in_use = o.kv_total - o.kv_free - o.kv_evictable
@@ -347,4 +307,5 @@ def build_record(
         tp_size=launched.device.tp_size,
         page_rows=launched.page_rows,
         events=events,
+        rank_device_ms=rank_device_ms,
     )

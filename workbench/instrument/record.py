@@ -73,6 +73,9 @@ class StepRecord:
     host_ms: float = 0.0  # host work: schedule, prepare, enqueue, then process the tokens
     wait_ms: float = 0.0  # host blocked on the device for the tokens (near 0: host-bound)
     tp_size: int = 1  # processes the step's forward ran on (tensor parallelism)
+    # tensor parallelism: device_ms of ranks 1.. (rank 0's is device_ms), filled when the
+    # history is read (`Probe.read_events`)
+    rank_device_ms: list[float] | None = field(default=None, repr=False)
     # record="full": table row -> (since, runs): the slot runs (pos_start, pos_end, slot_start)
     # the row gained in this step, its runs listed since step `since` (`History.pages_at`
     # gives a step's rows whole)

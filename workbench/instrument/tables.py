@@ -143,6 +143,7 @@ class TableRows:
         self.admissions: dict[str, list] = {c: [] for c in AdmissionRow._fields}  # by column
         self.events: list[tuple] = []
         self.pages: list[tuple] = []
+        self.rank_ms: dict[int, list[float]] = {}  # step -> ranks 1..'s device ms (filled later)
 
     def follows(self, records: list[StepRecord]) -> bool:
         """Whether `records` begins with what was added here (else start again)."""
@@ -213,6 +214,8 @@ class TableRows:
             achieved_gbps=bound.bytes_read / device_ms / 1e6 if device_ms > 0 else math.nan,
         )
         self.steps.append(tuple(step))
+        if rec.rank_device_ms is not None:
+            self.rank_ms[rec.step] = rec.rank_device_ms
         for name, category, track, start_us, duration_us in rec.events or ():
             event = EventRow(
                 step=rec.step,
@@ -254,6 +257,7 @@ class TableRows:
             "events": pd.DataFrame(self.events, columns=EventRow._fields),
             "pages": pd.DataFrame(self.pages, columns=PageRow._fields),
         }
+        _add_rank_columns(frames["steps"], self.rank_ms)
         frames["requests"] = _requests_table(frames["steps"], frames["ledger"], arrivals, aborts)
         return {name: _text_as_string(_rounded(frame)) for name, frame in frames.items()}
 
@@ -332,6 +336,16 @@ def _requests_table(
     ints = ["first_scheduled_step", "first_token_step", "finish_step"]
     times = [c for c in RequestRow._fields if c.endswith("_s")]
     return frame.astype({c: "Int64" for c in ints} | {c: "float64" for c in times})
+
+
+def _add_rank_columns(steps: pd.DataFrame, rank_ms: dict[int, list[float]]) -> None:
+    """Tensor parallelism: `device_ms_rank1`.. beside rank 0's `device_ms` (NaN until read)."""
+    if not rank_ms:
+        return
+    for r in range(int(steps.tp_size.max()) - 1):
+        steps[f"device_ms_rank{r + 1}"] = [
+            v[r] if len(v := rank_ms.get(s, ())) > r else math.nan for s in steps.step
+        ]
 
 
 def _rounded(frame: pd.DataFrame) -> pd.DataFrame:
