@@ -35,12 +35,14 @@ def expected() -> list[list[int]]:
     return hf_greedy(MODEL, PROMPTS, 10)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["no-overlap", "overlap"])
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("max_extend_tokens", [3, 8192])
-def test_two_ranks_match_hf(wb2, expected, policy, max_extend_tokens):
-    """Both chunk sizes and each policy on one two-rank engine; the second run is served from
-    the radix cache. `run` checks the KV pool, and with it that both ranks' tables agree."""
-    wb2.reconfigure(policy=policy, max_extend_tokens=max_extend_tokens)
+def test_two_ranks_match_hf(wb2, expected, policy, max_extend_tokens, overlap):
+    """Both chunk sizes, each policy, overlap off and on, on one two-rank engine; the second
+    run is served from the radix cache. `run` checks the KV pool, and with it that both ranks'
+    tables agree (with overlap, rank 0's table writes reach the others a step later)."""
+    wb2.reconfigure(policy=policy, max_extend_tokens=max_extend_tokens, overlap=overlap)
     for _ in range(2):
         outputs, steps = run(wb2.llm, PROMPTS, greedy(10))
         assert [o["token_ids"] for o in outputs] == expected

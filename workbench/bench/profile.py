@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from ..core import SamplingParams
+from ..instrument.families import family
 from ..instrument.profiler import activities
 from ..llm import LLM
 from .workload import random_workload
@@ -39,7 +40,22 @@ def profile_decode(llm: LLM, args: argparse.Namespace) -> str:
     cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
     if args.profile_trace:
         prof.export_chrome_trace(args.profile_trace)
-    return "\n".join([table, cpu] + ([device_gaps(prof, steps=10)] if cuda else []))
+    extra = [device_gaps(prof, steps=10), by_family(prof, steps=10)] if cuda else []
+    return "\n".join([table, cpu, *extra])
+
+
+def by_family(prof, steps: int) -> str:
+    """Device time per step by kernel family (with tensor parallelism, `communication` is
+    rank 0's all-reduces and all-gathers)."""
+    from torch.autograd import DeviceType
+
+    totals: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            name = family(e.name, "kernel")
+            totals[name] = totals.get(name, 0.0) + e.time_range.elapsed_us()
+    parts = ", ".join(f"{k} {v / steps / 1e3:.3f}" for k, v in sorted(totals.items()))
+    return f"device ms per decode step by family: {parts}"
 
 
 class Span(NamedTuple):

@@ -67,6 +67,7 @@ class Probe:
         # lists they go in, by launch
         self.rank_times: Callable[[], dict[int, list[float]]] | None = None
         self._rank_lists: dict[int, list[float]] = {}
+        self._rank_early: dict[int, list[float]] = {}  # times of steps not recorded yet
 
     def clock(self) -> float:
         """Seconds since the run started (or was reset): the time axis of the records."""
@@ -78,6 +79,7 @@ class Probe:
             self._session.discard()
         self.read_events()  # the old history's, for whoever still holds it
         self._marks, self._pending, self._early = [], {}, {}
+        self._rank_early = {}
         self._pages = PageSnapshots()
         self.history = History(self.cost, before_tables=self.read_events)
         self._t0 = time.perf_counter()
@@ -129,7 +131,9 @@ class Probe:
             for launch, times in self.rank_times().items():
                 if launch in self._rank_lists:
                     self._rank_lists.pop(launch)[:] = times
-            self._rank_lists.clear()  # those a rank no longer had
+                else:  # a batch in flight (overlap): its record comes later
+                    self._rank_early[launch] = times
+            self._rank_lists.clear()  # steps whose times a rank no longer kept
             self.history.rank_times_changed()
         unread, self._unread = self._unread, []
         if not unread:
@@ -250,9 +254,11 @@ class Probe:
         events: list | None = early if profiled else None  # filled when the events are read
         with self.range("step.end"):
             device = outcome.launched.device
-            ranks = [] if device.tp_size > 1 and self.rank_times is not None else None
+            ranks = None
+            if device.tp_size > 1 and self.rank_times is not None:
+                ranks = self._rank_early.pop(device.launch, [])
             record = build_record(outcome, occupancy(), events, ranks)
-            if ranks is not None:
+            if ranks == []:  # filled when the history is read
                 self._rank_lists[device.launch] = ranks
             if self.record != "off":
                 self.history.append(record)
