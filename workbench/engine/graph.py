@@ -72,7 +72,10 @@ class GraphRunner:
             for _ in range(2):  # warm up: no lazy initialisation inside the capture
                 self.model(*self._args(bs))
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
+            # NOTE: with tensor parallelism NCCL's watchdog thread queries events while this
+            # thread captures; "thread_local" keeps its calls legal (the default mode fails them)
+            mode = "thread_local" if self.model.tp.size > 1 else "global"
+            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=mode):
                 self.logits[bs] = self.model(*self._args(bs))
         self.graphs[bs] = graph
 
