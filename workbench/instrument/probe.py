@@ -128,7 +128,11 @@ class Probe:
         """Read the ended profiler sessions' events into the steps they belong to (and, with
         tensor parallelism, the other ranks' device times of the steps recorded since)."""
         if self._rank_lists and self.rank_times is not None:
-            for launch, times in self.rank_times().items():
+            try:
+                reported = self.rank_times()
+            except RuntimeError:  # a rank died: its times are lost, not the rest of the history
+                reported = {}
+            for launch, times in reported.items():
                 if launch in self._rank_lists:
                     self._rank_lists.pop(launch)[:] = times
                 else:  # a batch in flight (overlap): its record comes later
