@@ -55,6 +55,18 @@ def run(llm: LLM, prompts, sampling) -> tuple[list[dict], list[StepOutcome]]:
     return outputs, steps
 
 
+def prefill_logits(llm: LLM, prompts) -> torch.Tensor:
+    """The logits the engine's model returns for each prompt's last position (one prefill per
+    prompt, `max_tokens=1`), in prompt order, as float32: read from the real forward."""
+    captured = []
+    hook = llm.engine.model.register_forward_hook(lambda m, i, out: captured.append(out.clone()))
+    try:
+        llm.generate(prompts, SamplingParams(max_tokens=1))
+    finally:
+        hook.remove()
+    return torch.cat(captured).float()
+
+
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, ignore_eos=True)
 

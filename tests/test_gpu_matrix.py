@@ -29,6 +29,8 @@ from workbench.models import resolve
 from workbench.models.induction import pattern_continuation, pattern_prompts
 from workbench.models.weights import to_hf_state_dict
 
+from .conftest import prefill_logits
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -202,14 +204,8 @@ def test_prefill_logits_against_transformers(page_size):
         pattern_prompts(rng, [rng.randint(20, 400)], period=rng.randint(3, 40))[0]
         for _ in range(32)
     ]
-    captured = []
-    hook = llm.engine.model.register_forward_hook(lambda m, i, out: captured.append(out.clone()))
-    try:
-        llm.generate(prompts, SamplingParams(max_tokens=1))
-    finally:
-        hook.remove()
+    ours = prefill_logits(llm, prompts)
     llm.check_integrity()
-    ours = torch.cat(captured).float()
     config = AutoConfig.from_pretrained(resolve(MODEL))
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).cuda().eval()
     missing, unexpected = hf.load_state_dict(to_hf_state_dict(llm.engine.model), strict=False)

@@ -9,7 +9,7 @@ from workbench import LLM, SamplingParams
 from workbench.models import resolve
 from workbench.models.weights import to_hf_state_dict
 
-from .conftest import MODEL, make_llm, random_prompts
+from .conftest import MODEL, make_llm, prefill_logits, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,13 +58,7 @@ def test_prefill_logits_close_to_transformers(llm, hf, hf_fp32):
     transformers bf16 within 5% of the largest logit; against float32, a mean error at most 1.5x
     and a worst-row cosine at most 0.001 below what transformers' own bf16 model gets."""
     prompts = random_prompts(32, 16, 256, seed=1)
-    captured = []
-    hook = llm.engine.model.register_forward_hook(lambda m, i, out: captured.append(out.clone()))
-    try:
-        llm.generate(prompts, SamplingParams(max_tokens=1))
-    finally:
-        hook.remove()
-    ours = torch.cat(captured).float()  # one prefill batch, rows in prompt order
+    ours = prefill_logits(llm, prompts)  # one prefill batch, rows in prompt order
     with torch.inference_mode():
         ref, ref32 = (
             torch.stack(

@@ -16,7 +16,7 @@ from workbench import LLM, SamplingParams, Workbench
 from workbench.instrument.families import breakdown_table
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
-from .conftest import random_prompts
+from .conftest import prefill_logits, random_prompts
 from .test_gpu_numerics import _logit_gap
 
 pytestmark = [
@@ -30,26 +30,15 @@ MODEL = "dummy:qwen3-0.6b"
 PEAKED = "dummy:qwen3-induction"
 
 
-def _prefill_logits(llm: LLM, prompts: list[list[int]]) -> torch.Tensor:
-    """Rank 0's logits of each prompt's last position (gathered whole from both ranks)."""
-    captured = []
-    hook = llm.engine.model.register_forward_hook(lambda m, i, out: captured.append(out.clone()))
-    try:
-        llm.generate(prompts, SamplingParams(max_tokens=1))
-    finally:
-        hook.remove()
-    return torch.cat(captured).float()
-
-
 def test_prefill_logits_of_two_ranks_match_one():
     """Stated tolerance: the ranks sum half-products in another order (an all-reduce of bf16
     partial sums instead of one GEMM), so logits differ by bf16 rounding: max abs error within
     5% of the largest logit, worst-row cosine at least 0.999."""
     prompts = random_prompts(32, 16, 256, seed=1)
     with LLM(MODEL, tp_size=1, memory_ratio=0.3) as one:
-        ref = _prefill_logits(one, prompts)
+        ref = prefill_logits(one, prompts)
     with LLM(MODEL, tp_size=2, memory_ratio=0.3) as two:
-        got = _prefill_logits(two, prompts)
+        got = prefill_logits(two, prompts)
         two.check_integrity()
     gap = _logit_gap(got, ref)
     scale = ref.abs().max().item()
