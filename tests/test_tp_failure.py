@@ -24,6 +24,19 @@ def test_a_tp_size_that_does_not_divide_the_heads_is_refused_first():
     assert not dist.is_initialized()  # nothing was started
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(tp_backend="mpi"), r"tp_backend must be one of \('nccl', 'gloo'\), got 'mpi'"),
+        (dict(tp_backend="nccl"), r"tp_backend='nccl' needs a CUDA.*on the cpu: 'gloo'"),
+    ],
+)  # fmt: skip
+def test_a_tp_backend_that_cannot_run_is_refused_first(options, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(MODEL, device="cpu", tp_size=2, **options)
+    assert not dist.is_initialized()
+
+
 def test_a_rank_that_dies_mid_run_is_named_within_seconds():
     llm = LLM(
         MODEL, device="cpu", tp_size=2, max_running_reqs=8, max_extend_tokens=4, record="light"

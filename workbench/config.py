@@ -16,6 +16,7 @@ Policy = Literal["prefill_first", "decode_first", "mixed"]
 
 CACHE_KINDS = tuple(CACHES)
 POLICIES = ("prefill_first", "decode_first", "mixed")
+TP_BACKENDS = ("nccl", "gloo")
 RECORD_LEVELS = ("off", "light", "full")  # what each step keeps (instrument/probe.py)
 # What a loaded engine can change without reloading weights, resizing the KV pool or capturing
 # CUDA graphs again: the scheduler's settings (`LLM.reconfigure`).
@@ -73,6 +74,10 @@ class EngineConfig:
     # is rank 0 and schedules; ranks 1.. are started by the engine (or by torchrun) on the next
     # GPUs (gloo processes on the CPU)
     tp_size: int = 1
+    # the ranks' collectives: "nccl" (one GPU per rank) or "gloo" (CPU processes; on GPUs, ranks
+    # may share one, so tensor parallelism can be studied on a single GPU: slow all-reduces
+    # through the host, no CUDA graphs); None: nccl on cuda, gloo on the cpu
+    tp_backend: str | None = None
 
     def __post_init__(self) -> None:
         from . import validate as V
@@ -105,12 +110,19 @@ class EngineConfig:
             share_threshold=V.integer("share_threshold", self.share_threshold, 0),
             tp_size=V.integer("tp_size", self.tp_size, 1, 64),
         )
+        if self.tp_backend is not None:
+            checked["tp_backend"] = V.choice("tp_backend", self.tp_backend, TP_BACKENDS)
         if self.attention is not None:
             from .attention import BACKENDS
 
             checked["attention"] = V.choice("attention", self.attention, sorted(BACKENDS))
         for name, value in checked.items():  # plain Python values (numpy ints become ints)
             object.__setattr__(self, name, value)
+        if self.tp_backend == "nccl" and self.torch_device.type != "cuda":
+            raise ValueError(
+                f"tp_backend='nccl' needs a CUDA device, device is {self.torch_device}; "
+                "allowed on the cpu: 'gloo'"
+            )
         self.torch_dtype  # noqa: B018 (checks the dtype)
 
     @property
@@ -148,8 +160,17 @@ class EngineConfig:
         return self.torch_device.type == "cuda" if self.overlap is None else self.overlap
 
     @property
+    def tp_collectives(self) -> str:
+        """The ranks' collective backend: `tp_backend`, or nccl on cuda and gloo on the cpu."""
+        if self.tp_backend is not None:
+            return self.tp_backend
+        return "nccl" if self.torch_device.type == "cuda" else "gloo"
+
+    @property
     def cuda_graph_enabled(self) -> bool:
-        return self.cuda_graph and self.torch_device.type == "cuda"
+        # NOTE: gloo's all-reduces of GPU tensors go through the host and cannot be captured
+        gloo_ranks = self.tp_size > 1 and self.tp_collectives == "gloo"
+        return self.cuda_graph and self.torch_device.type == "cuda" and not gloo_ranks
 
     @property
     def fused_kernels_enabled(self) -> bool:

@@ -69,7 +69,7 @@ class LLM:
         probe.device = self.engine.device
         engine = self.engine
         probe.cost = StepCost.for_engine(
-            engine.model_config, engine.dtype, engine.device, engine.tp.size
+            engine.model_config, engine.dtype, engine.device, engine.num_devices
         )
         probe.rank_times = engine.rank_device_ms  # tensor parallelism: ranks 1..'s timers
         probe.restart()  # a history that knows the cost

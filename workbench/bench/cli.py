@@ -7,7 +7,7 @@ import ast
 
 import torch
 
-from ..config import CACHE_KINDS, POLICIES, RECORD_LEVELS
+from ..config import CACHE_KINDS, POLICIES, RECORD_LEVELS, TP_BACKENDS
 from .roofline import DEVICES
 
 
@@ -121,6 +121,12 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help="tensor parallelism: GPUs (CPU processes) the model is split across; the engine "
         "starts the other ranks, or under `torchrun --nproc-per-node N` uses torchrun's",
+    )
+    p.add_argument(
+        "--tp-backend",
+        choices=TP_BACKENDS,
+        help="the ranks' collectives (default: nccl on GPUs, gloo on the CPU; gloo ranks may "
+        "share a GPU, without CUDA graphs)",
     )
 
 

@@ -35,7 +35,11 @@ def _settings_line(r: dict) -> str:
 
     return (
         f"workbench bench: {r['model']} on {r['device']} ({r['dtype']})"
-        + (f" x {r['tp_size']} (tensor parallel)" if r.get("tp_size", 1) > 1 else "")
+        + (
+            f" x {r['tp_size']} (tensor parallel, {r.get('tp_backend', 'nccl')})"
+            if r.get("tp_size", 1) > 1
+            else ""
+        )
         + ", overlap "
         f"{on('overlap')}, cuda graphs {on('cuda_graph')}, fused kernels {on('fused_kernels')}, "
         f"fused rope {on('fused_rope')}, fused sampling {on('fused_sampling')}, "

@@ -58,6 +58,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
         fused_kernels=args.fused_kernels,
         record=args.record,
         tp_size=args.tp_size,
+        tp_backend=args.tp_backend,
         **{"policy": args.policy, **engine_options(args.option)},
     )
 
@@ -125,7 +126,7 @@ def _generate(
 
 def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -> dict:
     """The result: what ran, then what it measured (the JSON fields, in their order)."""
-    spec = DEVICES[args.device_spec].times(llm.engine.tp.size)  # the step split over the GPUs
+    spec = DEVICES[args.device_spec].times(llm.engine.num_devices)  # the step split over GPUs
     cfg = llm.engine.model_config
     bound = workload_bound(cfg, work.prompt_lens, work.output_lens, spec)
     split = split_time(run.steps, run.start)
@@ -166,6 +167,7 @@ def settings(llm: LLM, args: argparse.Namespace) -> dict:
         dtype=str(engine.dtype).removeprefix("torch."),
         overlap=llm.scheduler.overlap,
         tp_size=engine.tp.size,
+        tp_backend=engine.config.tp_collectives,
         cuda_graph=engine.config.cuda_graph_enabled,
         fused_kernels=engine.config.fused_kernels_enabled,
         fused_sampling=engine.config.fused_sampling_enabled,

@@ -24,7 +24,7 @@ from ..models.weights import build_model
 from .context import ForwardContext
 from .graph import GraphRunner
 from .sampler import Sampler
-from .tp import Ranks, rank_device
+from .tp import Ranks, num_devices, rank_device, ranks_on
 from .tp import start as start_ranks
 
 
@@ -43,6 +43,7 @@ class Engine:
             tp, self.ranks = start_ranks(config)
         self.tp = tp or SINGLE
         self.device = rank_device(config, self.tp.rank) if self.tp.size > 1 else config.torch_device
+        self.num_devices = num_devices(config)  # GPUs the ranks run on (gloo's may share)
         try:
             self._build(config, cfg)
         except BaseException:
@@ -151,7 +152,8 @@ class Engine:
     def _check_fits(self) -> None:
         if self.device.type != "cuda":
             return
-        need = self.model_config.num_params() * self.dtype.itemsize // self.tp.size
+        sharing = ranks_on(self.config, self.tp.rank)
+        need = self.model_config.num_params() * self.dtype.itemsize // self.tp.size * sharing
         free, _ = torch.cuda.mem_get_info(self.device)
         if need > free:
             raise ValueError(
@@ -163,8 +165,9 @@ class Engine:
         per_token = self.model_config.kv_bytes_per_token(self.dtype.itemsize) // self.tp.size
         if self.device.type == "cuda":
             # NOTE: what memory_ratio leaves over is for activations, CUDA graphs and workspaces.
+            # ranks that share the GPU (gloo) each take their part of the ratio
             free, _ = torch.cuda.mem_get_info(self.device)
-            budget = free * self.config.memory_ratio
+            budget = free * self.config.memory_ratio / ranks_on(self.config, self.tp.rank)
         else:
             budget = self.config.kv_memory_gb * 2**30
         pages = int(budget // (per_token * self.config.page_size))
@@ -288,11 +291,12 @@ class DeviceStep(NamedTuple):
 
 def _check_gpus(config: EngineConfig) -> None:
     device = config.torch_device
-    if device.type != "cuda":
+    if device.type != "cuda" or config.tp_collectives == "gloo":  # gloo's ranks share GPUs
         return
     have = torch.cuda.device_count() - (device.index or 0)
     if have < config.tp_size:
         raise ValueError(
             f"tp_size={config.tp_size} needs {config.tp_size} GPUs from {device}; "
-            f"{have} found (allowed: 1 to {have})"
+            f"{have} found (allowed: 1 to {have}; or tp_backend='gloo', whose ranks share "
+            "GPUs, to study tensor parallelism on fewer)"
         )

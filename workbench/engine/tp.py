@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import hashlib
 import math
 import os
@@ -83,10 +84,11 @@ def ledger_of(req: Req) -> tuple:
 
 
 def mirror(ledger: tuple) -> Req:
-    """A request with `ledger`'s lengths, for a rank that runs a step it did not schedule."""
+    """A request with `ledger`'s lengths, for a rank that runs a step it did not schedule: no
+    tokens (they are in the table) and no cache handle; every other field at its default."""
     uid, table_idx, cached_len, device_len, prompt_len, max_len, chunked, sampling = ledger
-    req = object.__new__(ChunkedReq if chunked else Req)
-    fields = dict(
+    cls = ChunkedReq if chunked else Req
+    known = dict(
         uid=uid,
         token_ids=[],
         prompt_len=prompt_len,
@@ -94,16 +96,21 @@ def mirror(ledger: tuple) -> Req:
         cached_len=cached_len,
         sampling=sampling,
         cache_handle=None,
-        cached_tokens=0,
         device_len=device_len,
         max_device_len=max_len,
-        finish_reason=None,
-        error=None,
         alloc_len=device_len,
-        released=False,
     )
-    for name, value in fields.items():
-        object.__setattr__(req, name, value)
+    req = object.__new__(cls)  # NOTE: not __init__: its checks need the tokens
+    for f in dataclasses.fields(cls):
+        if f.name in known:
+            value = known[f.name]
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            raise TypeError(f"tp.mirror: Req.{f.name} has no default; send it in ledger_of")
+        object.__setattr__(req, f.name, value)
     return req
 
 
@@ -232,18 +239,34 @@ def start(config: EngineConfig) -> tuple[TPGroup, Ranks | None]:
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
-    """Rank r's device: the r-th GPU from the configured one, or the CPU."""
+    """Rank r's device: the r-th GPU from the configured one (with gloo, round the GPUs there
+    are: ranks share them), or the CPU."""
     device = config.torch_device
     if device.type != "cuda":
         return device
-    return torch.device("cuda", (device.index or 0) + rank)
+    first = device.index or 0
+    if config.tp_collectives == "gloo":
+        return torch.device("cuda", first + rank % (torch.cuda.device_count() - first))
+    return torch.device("cuda", first + rank)
+
+
+def num_devices(config: EngineConfig) -> int:
+    """The distinct devices the engine's ranks run on (fewer than the ranks when gloo's share
+    GPUs): what a roofline of its steps may count on."""
+    return len({rank_device(config, r) for r in range(config.tp_size)})
+
+
+def ranks_on(config: EngineConfig, rank: int) -> int:
+    """How many of the engine's ranks share rank `rank`'s device (1 but with gloo on fewer
+    GPUs than ranks: they then share its memory)."""
+    mine = rank_device(config, rank)
+    return sum(rank_device(config, r) == mine for r in range(config.tp_size))
 
 
 def join(rank: int, size: int, config: EngineConfig, init_method: str):
     os.environ.update(MULTICAST_OFF)
     device = rank_device(config, rank)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    tp = init_tp(rank, size, backend, init_method, COLLECTIVE_TIMEOUT, device)
+    tp = init_tp(rank, size, config.tp_collectives, init_method, COLLECTIVE_TIMEOUT, device)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     return tp, control
 

@@ -131,12 +131,12 @@ class StepCost:
         model_config: ModelConfig,
         dtype: torch.dtype,
         device: torch.device | str,
-        tp_size: int = 1,
+        num_devices: int = 1,
     ) -> StepCost:
         """The cost of an engine's steps: its model in its dtype, on its device's spec (times
-        `tp_size` GPUs, each with its share of every step)."""
+        `num_devices` GPUs a tensor-parallel engine splits each step over)."""
         spec = device_spec(device)
-        return cls.for_model(model_config, dtype.itemsize, spec and spec.times(tp_size))
+        return cls.for_model(model_config, dtype.itemsize, spec and spec.times(num_devices))
 
     def of_step(self, rows: Iterable[LedgerRow]) -> StepBound:
         """The bound of a step from its ledger rows (a StepRecord's `rows`)."""
