@@ -31,10 +31,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..core import Batch, ChunkedReq, Req
+from ..core import Batch, ChunkedReq, Req, SamplingParams
 from ..distributed import TPGroup, close_tp, init_tp
 from .inputs import fill_inputs
 
@@ -65,11 +66,16 @@ class StepMessage(NamedTuple):
     journal: list[tuple[str, tuple]]  # rank 0's request-table writes since the last step
     phase: str
     num_decode: int
-    reqs: list[tuple]  # `ledger_of` each request
+    ledgers: np.ndarray  # int64 [requests, 7]: `ledger_of` each request
+    # NOTE: a request's sampling travels once, on its first step: pickling 256 of them each
+    # step cost more than the rest of the message
+    sampling: dict[int, SamplingParams]  # uid -> sampling, of requests new to the ranks
+    gone: list[int]  # uids the ranks may forget: their requests ended
 
 
-def ledger_of(req: Req) -> tuple:
-    """What a rank needs of a request to run its step (not its tokens: they are in the table)."""
+def ledger_of(req: Req) -> tuple[int, ...]:
+    """What a rank needs of a request to run its step (not its tokens: they are in the table;
+    its sampling travels once)."""
     chunked = isinstance(req, ChunkedReq)
     return (
         req.uid,
@@ -79,14 +85,13 @@ def ledger_of(req: Req) -> tuple:
         req.prompt_len,
         req.max_device_len,
         chunked,
-        req.sampling,
     )
 
 
-def mirror(ledger: tuple) -> Req:
+def mirror(ledger: list[int], sampling: SamplingParams) -> Req:
     """A request with `ledger`'s lengths, for a rank that runs a step it did not schedule: no
     tokens (they are in the table) and no cache handle; every other field at its default."""
-    uid, table_idx, cached_len, device_len, prompt_len, max_len, chunked, sampling = ledger
+    uid, table_idx, cached_len, device_len, prompt_len, max_len, chunked = ledger
     cls = ChunkedReq if chunked else Req
     known = dict(
         uid=uid,
@@ -122,15 +127,23 @@ class Ranks:
         self.size, self._control, self._procs, self._scratch = size, control, procs, scratch
         self.failure: str | None = None  # why the engine cannot run any more
         self._closed = False
+        self._sent: dict[int, Req] = {}  # requests whose sampling the ranks have, by uid
         atexit.register(self.close)  # a script that ends without close() stops its ranks too
 
     def launch(self, batch: Batch, table: TableManager) -> None:
         """Send the step rank 0 is about to run to the other ranks."""
         self.check()
         journal, table.journal = table.journal, []
-        message = StepMessage(
-            journal, batch.phase, batch.num_decode, [ledger_of(r) for r in batch.reqs]
-        )
+        gone = [uid for uid, req in self._sent.items() if req.released]
+        for uid in gone:
+            del self._sent[uid]
+        new = {}
+        for req in batch.reqs:
+            if self._sent.get(req.uid) is not req:  # new, or a uid used again after a reset
+                self._sent[req.uid] = req
+                new[req.uid] = req.sampling
+        ledgers = np.array([ledger_of(r) for r in batch.reqs], dtype=np.int64).reshape(-1, 7)
+        message = StepMessage(journal, batch.phase, batch.num_decode, ledgers, new, gone)
         try:
             dist.broadcast_object_list([message], src=0, group=self._control)
         except Exception:
@@ -277,6 +290,7 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
 
     engine = Engine(config, tp=tp)
     timers: dict[int, DeviceTimer] = {}  # launch -> this rank's timer, until rank 0 asks
+    sampling: dict[int, SamplingParams] = {}  # uid -> sampling of the requests rank 0 runs
     try:
         while True:
             box = [None]
@@ -288,7 +302,7 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
             if message is None:
                 break
             if isinstance(message, StepMessage):
-                step = run_step(engine, message)
+                step = run_step(engine, message, sampling)
                 timers[step.launch] = step.timer
                 if len(timers) > MAX_TIMERS:  # rank 0 has not asked for a long while
                     del timers[next(iter(timers))]
@@ -318,11 +332,18 @@ def table_digest(table: TableManager) -> str:
     return h.hexdigest()
 
 
-def run_step(engine: Engine, message: StepMessage) -> DeviceStep:
-    """Replay rank 0's table writes, then run the step it launched."""
+def run_step(
+    engine: Engine, message: StepMessage, sampling: dict[int, SamplingParams]
+) -> DeviceStep:
+    """Replay rank 0's table writes, then run the step it launched. `sampling`: what earlier
+    messages said of the requests' sampling (kept up to date here)."""
+    for uid in message.gone:
+        sampling.pop(uid, None)
+    sampling.update(message.sampling)
     table = engine.table
     replay(table, message.journal)
-    batch = Batch([mirror(r) for r in message.reqs], message.phase, message.num_decode)
+    reqs = [mirror(row, sampling[row[0]]) for row in message.ledgers.tolist()]
+    batch = Batch(reqs, message.phase, message.num_decode)
     fill_inputs(batch, table)
     engine.prepare(batch)
     return engine.run_batch(batch)
