@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench import LLM, Workbench, load_run
+from workbench import LLM, SamplingParams, Workbench, load_run
 from workbench.config import POLICIES
 
 from .conftest import greedy, hf_greedy, run
@@ -79,6 +79,23 @@ def test_abort_and_records_with_two_ranks(wb2, expected):
     # each rank's own device time of every step (rank 0's is device_ms)
     assert (steps.device_ms_rank1 > 0).all() and (steps.device_ms > 0).all()
     assert wb.history[0].rank_device_ms == [pytest.approx(steps.device_ms_rank1.iloc[0])]
+
+
+def test_every_rank_samples_each_request_as_its_params_say(wb2):
+    """A request's sampling reaches the ranks once, on its first step: with temperatures and
+    seeds differing per request, every rank's token pool still equals rank 0's (`run` checks
+    them) in two runs, and rank 0 forgets the requests that ended."""
+    wb2.reconfigure(policy="prefill_first", max_extend_tokens=5, overlap=True)
+    for run_seed in (1, 2):
+        params = [
+            SamplingParams(max_tokens=8, temperature=0.7 + 0.2 * i, seed=10 * run_seed + i)
+            if i % 2
+            else greedy(8)
+            for i in range(len(PROMPTS))
+        ]
+        outputs, _ = run(wb2.llm, PROMPTS, params)
+        assert all(o["finish_reason"] in ("length", "stop") for o in outputs)
+    assert len(wb2.llm.engine.ranks._sent) <= len(PROMPTS)  # only the last run's, at most
 
 
 def test_rank_device_times_survive_a_save(wb2, tmp_path):
