@@ -5,9 +5,11 @@ run; a rank that dies gives rank 0 a clear error within seconds instead of a han
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from workbench import LLM, SamplingParams, Workbench, load_run
+from workbench import LLM, SamplingParams, Workbench, load_run, viz
 from workbench.config import POLICIES
 
 from .conftest import greedy, hf_greedy, run
@@ -96,6 +98,27 @@ def test_every_rank_samples_each_request_as_its_params_say(wb2):
         outputs, _ = run(wb2.llm, PROMPTS, params)
         assert all(o["finish_reason"] in ("length", "stop") for o in outputs)
     assert len(wb2.llm.engine.ranks._sent) <= len(PROMPTS)  # only the last run's, at most
+
+
+def test_the_rank_times_chart_draws_every_ranks_device_time(wb2, tmp_path):
+    wb2.reset()
+    for p in PROMPTS[:3]:
+        wb2.add_request(p, greedy(4))
+    wb2.run(progress=False)
+    steps = wb2.history.steps
+    spec = viz.rank_times(wb2.history, highlight_step=1).to_dict()
+    (rows,) = [v for v in spec["datasets"].values() if v and "rank" in v[0]]
+    by_rank = {r: [row["ms"] for row in rows if row["rank"] == r] for r in ("rank 0", "rank 1")}
+    assert by_rank == {
+        "rank 0": pytest.approx(steps.device_ms.tolist()),
+        "rank 1": pytest.approx(steps.device_ms_rank1.tolist()),
+    }
+    loaded = load_run(wb2.save(tmp_path / "run.parquet"))
+    assert viz.rank_times(loaded, highlight_step=1).to_dict() == spec
+    one = Workbench(MODEL, device="cpu", max_running_reqs=2)
+    one.add_request(PROMPTS[0], greedy(2))
+    one.step()
+    assert "one rank" in json.dumps(viz.rank_times(one.history).to_dict())
 
 
 def test_rank_device_times_survive_a_save(wb2, tmp_path):

@@ -130,6 +130,11 @@ class Ranks:
         self._sent: dict[int, Req] = {}  # requests whose sampling the ranks have, by uid
         atexit.register(self.close)  # a script that ends without close() stops its ranks too
 
+    @property
+    def pids(self) -> list[int]:
+        """The processes of ranks 1.. that this engine started (none under torchrun)."""
+        return [proc.pid for proc in self._procs]
+
     def launch(self, batch: Batch, table: TableManager) -> None:
         """Send the step rank 0 is about to run to the other ranks."""
         self.check()

@@ -88,3 +88,10 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    @property
+    def tp_sizes(self) -> list[int]:
+        """The tensor-parallel sizes this model splits into evenly: each divides the query
+        heads, the KV heads and the MLP (a rank never holds part of a head or a GQA group)."""
+        counts = (self.num_heads, self.num_kv_heads, self.intermediate_size)
+        return [d for d in range(1, self.num_kv_heads + 1) if all(n % d == 0 for n in counts)]

@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 
 def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
     """Refuse a TP size that would split a head, a GQA group or the MLP unevenly."""
-    counts = (cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
-    allowed = [d for d in range(1, cfg.num_kv_heads + 1) if all(n % d == 0 for n in counts)]
+    allowed = cfg.tp_sizes
     if tp_size not in allowed:
         raise ValueError(
             f"tp_size={tp_size} does not divide the model's heads: num_heads={cfg.num_heads}, "

@@ -8,6 +8,7 @@ from .charts import (
     ledger_bars,
     ledger_lines,
     page_table,
+    rank_times,
     step_breakdown,
 )
 from .compare import compare_chart, compare_table, request_latencies
@@ -43,6 +44,7 @@ __all__ = [
     "ledger_bars",
     "ledger_lines",
     "page_table",
+    "rank_times",
     "request_latencies",
     "step_breakdown",
     "write_report",

@@ -16,7 +16,13 @@ from .request_charts import (
     ledger_lines,
     page_table,
 )
-from .step_charts import batch_composition, kernel_timeline, kv_usage, step_breakdown
+from .step_charts import (
+    batch_composition,
+    kernel_timeline,
+    kv_usage,
+    rank_times,
+    step_breakdown,
+)
 
 __all__ = [
     "admissions",
@@ -26,5 +32,6 @@ __all__ = [
     "ledger_bars",
     "ledger_lines",
     "page_table",
+    "rank_times",
     "step_breakdown",
 ]

@@ -172,3 +172,32 @@ def _bounds(steps: pd.DataFrame, profiled, width: int) -> pd.DataFrame | None:
         frame = frame.assign(step=frame.step // width * width)
         frame = frame.groupby("step", as_index=False).bound_ms.mean()
     return frame.assign(step_end=frame.step + width)
+
+
+def rank_times(history, highlight_step: int | None = None):
+    """Tensor parallelism: each rank's device time per step (rank 0's `device_ms`, then
+    `device_ms_rank1`..). The ranks run the same kernels on their shares, so the lines part
+    where one rank waits for another (an all-reduce) or its GPU does other work."""
+    alt = _alt()
+    steps = history.steps
+    cols = ["device_ms"] + sorted(
+        (c for c in steps.columns if c.startswith("device_ms_rank")), key=lambda c: int(c[14:])
+    )
+    if len(cols) == 1:
+        return _empty(alt, "one rank: device times per rank come with tp_size > 1")
+    frame, x_title = _binned_steps(steps, cols)
+    long = frame.melt(id_vars=["bin"], value_vars=cols, var_name="rank", value_name="ms")
+    long["rank"] = long["rank"].map(lambda c: "rank 0" if c == "device_ms" else f"rank {c[14:]}")
+    chart = (
+        alt.Chart(long)
+        .mark_line(point=True, interpolate="step-after")
+        .encode(
+            x=_step_x(alt, "bin", x_title),
+            y=alt.Y("ms:Q", title="device ms"),
+            color=alt.Color("rank:N", title="rank"),
+            tooltip=["bin:Q", "rank:N", alt.Tooltip("ms:Q", format=".3f")],
+        )
+    )
+    return _with_rule(alt, chart, highlight_step).properties(
+        width=WIDTH, height=150, title="device time of each rank per step"
+    )
