@@ -1,18 +1,21 @@
-"""Tensor parallelism that goes wrong (CPU, gloo): a tp_size the model cannot split is refused
-before any process starts; a rank that dies gives rank 0 a clear error within seconds, not a
-hang, and closing the engine still works. Apart from test_tp.py: a process runs one
-tensor-parallel engine at a time."""
+"""Tensor parallelism that goes wrong (CPU, gloo): a tp_size or tp_backend that cannot run is
+refused before any process starts; where each rank runs; a rank that dies gives rank 0 a clear
+error within seconds, not a hang, and closing the engine still works. Apart from test_tp.py: a
+process runs one tensor-parallel engine at a time."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from workbench import LLM
+from workbench.engine.tp import num_devices, rank_device, ranks_on
 
 from .conftest import greedy, run
 from .test_tp import MODEL, PROMPTS
@@ -35,6 +38,29 @@ def test_a_tp_backend_that_cannot_run_is_refused_first(options, message):
     with pytest.raises(ValueError, match=message):
         LLM(MODEL, device="cpu", tp_size=2, **options)
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize(
+    "device, backend, gpus, tp_size, want",
+    [
+        ("cuda", "nccl", 1, 1, ["cuda:0"]),  # one rank on "cuda" is on cuda:0, alone
+        ("cuda", "nccl", 2, 2, ["cuda:0", "cuda:1"]),
+        ("cuda:1", "nccl", 4, 2, ["cuda:1", "cuda:2"]),
+        ("cuda", "gloo", 1, 3, ["cuda:0", "cuda:0", "cuda:0"]),  # they share the one GPU
+        ("cuda:1", "gloo", 3, 3, ["cuda:1", "cuda:2", "cuda:1"]),  # round the GPUs from cuda:1
+        ("cpu", "gloo", 0, 2, ["cpu", "cpu"]),
+    ],
+)  # fmt: skip
+def test_where_each_rank_runs_and_what_it_shares(monkeypatch, device, backend, gpus, tp_size, want):
+    """Placement only (this machine has no GPU, so the GPU count is given): each rank's
+    device, the distinct devices (the roofline's), and how many ranks share a rank's memory."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    config = SimpleNamespace(
+        torch_device=torch.device(device), tp_collectives=backend, tp_size=tp_size
+    )
+    assert [str(rank_device(config, r)) for r in range(tp_size)] == want
+    assert num_devices(config) == len(set(want))
+    assert [ranks_on(config, r) for r in range(tp_size)] == [want.count(d) for d in want]
 
 
 def test_a_rank_that_dies_mid_run_is_named_within_seconds():
