@@ -184,7 +184,7 @@ def test_quickstart_dashboard_steps_in_a_real_browser(lab):
             ".jp-OutputArea-output", has=page.get_by_role("button", name="Step", exact=True)
         ).first
         charts = dashboard.locator(".vega-embed svg, .vega-embed canvas")
-        assert charts.count() >= 8  # every chart drawn
+        assert charts.count() >= 9  # every chart drawn
         area = dashboard.bounding_box()
         for i in range(charts.count()):
             box = charts.nth(i).bounding_box()
@@ -203,7 +203,7 @@ def test_quickstart_dashboard_steps_in_a_real_browser(lab):
         after_step = int(status.inner_text().split()[1])
         assert after_step == before_step + 1
         page.wait_for_timeout(1000)  # let vega finish drawing
-        assert dashboard.locator(".vega-embed svg, .vega-embed canvas").count() >= 8
+        assert dashboard.locator(".vega-embed svg, .vega-embed canvas").count() >= 9
         assert dashboard.locator(".vega-embed").nth(1).inner_html() != before_chart
         assert errors.count() == 0
         dashboard.screenshot(path=str(ARTIFACTS / "dashboard-after-step.png"))
@@ -284,7 +284,7 @@ def test_the_report_fits_the_page_offline(tmp_path):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1000, "height": 900})
         page.goto(path.as_uri())
-        page.wait_for_function("document.querySelectorAll('.vega-embed svg').length >= 8")
+        page.wait_for_function("document.querySelectorAll('.vega-embed svg').length >= 9")
         width = page.evaluate("document.documentElement.scrollWidth")
         page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
         assert width <= 1000, f"the report is {width} px wide"

@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 
 from workbench import Workbench, load_run
+from workbench.config import POLICIES
+from workbench.stages import HOST_STAGES
 
 from .conftest import PROMPTS, greedy
 
@@ -108,10 +110,39 @@ def test_step_times_split_into_host_and_waiting(overlap):
     wb.run(progress=False)
     steps = wb.history.steps
     # on the CPU the forward runs on the host, inside launch: host time covers device time, the
-    # step's wall time covers both, and collect finds the tokens already there
+    # step's wall time covers both (but for the record, built after the step completed), and
+    # collect finds the tokens already there
     assert (steps.host_ms >= steps.device_ms).all()
-    assert (steps.wall_ms + 1e-3 >= steps.host_ms).all()
+    assert (steps.wall_ms + steps.host_record_ms + 1e-3 >= steps.host_ms).all()
     assert (steps.wait_ms >= 0).all() and steps.wait_ms.max() < 0.1 * steps.host_ms.min()
+
+
+@pytest.fixture(scope="module")
+def split_wb() -> Workbench:
+    return Workbench("tiny-llama", max_extend_tokens=24, record="light")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_host_time_splits_by_stage_and_the_stages_add_up(split_wb, policy, overlap):
+    wb = split_wb
+    wb.reset()
+    wb.reconfigure(policy=policy, overlap=overlap)
+    sharing_workload(wb)
+    wb.run(progress=False)
+    steps = wb.history.steps
+    split = steps[[f"host_{stage}_ms" for stage in HOST_STAGES]]
+    assert (split >= 0).all().all()
+    # the stage clock and the times measured around launch, collect and record agree
+    total = split.sum(axis=1)
+    assert ((total - steps.host_ms).abs() <= 0.1 * steps.host_ms).all(), (total, steps.host_ms)
+    # every step schedules, prepares, plans, launches, samples (a chunk alone samples nothing,
+    # but the stage still runs) and collects; on the CPU the forward runs in its own stage
+    for stage in ("schedule", "prepare", "plan", "forward", "sample", "collect", "record"):
+        assert (steps[f"host_{stage}_ms"] > 0).all(), stage
+    # the device timer runs inside the forward and sample stages (on the CPU it is wall time)
+    assert (steps.host_forward_ms + steps.host_sample_ms >= steps.device_ms).all()
+    assert steps.host_forward_ms.sum() > 0.5 * steps.host_ms.sum()
 
 
 def test_records_keep_nothing_per_request_that_the_garbage_collector_tracks(wb):

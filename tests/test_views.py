@@ -14,7 +14,14 @@ from workbench.viz.report import save_png, write_report
 
 from .conftest import PROMPTS, greedy
 
-ALL_CHARTS = ("batch_composition", "kv_usage", "step_breakdown", "admissions", "ledger_lines")
+ALL_CHARTS = (
+    "batch_composition",
+    "kv_usage",
+    "step_times",
+    "step_breakdown",
+    "admissions",
+    "ledger_lines",
+)
 STEP_CHARTS = ("ledger_bars", "page_table", "kernel_timeline")
 
 
@@ -75,7 +82,13 @@ def test_step_axes_start_at_zero_with_whole_steps_and_colours_have_legends(run):
     history = wb.history
     charts = {
         name: json.loads(json.dumps(getattr(viz, name)(history, highlight_step=1).to_dict()))
-        for name in ("batch_composition", "kv_usage", "step_breakdown", "ledger_lines")
+        for name in (
+            "batch_composition",
+            "kv_usage",
+            "step_times",
+            "step_breakdown",
+            "ledger_lines",
+        )
     }
     charts["admissions"] = viz.admissions(history).to_dict()
     for name, spec in charts.items():
@@ -89,6 +102,29 @@ def test_step_axes_start_at_zero_with_whole_steps_and_colours_have_legends(run):
     kv = viz.kv_usage(one.history).to_dict()
     (values,) = [v for v in kv["datasets"].values()]
     assert len({row["x"] for row in values}) == 2  # one step still spans [0, 1]: an area
+
+
+def test_step_times_stack_the_host_stages_against_the_device(run):
+    from workbench.instrument.history import RunHistory
+    from workbench.stages import HOST_STAGES
+
+    wb, loaded = run
+    steps = wb.history.steps
+    spec = viz.step_times(wb.history).to_dict()
+    bars, device = [d for d in spec["datasets"].values()]
+    assert {row["stage"] for row in bars} == set(HOST_STAGES)
+    for step, row in steps.set_index("step").iterrows():  # the bars stack to the host time
+        stacked = sum(b["ms"] for b in bars if b["bin"] == step)
+        assert stacked == pytest.approx(row.host_ms, rel=0.1), step
+    assert [d["device_ms"] for d in device] == pytest.approx(list(steps.device_ms))
+    above = int((steps.host_ms > steps.device_ms).sum())
+    assert f"host above device in {above} of {len(steps)} steps" in json.dumps(spec)
+    # a run saved before the split: its host time whole
+    frames = {name: getattr(loaded, name) for name in ("steps", "ledger", "requests")}
+    frames["steps"] = frames["steps"].drop(columns=[f"host_{s}_ms" for s in HOST_STAGES])
+    old = viz.step_times(RunHistory(frames, {})).to_dict()
+    bars, _ = [d for d in old["datasets"].values()]
+    assert {row["stage"] for row in bars} == {"host"}
 
 
 def test_charts_offline_and_png(run, tmp_path):
@@ -117,7 +153,7 @@ def test_report_is_one_offline_file(run, tmp_path):
     wb, loaded = run
     path = write_report(loaded, tmp_path / "report.html", title="test run")
     text = path.read_text()
-    assert text.count("vegaEmbed('#fig") == 8
+    assert text.count("vegaEmbed('#fig") == 9
     assert not re.search(r"<script[^>]+src=", text)  # nothing to fetch
     assert "cdn.jsdelivr" not in text and "test run" in text
     assert wb.report(tmp_path / "live.html").stat().st_size > 500_000  # the bundle is inline

@@ -19,5 +19,17 @@ HOOK_COLORS = {
     "sample.end": "#eaac8b",
     "step.end": "#9a8c98",
 }
+# a step's host time by stage (`stages.HOST_STAGES`), and the device time it is set against
+STAGE_COLORS = {
+    "schedule": "#6d597a",
+    "prepare": "#b56576",
+    "plan": "#e56b6f",
+    "forward": "#355070",
+    "sample": "#eaac8b",
+    "share": "#a3b18a",
+    "collect": "#588157",
+    "record": "#9a8c98",
+}
+DEVICE_COLOR = "#111111"
 LEDGER_PART_COLORS = {"cached": "#8d99ae", "extend": "#e63946", "remain": "#edf2f4"}
 PAGE_OWNER_COLORS = {"own": "#457b9d", "shared": "#e76f51", "prefix cache": "#e9c46a"}

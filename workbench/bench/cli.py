@@ -160,9 +160,31 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--output-file", metavar="FILE", help="also write the results as JSON to FILE")
     p.add_argument(
-        "--profile", action="store_true", help="also profile 10 decode steps at the largest batch"
+        "--profile",
+        action="store_true",
+        help="also split the host time of decode steps by stage at --profile-batches, and "
+        "profile 10 decode steps at the largest batch",
+    )
+    p.add_argument(
+        "--profile-batches",
+        type=_sizes,
+        default=(8, 64, 256),
+        metavar="B1,B2,..",
+        help="with --profile: the decode batch sizes whose host time is split (default: 8,64,256)",
+    )
+    p.add_argument(
+        "--profile-python",
+        action="store_true",
+        help="with --profile: cProfile's busiest functions over the largest batch's steps",
     )
     p.add_argument("--profile-trace", metavar="FILE", help="with --profile: Chrome trace JSON")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    sizes = tuple(int(t) for t in text.split(","))
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be integers >= 1, got {text!r}")
+    return sizes
 
 
 def _on_off(p: argparse.ArgumentParser, name: str, default, text: str, also: str) -> None:

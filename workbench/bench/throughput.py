@@ -21,6 +21,7 @@ import torch
 from ..core import SamplingParams
 from ..llm import LLM
 from .cli import engine_options
+from .host import host_splits, split_table
 from .online import latency_summary, poisson_arrivals, serve
 from .profile import profile_decode
 from .roofline import DEVICES, workload_bound
@@ -38,12 +39,13 @@ def run_bench(args: argparse.Namespace) -> dict:
     run = timed_run(llm, work, args)
     llm.check_integrity()
     saved = save_run(llm, args) if args.save else None
-    profile = profile_decode(llm, args) if args.profile else None
-    return {
-        **summary(llm, args, work, run),
-        **({"saved": str(saved)} if saved else {}),
-        **({"profile": profile} if profile else {}),
-    }
+    result = {**summary(llm, args, work, run), **({"saved": str(saved)} if saved else {})}
+    if args.profile:
+        splits, python = host_splits(llm, args, args.profile_python)
+        result["host_split"] = [s._asdict() for s in splits]
+        result["profile"] = "\n".join([split_table(splits), *([python] if python else [])])
+        result["profile"] += "\n" + profile_decode(llm, args)
+    return result
 
 
 def build_llm(args: argparse.Namespace) -> LLM:

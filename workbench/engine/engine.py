@@ -21,6 +21,7 @@ from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
 from ..models.decoder import check_tp_size
 from ..models.weights import build_model
+from ..stages import StageClock
 from .context import ForwardContext
 from .graph import GraphRunner
 from .sampler import Sampler
@@ -89,7 +90,6 @@ class Engine:
             self.table.dummy_row, 0, np.full(width, self.pool.dummy_slot, np.int32)
         )
         self.ctx = ForwardContext(self.backend)
-        self.stage = "forward"  # the part of `run_batch` running (or that last ran)
         self.sampler = Sampler(
             cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling_enabled
         )
@@ -189,13 +189,15 @@ class Engine:
         else:
             self.backend.prepare(batch)
 
-    def run_batch(self, batch: Batch) -> DeviceStep:
+    def run_batch(self, batch: Batch, clock: StageClock | None = None) -> DeviceStep:
         """The device side of a step: the forward, each request's ledger moved past it
         (`complete_one`), the next token of every request that finished its prompt sampled and
         written to the token pool (where the next decode reads it), and a copy of those tokens
         to the host started. On a GPU all of it is only enqueued; wait on `done` before reading
-        `tokens`. `stage` names the part running, for a failure to name."""
-        self.stage = "forward"
+        `tokens`. `clock` is told the stage running ("forward", then "sample"): a failure
+        names it, and the step's host time is split by it."""
+        clock = clock if clock is not None else StageClock()
+        clock.enter("forward")
         launch, self.launches = self.launches, self.launches + 1
         if self.ranks is not None:
             self.ranks.launch(batch, self.table)
@@ -205,7 +207,7 @@ class Engine:
             logits = self.forward(batch)
             for req in batch.reqs:
                 req.complete_one()
-            self.stage = "sample"
+            clock.enter("sample")
             tokens, done = self.sample(batch, logits)
             timer.stop()
         return DeviceStep(tokens, done, timer, self.tp.size, launch)

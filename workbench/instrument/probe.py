@@ -251,6 +251,8 @@ class Probe:
         built."""
         if self.record == "off" and "step.end" not in self.hooks:
             return None
+        began, clock = time.perf_counter(), outcome.launched.clock
+        clock.enter("record")
         running = self._session is not None and self._session.running
         profiled = running and self._profiled(outcome.index)
         # its launch's events, when an earlier session saw it (overlap, stepping by hand)
@@ -261,7 +263,7 @@ class Probe:
             ranks = None
             if device.tp_size > 1 and self.rank_times is not None:
                 ranks = self._rank_early.pop(device.launch, [])
-            record = build_record(outcome, occupancy(), events, ranks)
+            record = build_record(outcome, occupancy(), events, ranks, began)
             if ranks == []:  # filled when the history is read
                 self._rank_lists[device.launch] = ranks
             if self.record != "off":
@@ -290,16 +292,24 @@ def build_record(
     occupancy: Occupancy,
     events: list | None = None,
     rank_device_ms: list | None = None,
+    began: float | None = None,
 ) -> StepRecord:
+    """The step's record. `began`: when recording it began (`time.perf_counter()`); the host
+    time counts until the record is built, its stages by the batch's clock."""
     launched, o = outcome.launched, occupancy
     in_use = o.kv_total - o.kv_free - o.kv_evictable
+    launched_rows = tuple([tuple(r) for r in outcome.rows])
+    admissions = tuple([tuple(a) for a in outcome.admissions.decided])
+    device_ms = launched.device.timer.elapsed_ms()
+    launched.clock.enter(None)  # what is left (the frozen record itself) is a few microseconds
+    record_ms = 0.0 if began is None else (time.perf_counter() - began) * 1e3
     return StepRecord(
         step=outcome.index,
         phase=outcome.batch.phase,
-        _launched=tuple([tuple(r) for r in outcome.rows]),
+        _launched=launched_rows,
         _tokens=tuple(outcome.tokens),
         _finishes=tuple((req.uid, req.finish_reason) for req in outcome.finished),
-        _admissions=tuple([tuple(a) for a in outcome.admissions.decided]),
+        _admissions=admissions,
         _behind=tuple([p.uid for p in outcome.admissions.behind]),
         _behind_reason=outcome.admissions.behind_reason,
         queue_len=o.queue_len,
@@ -311,9 +321,10 @@ def build_record(
         overlapped=launched.overlapped,
         launched_at=launched.launched_at,
         completed_at=outcome.completed_at,
-        device_ms=launched.device.timer.elapsed_ms(),
-        host_ms=launched.launch_ms + outcome.collect_ms,
+        device_ms=device_ms,
+        host_ms=launched.launch_ms + outcome.collect_ms + record_ms,
         wait_ms=outcome.wait_ms,
+        host_stage_ms=launched.clock.host_ms(),
         tp_size=launched.device.tp_size,
         page_rows=launched.page_rows,
         events=events,

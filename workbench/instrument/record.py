@@ -70,8 +70,10 @@ class StepRecord:
     launched_at: float  # seconds since the run started
     completed_at: float
     device_ms: float  # forward and sampling on the device (CUDA events; wall time on the CPU)
-    host_ms: float = 0.0  # host work: schedule, prepare, enqueue, then process the tokens
+    host_ms: float = 0.0  # host work: schedule, prepare, enqueue, process the tokens, record
     wait_ms: float = 0.0  # host blocked on the device for the tokens (near 0: host-bound)
+    # host_ms by stage, in `stages.HOST_STAGES` order (schedule, prepare, plan, forward, ...)
+    host_stage_ms: tuple[float, ...] = ()
     tp_size: int = 1  # processes the step's forward ran on (tensor parallelism)
     # tensor parallelism: device_ms of ranks 1.. (rank 0's is device_ms), filled when the
     # history is read (`Probe.read_events`)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..stages import HOST_STAGES
 from .requests import requests_table
 from .roofline import NO_COST
 
@@ -49,6 +50,15 @@ class StepRow(NamedTuple):
     device_ms: float
     host_ms: float
     wait_ms: float
+    # host_ms by stage (`stages.HOST_STAGES`); NaN in a run recorded before the split
+    host_schedule_ms: float
+    host_prepare_ms: float
+    host_plan_ms: float
+    host_forward_ms: float
+    host_sample_ms: float
+    host_share_ms: float
+    host_collect_ms: float
+    host_record_ms: float
     bytes_read: float  # weights once, the KV contexts read, the new tokens' KV written
     flops: float
     bound_ms: float  # the roofline's time for the step; NaN without a device spec
@@ -160,6 +170,7 @@ class TableRows:
             self.ledger.append(tuple(entry))
         bound = NO_COST if self.cost is None else self.cost.of_step(rows)
         device_ms = rec.device_ms
+        split = rec.host_stage_ms or (math.nan,) * len(HOST_STAGES)
         step = StepRow(
             step=rec.step,
             phase=rec.phase,
@@ -188,6 +199,7 @@ class TableRows:
             device_ms=device_ms,
             host_ms=rec.host_ms,
             wait_ms=rec.wait_ms,
+            **{f"host_{stage}_ms": ms for stage, ms in zip(HOST_STAGES, split)},
             bytes_read=bound.bytes_read,
             flops=bound.flops,
             bound_ms=bound.bound_ms,

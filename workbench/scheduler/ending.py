@@ -8,11 +8,12 @@ a batch in flight writes to is handed out again before it is done. The engine ke
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..core import Batch, Req
 from ..kvcache.base import CacheHandle
+from ..stages import StageClock
 from .outcome import InFlight, StepError
 
 if TYPE_CHECKING:
@@ -42,14 +43,14 @@ class EarlyEnds:
         self.finished[req.uid] = req
 
     @contextlib.contextmanager
-    def _all_or_nothing(self, batch: Batch, stage: Callable[[], str]) -> Iterator[None]:
+    def _all_or_nothing(self, batch: Batch, clock: StageClock) -> Iterator[None]:
         """A step is all or nothing: a failure inside ends the batch's requests (`_fail_batch`)
-        and reaches the caller as a StepError naming them (an interrupt, as it was)."""
+        and reaches the caller as a StepError naming them and the stage that failed (the
+        clock's), or as it was (an interrupt)."""
         try:
             yield
         except BaseException as exc:
-            name = stage()
-            error = self._fail_batch(batch, exc, self.engine.stage if name == "device" else name)
+            error = self._fail_batch(batch, exc, clock.stage)
             if error is exc:
                 raise
             raise error from exc

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..core import Admissions, Batch, Req, ReqView
 from ..engine.engine import DeviceStep
+from ..stages import StageClock
 
 
 class StepError(RuntimeError):
     """A scheduler step failed; the requests of its batch ended with finish_reason "error" and
-    gave back what they held. The engine keeps serving the others."""
+    gave back what they held. The engine keeps serving the others. `stage`: where it failed,
+    one of `stages.STAGES` ("prepare", "plan", "forward", "sample", "wait", "collect", ...)."""
 
     def __init__(self, stage: str, uids: list[int], message: str) -> None:
         self.stage, self.uids = stage, uids
@@ -36,6 +38,8 @@ class InFlight:
     page_rows: dict[int, tuple] | None = None  # record="full": slot runs each row gained
     launch_ms: float = 0.0  # host time to schedule, prepare and enqueue this batch
     overlapped: bool = False  # set when the next batch is launched before this is collected
+    # its host time by stage, from launch to record (paused in between)
+    clock: StageClock = field(default_factory=StageClock)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from ..config import EngineConfig
 from ..core import Admissions, Batch, Req, SamplingParams
 from ..engine.engine import Engine
 from ..kvcache import create_prefix_cache
+from ..stages import StageClock
 from .cache import CacheManager
 from .decode import DecodeManager
 from .ending import EarlyEnds
@@ -56,7 +57,6 @@ class Scheduler(EarlyEnds):
         self.finished: dict[int, Req] = {}  # uid -> request, until the caller collects it
         self.in_flight: InFlight | None = None  # overlap: the batch launched but not collected
         self.step_index = 0
-        self._stage = "prepare"  # where launch is: names the stage of a step that fails
         self._next_uid = 0
 
     # the probe's, for callers that reach them through the scheduler
@@ -149,32 +149,47 @@ class Scheduler(EarlyEnds):
     def launch(self) -> InFlight | None:
         """Schedule a batch, prepare it, and enqueue its forward and sampling."""
         probe, step, started = self.probe, self.step_index, self.clock()
+        clock = StageClock("schedule")
         with probe.range("schedule.end"):
             batch, admissions = self.schedule_next_batch()
+        clock.enter("record")
         probe.schedule_end(step, batch, admissions, started)
         if batch is None:
             self._check_not_stuck(admissions)
             return None
-        with self._all_or_nothing(batch, lambda: self._stage):
-            self._stage = "prepare"
+        with self._all_or_nothing(batch, clock):
+            clock.enter("prepare")
             with probe.range("batch.prepared"):
                 new_pages = prepare_batch(batch, self.cache, self.table)
+                clock.enter("plan")
                 self.engine.prepare(batch)
+                clock.enter("record")
                 rows = batch.views()
             page_rows = probe.batch_prepared(step, batch, rows, new_pages, self.table)
             graph = self.engine.uses_graph(batch) and self.config.cuda_graph_enabled
             probe.forward_begin(step, batch, rows, graph)
             with probe.range("forward.end"):
-                self._stage = "device"  # the engine names the part: forward or sample
-                device = self.engine.run_batch(batch)
-            self._stage = "cache"
+                device = self.engine.run_batch(batch, clock)  # "forward", then "sample"
+            clock.enter("record")
             probe.forward_end(step, batch)
+            clock.enter("share")
             self._share_prompts(batch)
         self.decode.filter_reqs(batch.reqs)
         self.step_index += 1
+        clock.enter(None)
         padded, launch_ms = self.engine.padded_size(batch), (self.clock() - started) * 1e3
         return InFlight(
-            step, batch, rows, admissions, device, started, padded, graph, page_rows, launch_ms
+            step,
+            batch,
+            rows,
+            admissions,
+            device,
+            started,
+            padded,
+            graph,
+            page_rows,
+            launch_ms,
+            clock=clock,
         )
 
     def _share_prompts(self, batch: Batch) -> None:
@@ -213,16 +228,21 @@ class Scheduler(EarlyEnds):
 
     def collect(self, launched: InFlight) -> StepOutcome:
         """Wait for a launched batch's tokens; append them, finish, free what nothing uses."""
-        probe, batch, step = self.probe, launched.batch, launched.index
-        with self._all_or_nothing(batch, lambda: "collect"):
-            start = self.clock()
+        probe, batch, step, clock = self.probe, launched.batch, launched.index, launched.clock
+        start = self.clock()
+        clock.enter("wait")
+        with self._all_or_nothing(batch, clock):
             with probe.range("sample.end"):
                 self.engine.wait(launched.device)
                 waited = self.clock() - start
+                clock.enter("collect")
                 raw = launched.device.tokens.tolist()
+            clock.enter("record")
             probe.sample_end(step, batch, raw, start)
+            clock.enter("collect")
             tokens, finished = self._append_tokens(batch, raw, step)
             self._free_finished(batch)
+        clock.enter(None)
         end = self.clock()
         wait_ms, collect_ms = waited * 1e3, (end - start - waited) * 1e3
         return StepOutcome(launched, tokens, finished, end, wait_ms, collect_ms)

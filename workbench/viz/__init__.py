@@ -10,6 +10,7 @@ from .charts import (
     page_table,
     rank_times,
     step_breakdown,
+    step_times,
 )
 from .compare import compare_chart, compare_table, request_latencies
 from .report import write_report
@@ -47,6 +48,7 @@ __all__ = [
     "rank_times",
     "request_latencies",
     "step_breakdown",
+    "step_times",
     "write_report",
 ]
 

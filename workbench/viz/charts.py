@@ -22,6 +22,7 @@ from .step_charts import (
     kv_usage,
     rank_times,
     step_breakdown,
+    step_times,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "page_table",
     "rank_times",
     "step_breakdown",
+    "step_times",
 ]

@@ -18,11 +18,19 @@ import ipywidgets as w
 from . import charts
 from .common import _empty
 
-RUN_WIDE = ("batch_composition", "kv_usage", "step_breakdown", "admissions", "ledger_lines")
+RUN_WIDE = (
+    "batch_composition",
+    "kv_usage",
+    "step_times",
+    "step_breakdown",
+    "admissions",
+    "ledger_lines",
+)
 PER_STEP = ("ledger_bars", "page_table", "kernel_timeline")
 LAYOUT = (
     ("batch_composition", "ledger_bars"),
     ("kv_usage", "page_table"),
+    ("step_times",),
     ("step_breakdown", "kernel_timeline"),
     ("ledger_lines", "admissions"),
 )
@@ -83,10 +91,10 @@ class Dashboard(w.VBox):
             picking.append(abort)
         rows.append(w.HBox(picking))
         rows.append(self.status)
-        for left, right in LAYOUT:
-            pair = w.HBox([self.charts[left], self.charts[right]])
-            pair.layout.flex_flow = "row wrap"
-            rows.append(pair)
+        for names in LAYOUT:
+            row = w.HBox([self.charts[name] for name in names])
+            row.layout.flex_flow = "row wrap"
+            rows.append(row)
         super().__init__(rows)
         self._follow = True  # the slider tracks the newest step until moved back by hand
         self._moving = False  # the slider is being set by refresh(), not by hand
@@ -224,6 +232,7 @@ class Dashboard(w.VBox):
         drawn = {
             "batch_composition": charts.batch_composition(history, step),
             "kv_usage": charts.kv_usage(history, step),
+            "step_times": charts.step_times(history, step),
             "step_breakdown": charts.step_breakdown(history, step),
             "admissions": charts.admissions(history, uid),
             "ledger_lines": charts.ledger_lines(history, uid, step),

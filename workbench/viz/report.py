@@ -55,6 +55,7 @@ def write_report(
     figures = [
         ("Batch composition", charts.batch_composition(history)),
         ("KV pool", charts.kv_usage(history)),
+        ("Host and device time per step", charts.step_times(history)),
         ("Where the time went", charts.step_breakdown(history)),
         (f"Ledgers at step {step}", charts.ledger_bars(history, step)),
         (f"Page table at step {step}", charts.page_table(history, step)),

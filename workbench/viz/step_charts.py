@@ -7,7 +7,14 @@ import numpy as np
 import pandas as pd
 
 from ..instrument.families import breakdown_table, family
-from ..palette import FAMILY_COLORS, HOOK_COLORS, KIND_COLORS, KV_COLORS
+from ..palette import (
+    DEVICE_COLOR,
+    FAMILY_COLORS,
+    HOOK_COLORS,
+    KIND_COLORS,
+    KV_COLORS,
+    STAGE_COLORS,
+)
 from .common import (
     MAX_BARS,
     WIDTH,
@@ -83,6 +90,59 @@ def kv_usage(history, highlight_step: int | None = None):
     )
     return _with_rule(alt, chart, highlight_step, "x").properties(
         width=WIDTH, height=140, title=title
+    )
+
+
+def step_times(history, highlight_step: int | None = None):
+    """Each step's host time by stage (bars) against its device time (black): on a GPU, where
+    the bars rise above the line the device waited for the host (with overlap, a step takes
+    the longer of the two). On the CPU the forward is host work, so the bars cover the line.
+    Runs recorded before the split show their host time whole."""
+    alt = _alt()
+    steps = history.steps
+    if steps.empty:
+        return _empty(alt, "no steps recorded yet")
+    names = {f"host_{stage}_ms": stage for stage in STAGE_COLORS}
+    colors = STAGE_COLORS
+    if not set(names) <= set(steps.columns) or steps[list(names)].isna().all().all():
+        names, colors = {"host_ms": "host"}, {"host": STAGE_COLORS["forward"]}  # saved before
+    frame, x_title = _binned_steps(steps, list(dict.fromkeys([*names, "device_ms", "host_ms"])))
+    long = frame.melt(
+        id_vars=["bin", "bin_end"], value_vars=list(names), var_name="stage", value_name="ms"
+    )
+    long["stage"] = long.stage.map(names)
+    bars = (
+        alt.Chart(long)
+        .mark_bar(stroke="white", strokeWidth=0.2)
+        .encode(
+            x=_step_x(alt, "bin", x_title),
+            x2="bin_end:Q",
+            y=alt.Y("sum(ms):Q", title="ms"),
+            color=_scale(alt, "stage", colors),
+            order=alt.Order("stage_order:Q"),
+            tooltip=["bin:Q", "stage:N", alt.Tooltip("ms:Q", format=".3f")],
+        )
+        .transform_calculate(stage_order=_order_expr("stage", list(colors)))
+    )
+    device = (
+        alt.Chart(frame)
+        .mark_rule(color=DEVICE_COLOR, strokeWidth=1.5)
+        .encode(
+            x=_step_x(alt, "bin", x_title),
+            x2="bin_end:Q",
+            y=alt.Y("device_ms:Q", title="ms"),
+            tooltip=[
+                "bin:Q",
+                alt.Tooltip("device_ms:Q", format=".3f", title="device (ms)"),
+                alt.Tooltip("host_ms:Q", format=".3f", title="host (ms)"),
+            ],
+        )
+    )
+    above = int((steps.host_ms > steps.device_ms).sum())
+    title = f"Host time by stage, device time in black: host above device in {above} of "
+    title += f"{len(steps)} steps"
+    return _with_rule(alt, alt.layer(bars, device), highlight_step).properties(
+        width=WIDTH, height=150, title=title
     )
 
 

@@ -1,0 +1,123 @@
+"""`bench --profile`: where a decode step's host time goes, stage by stage, at several batch sizes.
+
+For each batch size, that many requests are prefilled, then decode steps of exactly that batch
+are timed (the engine's own settings: overlap, CUDA graphs, record level). Each step's host time
+is split by the stages of its `StageClock` (`workbench.stages`): a step whose host time is above
+its device time is host-bound, and the split says which part of the host to cut.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import math
+import pstats
+import statistics
+import time
+from typing import NamedTuple
+
+from ..core import SamplingParams
+from ..instrument.roofline import decode_step_bound
+from ..llm import LLM
+from ..stages import HOST_STAGES
+from .roofline import DEVICES
+from .workload import random_workload
+
+WARM_STEPS, MEASURED_STEPS = 5, 20
+
+
+class HostSplit(NamedTuple):
+    """Medians over the measured decode steps of one batch size, in milliseconds."""
+
+    batch_size: int
+    step_ms: float  # between the ends of consecutive decode steps
+    bound_ms: float  # the roofline's time for such a step (NaN on the CPU)
+    device_ms: float
+    host_ms: float  # launch + collect (without waiting) + record, measured around them
+    wait_ms: float  # the host blocked on the device for the tokens
+    stages: dict[str, float]  # host_ms by stage (`stages.HOST_STAGES`)
+
+
+def host_splits(
+    llm: LLM, args: argparse.Namespace, python_profile: bool = False
+) -> tuple[list[HostSplit], str | None]:
+    """The split at each of `args.profile_batches` the engine has slots for; with
+    `python_profile`, cProfile's busiest functions over the largest batch's measured steps."""
+    sizes = [b for b in args.profile_batches if b <= llm.scheduler.config.max_running_reqs]
+    splits, stats = [], None
+    for i, size in enumerate(sizes):
+        profiler = cProfile.Profile() if python_profile and i == len(sizes) - 1 else None
+        splits.append(host_split(llm, args, size, profiler))
+        if profiler is not None:
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
+            stats = f"Python over {MEASURED_STEPS} decode steps at batch {size}:\n" + out.getvalue()
+    return splits, stats
+
+
+def host_split(
+    llm: LLM, args: argparse.Namespace, batch_size: int, profiler: cProfile.Profile | None = None
+) -> HostSplit:
+    sched, cuda = llm.scheduler, llm.engine.device.type == "cuda"
+    steps = WARM_STEPS + MEASURED_STEPS + 4  # and a few to spare (overlap runs one ahead)
+    prompt_len = (500, 600) if cuda else (16, 32)
+    work = random_workload(batch_size, prompt_len, (steps, steps), args.seed + 3)
+    sp = SamplingParams(max_tokens=steps, temperature=args.temperature, ignore_eos=True)
+    llm.add_requests(work.prompts, sp)
+    measured, ends, seen = [], [], 0
+    while len(measured) < MEASURED_STEPS:
+        if profiler is not None and seen == WARM_STEPS and not measured:
+            profiler.enable()  # again after a step that was not of this batch: no effect
+        outcome = sched.step()
+        if outcome is None:
+            break
+        if outcome.batch.phase == "decode" and outcome.batch.size == batch_size:
+            seen += 1
+            if seen > WARM_STEPS:
+                measured.append(outcome)
+                ends.append(time.perf_counter())
+    if profiler is not None:
+        profiler.disable()
+    sched.abort_all()
+    return _medians(llm, args, batch_size, measured, ends)
+
+
+def _medians(llm: LLM, args, batch_size: int, measured: list, ends: list[float]) -> HostSplit:
+    med = statistics.median
+    host = [_host_ms(o) for o in measured]
+    stages = {s: med(o.launched.clock.ms[s] for o in measured) for s in HOST_STAGES}
+    kv_tokens = int(med(sum(r.device_len for r in o.rows) for o in measured))
+    bound = math.nan
+    if llm.engine.device.type == "cuda":
+        spec = DEVICES[args.device_spec].times(llm.engine.num_devices)
+        bound = decode_step_bound(llm.engine.model_config, batch_size, kv_tokens, spec) * 1e3
+    return HostSplit(
+        batch_size=batch_size,
+        step_ms=med(b - a for a, b in zip(ends, ends[1:])) * 1e3,
+        bound_ms=bound,
+        device_ms=med(o.launched.device.timer.elapsed_ms() for o in measured),
+        host_ms=med(host),
+        wait_ms=med(o.wait_ms for o in measured),
+        stages=stages,
+    )
+
+
+def _host_ms(outcome) -> float:
+    """Measured around the step's parts, apart from the stage clock: launch + collect, and the
+    record when one was built."""
+    if outcome.record is not None:
+        return outcome.record.host_ms
+    return outcome.launched.launch_ms + outcome.collect_ms
+
+
+def split_table(splits: list[HostSplit]) -> str:
+    """One line per batch size: the step against its bound, device, host and its stages."""
+    head = ["batch", "step", "bound", "x", "device", "wait", "host", *HOST_STAGES, "sum"]
+    lines = ["host per decode step by stage (ms, medians):", " ".join(f"{h:>8}" for h in head)]
+    for s in splits:
+        ratio = s.step_ms / s.bound_ms if s.bound_ms > 0 else math.nan
+        values = [s.step_ms, s.bound_ms, ratio, s.device_ms, s.wait_ms, s.host_ms]
+        values += [s.stages[k] for k in HOST_STAGES] + [sum(s.stages.values())]
+        lines.append(f"{s.batch_size:>8} " + " ".join(f"{v:8.3f}" for v in values))
+    return "\n".join(lines)
