@@ -1,0 +1,133 @@
+"""FlashInfer's decode attention choices, alone, at a model's head shape (GPU only).
+
+    python -m workbench.bench.decode_attention [--model dummy:qwen3-0.6b dummy:qwen3-8b]
+
+Batch 256 with 156,674 KV tokens (nano-vllm's workload mid-run), one layer's KV in the engine's
+layout (K and V apart, token slots in a random order), each kernel replayed in a CUDA graph as
+the engine runs it: the decode wrapper on CUDA cores and on tensor cores (FlashInfer's "fa2"
+and its default backend), and the prefill wrapper used for decode ("fa2" and the default), at
+page sizes 1 and 16. Prints ms per layer, the KV read in TB/s, and the host time of `plan()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+
+from ..models import ModelConfig, resolve
+
+BATCH, KV_TOKENS = 256, 156_674
+WORKSPACE = 256 * 2**20
+
+
+def kv_lens(seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    lens = [rng.randint(100, 1024) + rng.randint(0, 1024) // 2 for _ in range(BATCH)]
+    scale = KV_TOKENS / sum(lens)
+    return [max(1, int(n * scale)) for n in lens]
+
+
+def graph_time(fn, replays: int = 20, per_graph: int = 10) -> float:
+    """Seconds per call of `fn`, replayed in a CUDA graph of `per_graph` calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / (replays * per_graph)
+
+
+def host_time(fn, repeat: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    seconds = (time.perf_counter() - start) / repeat
+    torch.cuda.synchronize()
+    return seconds
+
+
+def measure(cfg: ModelConfig, page: int, lens: list[int], dtype=torch.bfloat16) -> list[tuple]:
+    """(kernel, ms per layer, TB/s, host plan ms) of each choice at this page size."""
+    import flashinfer
+
+    dev = torch.device("cuda")
+    heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    pages_per = [-(-n // page) for n in lens]
+    num_pages = sum(pages_per)
+    k = torch.randn(num_pages + 1, page, kv_heads, dim, device=dev, dtype=dtype)
+    v = torch.randn_like(k)
+    indices = torch.randperm(num_pages, device=dev, dtype=torch.int32)
+    indptr = torch.tensor([0, *torch.tensor(pages_per).cumsum(0).tolist()], dtype=torch.int32)
+    last = torch.tensor([(n - 1) % page + 1 for n in lens], dtype=torch.int32)
+    q = torch.randn(BATCH, heads, dim, device=dev, dtype=dtype)
+    kv_bytes = sum(lens) * kv_heads * dim * 2 * dtype.itemsize
+    workspace = torch.zeros(WORKSPACE, dtype=torch.uint8, device=dev)
+    shape = dict(q_data_type=dtype, kv_data_type=dtype)
+    rows = []
+    for name, tensor_cores, backend in (
+        ("decode, CUDA cores, fa2", False, "fa2"),
+        ("decode, tensor cores, fa2", True, "fa2"),
+        ("decode, tensor cores, default", True, "auto"),
+    ):
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_tensor_cores=tensor_cores, backend=backend
+        )
+
+        def plan(w=wrapper):
+            w.plan(indptr, indices, last, heads, kv_heads, dim, page, **shape)
+
+        rows.append(_row(name, wrapper, plan, q, (k, v), kv_bytes))
+    qo = torch.arange(BATCH + 1, dtype=torch.int32)
+    for name, backend in (("prefill wrapper, fa2", "fa2"), ("prefill wrapper, default", "auto")):
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+
+        def plan(w=wrapper):
+            w.plan(qo, indptr, indices, last, heads, kv_heads, dim, page, causal=True, **shape)
+
+        rows.append(_row(name, wrapper, plan, q, (k, v), kv_bytes))
+    return rows
+
+
+def _row(name: str, wrapper, plan, q, kv, kv_bytes: int) -> tuple:
+    try:
+        plan_s = host_time(plan)
+        plan()
+        seconds = graph_time(lambda: wrapper.run(q, kv))
+    except Exception as exc:  # a backend this GPU or FlashInfer build does not have
+        return name, float("nan"), float("nan"), float("nan"), f"{type(exc).__name__}: {exc}"
+    return name, seconds * 1e3, kv_bytes / seconds / 1e12, plan_s * 1e3, ""
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", nargs="+", default=["dummy:qwen3-0.6b", "dummy:qwen3-8b"])
+    p.add_argument("--page-size", type=int, nargs="+", default=[1, 16])
+    args = p.parse_args(argv)
+    lens = kv_lens()
+    print(f"batch {BATCH}, {sum(lens):,} KV tokens, bf16, {torch.cuda.get_device_name()}")
+    for model in args.model:
+        cfg = ModelConfig.from_dir(resolve(model))
+        for page in args.page_size:
+            for name, ms, tbs, plan_ms, error in measure(cfg, page, lens):
+                where = f"{model} page {page:2d} {name:30s}"
+                if error:
+                    print(f"{where} unavailable: {error[:120]}", flush=True)
+                else:
+                    print(f"{where} {ms:.4f} ms/layer {tbs:.2f} TB/s plan {plan_ms:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
