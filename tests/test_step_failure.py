@@ -45,7 +45,8 @@ def workbench(device: str, **settings) -> Workbench:
 
 def inject(monkeypatch, wb: Workbench, stage: str, at: int, error=InjectedFault) -> None:
     """Raise `error` the `at`-th time the stage runs: after allocating (prepare), instead of
-    the forward or the sampler, or while appending a sampled token on the host (collect)."""
+    the forward or the sampling (`Engine.sample`: with CUDA graphs the sampler runs inside the
+    graph), or while appending a sampled token on the host (collect)."""
     from workbench.scheduler import scheduler as module
 
     calls = [0]
@@ -67,8 +68,7 @@ def inject(monkeypatch, wb: Workbench, stage: str, at: int, error=InjectedFault)
     elif stage == "forward":
         monkeypatch.setattr(wb.engine, "forward", wrap(wb.engine.forward, before=True))
     elif stage == "sample":
-        sampler = wb.engine.sampler
-        monkeypatch.setattr(sampler, "sample", wrap(sampler.sample, before=True))
+        monkeypatch.setattr(wb.engine, "sample", wrap(wb.engine.sample, before=True))
     else:
         monkeypatch.setattr(Req, "append_host", wrap(Req.append_host, before=True))
 

@@ -12,6 +12,7 @@ from ..registry import create
 if TYPE_CHECKING:
     from ..config import EngineConfig
     from ..core import Batch
+    from ..device import DeviceTimer
     from ..kvcache.pool import KVPool
     from ..kvcache.table import TableManager
 
@@ -51,6 +52,11 @@ class AttentionBackend(ABC):
         batch: Batch,
     ) -> torch.Tensor:
         """q [tokens, heads, dim], k and v [tokens, kv_heads, dim] -> [tokens, heads, dim]."""
+
+    def launched(self, timer: DeviceTimer) -> None:
+        """The batch prepared last is launched: everything its `prepare` enqueued lies before
+        `timer`'s start (a backend that reuses host buffers knows when they are free)."""
+        return None
 
     def out_loc(self, batch: Batch) -> torch.Tensor:
         """The pool slot of each token of the batch, where its K and V go."""

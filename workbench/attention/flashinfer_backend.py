@@ -3,13 +3,14 @@
 The page table is token-granular; FlashInfer gets the pool's real pages. Page ``i`` of a request
 is slot ``page_table[row, i * page_size] // page_size`` (a page is ``page_size`` consecutive,
 aligned slots, and a request's token ``p`` sits at offset ``p % page_size`` of its page). Those
-index lists are gathered on the device (no trip through the host); only the small ``indptr`` and
-last-page lengths are built on the host, which FlashInfer's planner wants there anyway. Pages of
-16 tokens read the KV about 4% faster than pages of one (decode at batch 256 on the H200).
+index lists are gathered on the device (`kernels/page_indices.py`, no trip through the host);
+only the small ``indptr`` and lengths are built on the host, which FlashInfer's planner wants
+there anyway. Pages of 16 tokens read the KV about 4% faster than pages of one (decode at batch
+256 on the H200).
 
 CUDA graphs: one decode wrapper per captured batch size, with fixed buffers. Before each replay
 the wrapper is planned again for the real batch, padded with dummy requests that read and write
-the pool's dummy slot.
+the pool's dummy slot; the graph itself gathers the page ids (`graph_indices`).
 """
 
 from __future__ import annotations
@@ -21,17 +22,19 @@ import numpy as np
 import torch
 
 from ..core import Batch
-from ..device import host_tensor, to_device_many
+from ..device import staging
 from .base import AttentionBackend
 
 WORKSPACE_BYTES = 256 * 2**20
 
 
 class _PagedKV(NamedTuple):
-    indptr: torch.Tensor  # [batch + 1] int32, host (pinned): where each request's pages start
-    indices: torch.Tensor  # [pages] int32, device: page ids
-    last_page_len: torch.Tensor  # [batch] int32, host (pinned): tokens in each last page
-    lens: np.ndarray  # [batch]: KV tokens per request
+    """A batch's KV pages as FlashInfer's planner wants them, on the host (pinned)."""
+
+    indptr: torch.Tensor  # [batch + 1] int32: where each request's pages start
+    last_page_len: torch.Tensor  # [batch] int32: tokens in each last page
+    seq_lens: torch.Tensor  # [batch] int32: KV tokens per request
+    indptr_np: np.ndarray  # the same indptr, for the host's own use
 
 
 @dataclass
@@ -52,9 +55,15 @@ class FlashInferBackend(AttentionBackend):
         self.dtype = pool.buffer.dtype
         self.num_kv_heads = pool.buffer.shape[3]
         self.page_size = pool.page_size
+        self.staging = staging(self.device)
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         # NOTE: tensor-core decode already pays at a GQA group of 2 (Qwen3-0.6B on the H200:
-        # +5.7% and +6.3% on the throughput benchmark, two runs each way).
+        # +5.7% and +6.3% on the throughput benchmark, two runs each way). Alone, at batch 256
+        # with 156,546 KV tokens (`python -m workbench.bench.decode_attention`, H200, Dec 1):
+        # Qwen3-0.6B heads, page 1 / 16: CUDA cores 3.47 / 3.34 TB/s, tensor cores (fa2, and
+        # FlashInfer's default backend, the same kernel) 3.76 / 3.90, the prefill wrapper fa2
+        # 3.70 / 3.84, its default (fa3) 1.47 / 1.55; Qwen3-8B: 2.33 / 2.27, 3.70 / 3.87,
+        # 3.64 / 3.80, 0.72 / 0.73. Tensor cores and fa2, then, here too.
         choice = config.decode_tensor_cores if config is not None else None
         self.use_tensor_cores = num_heads // self.num_kv_heads >= 2 if choice is None else choice
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
@@ -64,75 +73,88 @@ class FlashInferBackend(AttentionBackend):
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend="fa2"
         )
         self.graph_wrappers: dict[int, Any] = {}
+        self.graph_indptr: dict[int, torch.Tensor] = {}  # each graph wrapper's indptr buffer
         self._graph_indices: torch.Tensor | None = None  # shared by the graph wrappers
+        self._replans: dict[int, _Replan | None] = {}  # each graph wrapper's planner
         # NOTE: plan() fills a pinned host buffer and copies it to the device asynchronously;
         # planning again before that copy ran would overwrite the earlier batch's metadata
-        # (with overlap the CPU is a step ahead). Each plan waits for the previous one's copy.
-        self._plan_done = torch.cuda.Event()
-        self._plan_done.record()
+        # (with overlap the CPU is a step ahead). Each plan waits for the previous one's copy:
+        # for the start of the step it was launched with (`launched`), or when it never was
+        # (a failed step, the graphs' first plans), for the stream.
+        self._plan_done: torch.cuda.Event | None = None
+        self._unlaunched = False
 
     # -- metadata ---------------------------------------------------------------------------
-    def _kv_indices(self, rows: list[int], kv_lens: list[int]) -> _PagedKV:
-        """The requests' pages covering KV positions ``[0, kv_len)``: host indptr and last-page
-        lengths (pinned), device page ids."""
+    def _paged(self, kv_lens: np.ndarray) -> _PagedKV:
+        """The requests' pages covering KV positions ``[0, kv_len)``, as pinned host arrays."""
         ps = self.page_size
-        lens = np.asarray(kv_lens, dtype=np.int64)
-        num_pages = -(-lens // ps)
-        indptr = np.zeros(len(lens) + 1, dtype=np.int64)
+        num_pages = -(-kv_lens // ps)
+        indptr = np.zeros(len(kv_lens) + 1, dtype=np.int32)
         np.cumsum(num_pages, out=indptr[1:])
-        total = int(indptr[-1])
-        pages_d, rows_d, starts_d = to_device_many([num_pages, rows, indptr[:-1]], self.device)
-        owner = torch.repeat_interleave(
-            torch.arange(len(lens), device=self.device), pages_d, output_size=total
-        )
-        first_pos = (torch.arange(total, device=self.device) - starts_d[owner]) * ps
-        indices = self.table.page_table[rows_d[owner], first_pos]
-        if ps > 1:
-            indices = indices // ps
-        return _PagedKV(
-            host_tensor(indptr, torch.int32, pinned=True),
-            indices,
-            host_tensor(lens - (num_pages - 1) * ps, torch.int32, pinned=True),
-            lens,
-        )
+        last = (kv_lens - (num_pages - 1) * ps).astype(np.int32)
+        host = self.staging.host([indptr, last, kv_lens.astype(np.int32)])
+        return _PagedKV(*host, indptr)
 
-    def _plan(self, wrapper: Any, qo_indptr: torch.Tensor | None, kv: _PagedKV) -> None:
+    def _kv_indices(self, rows: np.ndarray, kv: _PagedKV) -> torch.Tensor:
+        """The requests' page ids, gathered on the device from the page table."""
+        from ..kernels.page_indices import page_indices
+
+        rows_d, indptr_d = self.staging.send([rows.astype(np.int64), kv.indptr_np])
+        indices = torch.empty(int(kv.indptr_np[-1]), dtype=torch.int32, device=self.device)
+        return page_indices(self.table.page_table, rows_d, indptr_d, indices, self.page_size)
+
+    def _plan(
+        self, wrapper: Any, qo_indptr: torch.Tensor | None, kv: _PagedKV, indices: torch.Tensor
+    ) -> None:
         # NOTE: every host tensor handed to plan() is pinned: a pageable one would make the
         # copy wait for the GPU to finish the batch in flight, and undo overlap.
-        self._plan_done.synchronize()
-        common = dict(q_data_type=self.dtype, kv_data_type=self.dtype)
+        self._before_plan()
+        common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, seq_lens=kv.seq_lens)
         heads = (self.num_heads, self.num_kv_heads, self.head_dim, self.page_size)
         if qo_indptr is None:
-            wrapper.plan(kv.indptr, kv.indices, kv.last_page_len, *heads, **common)
+            wrapper.plan(kv.indptr, indices, kv.last_page_len, *heads, **common)
         else:
             wrapper.plan(
-                qo_indptr,
-                kv.indptr,
-                kv.indices,
-                kv.last_page_len,
-                *heads,
-                causal=True,
-                seq_lens=host_tensor(kv.lens, torch.int32, pinned=True),
-                **common,
+                qo_indptr, kv.indptr, indices, kv.last_page_len, *heads, causal=True, **common
             )
-        self._plan_done.record()
+        self._unlaunched = True
+
+    def _before_plan(self) -> None:
+        """Wait until the copies of the last plan have run."""
+        if self._unlaunched:
+            torch.cuda.current_stream(self.device).synchronize()
+        elif self._plan_done is not None:
+            self._plan_done.synchronize()
+
+    def launched(self, timer) -> None:
+        self._plan_done, self._unlaunched = timer.started, False
 
     def prepare(self, batch: Batch) -> None:
-        reqs = batch.reqs
-        kv = self._kv_indices([r.table_idx for r in reqs], [r.device_len for r in reqs])
+        rows, cached, kv_lens = batch.ledger
+        kv = self._paged(kv_lens)
+        indices = self._kv_indices(rows, kv)
         if batch.is_prefill:
-            qo = np.zeros(len(reqs) + 1, dtype=np.int64)
-            np.cumsum([r.extend_len for r in reqs], out=qo[1:])
-            qo_indptr = host_tensor(qo, torch.int32, pinned=True)
-            self._plan(self.prefill_wrapper, qo_indptr, kv)
+            qo = np.zeros(len(rows) + 1, dtype=np.int32)
+            np.cumsum(kv_lens - cached, out=qo[1:])
+            (qo_indptr,) = self.staging.host([qo])
+            self._plan(self.prefill_wrapper, qo_indptr, kv, indices)
             batch.attn_metadata = FlashInferMetadata(self.prefill_wrapper, batch.out_loc)
         else:
-            self._plan(self.decode_wrapper, None, kv)
+            self._plan(self.decode_wrapper, None, kv, indices)
             batch.attn_metadata = FlashInferMetadata(self.decode_wrapper, batch.out_loc)
 
     # -- CUDA graphs ------------------------------------------------------------------------
-    def graph_metadata(self, bs: int, out_loc: torch.Tensor) -> FlashInferMetadata:
-        """A wrapper for decode batches of exactly `bs` requests, planned with dummy requests."""
+    def paged_lens(self, kv_lens: np.ndarray, indptr: np.ndarray, last_page_len: np.ndarray):
+        """`paged_lens` for this pool's page size."""
+        paged_lens(kv_lens, self.page_size, indptr, last_page_len)
+
+    def graph_metadata(
+        self, bs: int, out_loc: torch.Tensor, indptr: torch.Tensor, last_page_len: torch.Tensor
+    ) -> FlashInferMetadata:
+        """A wrapper for decode batches of exactly `bs` requests, planned with dummy requests.
+        `indptr` and `last_page_len` are its device buffers, which the caller fills before
+        each replay (the graph runner's one staged copy); the graph gathers the page ids
+        (`graph_indices`)."""
         if self._graph_indices is None:
             cap = self.table.max_running_reqs * self.table.max_seq_len + bs
             self._graph_indices = torch.zeros(cap, dtype=torch.int32, device=self.device)
@@ -141,21 +163,57 @@ class FlashInferBackend(AttentionBackend):
             "NHD",
             use_cuda_graph=True,
             use_tensor_cores=self.use_tensor_cores,
-            paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
+            paged_kv_indptr_buffer=indptr,
             paged_kv_indices_buffer=self._graph_indices,
-            paged_kv_last_page_len_buffer=torch.ones(bs, dtype=torch.int32, device=self.device),
+            paged_kv_last_page_len_buffer=last_page_len,
             backend="fa2",
         )
-        self.graph_wrappers[bs] = wrapper
-        self._plan(wrapper, None, self._kv_indices([self.table.dummy_row] * bs, [1] * bs))
+        self.graph_wrappers[bs], self.graph_indptr[bs] = wrapper, indptr
+        kv_lens = np.ones(bs, dtype=np.int32)
+        self._plan(wrapper, None, self._paged(kv_lens), self._graph_indices[:0])
+        self._replans[bs] = _Replan.of(wrapper, self, bs)
+        if self._replans[bs] is not None:  # it must plan what plan() planned
+            indptr, last = np.empty(bs + 1, np.int32), np.empty(bs, np.int32)
+            self.paged_lens(kv_lens, indptr, last)
+            self.plan_replay(bs, indptr, kv_lens)
         return FlashInferMetadata(wrapper, out_loc)
 
-    def prepare_replay(self, batch: Batch, bs: int) -> None:
-        """Plan the `bs` graph wrapper for this batch, padded with dummy requests."""
-        pad = bs - batch.size
-        rows = [r.table_idx for r in batch.reqs] + [self.table.dummy_row] * pad
-        lens = [r.device_len for r in batch.reqs] + [1] * pad
-        self._plan(self.graph_wrappers[bs], None, self._kv_indices(rows, lens))
+    def plan_replay(self, bs: int, indptr: np.ndarray, kv_lens: np.ndarray) -> None:
+        """Plan the `bs` graph wrapper for these KV lengths (the batch's, then 1 for each
+        dummy request that pads it to `bs`) and page `indptr`, on the host. Its device
+        `indptr` and `last_page_len` are the caller's to fill; the graph gathers the page ids.
+
+        Only FlashInfer's scheduler runs (`_Replan`): the wrapper's plan() around it checks
+        and copies again, per step, what a captured graph fixed once (about 0.1 ms of host
+        time a decode step on the H200)."""
+        replan = self._replans[bs]
+        self._before_plan()
+        if replan is None:  # a planner we do not know: the wrapper's own plan()
+            kv = self._paged(kv_lens.astype(np.int64))
+            self.graph_wrappers[bs].plan(
+                kv.indptr,
+                self._graph_indices[:0],
+                kv.last_page_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.page_size,
+                q_data_type=self.dtype,
+                kv_data_type=self.dtype,
+                seq_lens=kv.seq_lens,
+            )
+        else:
+            replan(indptr, kv_lens)
+        self._unlaunched = True
+
+    def graph_indices(self, bs: int, rows: torch.Tensor) -> None:
+        """Inside a decode graph of `bs` requests: their page ids, from the device's page table
+        and the `indptr` the last plan copied, into the buffer the graph wrappers read."""
+        from ..kernels.page_indices import page_indices
+
+        page_indices(
+            self.table.page_table, rows, self.graph_indptr[bs], self._graph_indices, self.page_size
+        )
 
     # -- the kernel -------------------------------------------------------------------------
     def out_loc(self, batch: Batch) -> torch.Tensor:
@@ -175,3 +233,82 @@ class FlashInferBackend(AttentionBackend):
         shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
         kv = (self.pool.k(layer_id).view(shape), self.pool.v(layer_id).view(shape))
         return meta.wrapper.run(q, kv)
+
+
+def paged_lens(
+    kv_lens: np.ndarray, page_size: int, indptr: np.ndarray, last_page_len: np.ndarray
+) -> None:
+    """Fill each request's page `indptr` (one longer than `kv_lens`: where its pages start in
+    the batch's page list) and last-page length, for these KV lengths, in place."""
+    indptr[0] = 0
+    if page_size == 1:
+        np.cumsum(kv_lens, out=indptr[1:])
+        last_page_len[:] = 1
+        return
+    num_pages = -(-kv_lens // page_size)
+    np.cumsum(num_pages, out=indptr[1:])
+    last_page_len[:] = kv_lens - (num_pages - 1) * page_size
+
+
+class _Replan:
+    """FlashInfer's decode scheduler called directly, for a wrapper captured in a CUDA graph.
+
+    A captured wrapper's buffers, kernels and plan layout are fixed at capture; what changes
+    per step is only the work split its scheduler writes to the workspace. This calls that
+    scheduler (the wrapper's compiled module's ``plan``) with the arguments the wrapper's own
+    plan() gives it for tensor-core (fa2) decode, and checks that it returns the plan the
+    graph was captured with. Any other wrapper (CUDA-core decode, another FlashInfer whose
+    wrapper lacks these attributes) keeps its plan() (`of` returns None)."""
+
+    def __init__(self, wrapper: Any, backend: FlashInferBackend, bs: int) -> None:
+        self.module, self.expected = wrapper._cached_module, list(wrapper._plan_info)
+        self.workspaces = (
+            wrapper._float_workspace_buffer,
+            wrapper._int_workspace_buffer,
+            wrapper._pin_memory_int_workspace_buffer,
+        )
+        self.qo_indptr = torch.arange(bs + 1, dtype=torch.int32)
+        self.checks = 2  # the plans still compared with the captured one (each costs ~60 us)
+        heads = (backend.num_heads, backend.num_kv_heads, backend.page_size)
+        # causal, window_left, fixed split size, split-KV on, colocated CTAs, uniform q len
+        tail = (backend.head_dim, backend.head_dim, False, -1, -1, False, 0, 0)
+        self.middle, self.tail, self.bs = (bs, bs, *heads, True), tail, bs
+
+    @classmethod
+    def of(cls, wrapper: Any, backend: FlashInferBackend, bs: int) -> _Replan | None:
+        known = (
+            backend.use_tensor_cores
+            and getattr(wrapper, "_backend", None) == "fa2"
+            and getattr(wrapper, "_jit_module", None) is None
+            and all(
+                hasattr(wrapper, name)
+                for name in (
+                    "_cached_module",
+                    "_plan_info",
+                    "_float_workspace_buffer",
+                    "_int_workspace_buffer",
+                    "_pin_memory_int_workspace_buffer",
+                )
+            )
+        )
+        return cls(wrapper, backend, bs) if known else None
+
+    def __call__(self, indptr: np.ndarray, kv_lens: np.ndarray) -> None:
+        info = self.module.plan(
+            *self.workspaces,
+            self.qo_indptr,
+            torch.from_numpy(indptr),
+            torch.from_numpy(kv_lens),
+            *self.middle,
+            *self.tail,
+        )
+        if self.checks:  # the first (dummy) and the first real plan: the layout is fixed after
+            self.checks -= 1
+            self._check(list(info))
+
+    def _check(self, info: list) -> None:
+        if info != self.expected:
+            raise RuntimeError(
+                f"FlashInfer planned decode batch {self.bs} unlike the plan its CUDA graph "
+                f"was captured with ({info} against {self.expected})"
+            )

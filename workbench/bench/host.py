@@ -18,13 +18,16 @@ import time
 from typing import NamedTuple
 
 from ..core import SamplingParams
+from ..instrument.profiler import activities
 from ..instrument.roofline import decode_step_bound
 from ..llm import LLM
 from ..stages import HOST_STAGES
+from .profile import family_ms, kernel_times
 from .roofline import DEVICES
 from .workload import random_workload
 
-WARM_STEPS, MEASURED_STEPS = 5, 20
+WARM_STEPS, MEASURED_STEPS, PROFILED_STEPS = 5, 20, 5
+TOP_KERNELS = 8
 
 
 class HostSplit(NamedTuple):
@@ -37,6 +40,10 @@ class HostSplit(NamedTuple):
     host_ms: float  # launch + collect (without waiting) + record, measured around them
     wait_ms: float  # the host blocked on the device for the tokens
     stages: dict[str, float]  # host_ms by stage (`stages.HOST_STAGES`)
+    # on a GPU, over a few more such steps under torch.profiler: device ms per step by kernel
+    # family, and the busiest kernels (name, ms and launches per step)
+    families: dict[str, float] | None = None
+    kernels: list[tuple[str, float, float]] | None = None
 
 
 def host_splits(
@@ -60,7 +67,8 @@ def host_split(
     llm: LLM, args: argparse.Namespace, batch_size: int, profiler: cProfile.Profile | None = None
 ) -> HostSplit:
     sched, cuda = llm.scheduler, llm.engine.device.type == "cuda"
-    steps = WARM_STEPS + MEASURED_STEPS + 4  # and a few to spare (overlap runs one ahead)
+    # and a few to spare (overlap runs one ahead), and those profiled on a GPU
+    steps = WARM_STEPS + MEASURED_STEPS + 4 + PROFILED_STEPS
     prompt_len = (500, 600) if cuda else (16, 32)
     work = random_workload(batch_size, prompt_len, (steps, steps), args.seed + 3)
     sp = SamplingParams(max_tokens=steps, temperature=args.temperature, ignore_eos=True)
@@ -79,15 +87,32 @@ def host_split(
                 ends.append(time.perf_counter())
     if profiler is not None:
         profiler.disable()
+    kernels = _profile_kernels(llm) if cuda and len(measured) == MEASURED_STEPS else None
     sched.abort_all()
-    return _medians(llm, args, batch_size, measured, ends)
+    split = _medians(llm, args, batch_size, measured, ends)
+    if kernels is None:
+        return split
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
+    return split._replace(families=family_ms(kernels), kernels=[(n, ms, k) for n, (ms, k) in top])
+
+
+def _profile_kernels(llm: LLM) -> dict[str, tuple[float, float]]:
+    """torch.profiler's kernels over the next decode steps (of the same batch)."""
+    import torch
+    from torch.profiler import profile
+
+    with profile(activities=activities(llm.engine.device)) as prof:
+        for _ in range(PROFILED_STEPS):
+            llm.scheduler.step()
+        torch.cuda.synchronize()
+    return kernel_times(prof, PROFILED_STEPS)
 
 
 def _medians(llm: LLM, args, batch_size: int, measured: list, ends: list[float]) -> HostSplit:
     med = statistics.median
     host = [_host_ms(o) for o in measured]
     stages = {s: med(o.launched.clock.ms[s] for o in measured) for s in HOST_STAGES}
-    kv_tokens = int(med(sum(r.device_len for r in o.rows) for o in measured))
+    kv_tokens = int(med(int(o.batch.ledger[2].sum()) for o in measured))
     bound = math.nan
     if llm.engine.device.type == "cuda":
         spec = DEVICES[args.device_spec].times(llm.engine.num_devices)
@@ -120,4 +145,9 @@ def split_table(splits: list[HostSplit]) -> str:
         values = [s.step_ms, s.bound_ms, ratio, s.device_ms, s.wait_ms, s.host_ms]
         values += [s.stages[k] for k in HOST_STAGES] + [sum(s.stages.values())]
         lines.append(f"{s.batch_size:>8} " + " ".join(f"{v:8.3f}" for v in values))
+    for s in splits:
+        if s.families is not None:
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(s.families.items()))
+            lines.append(f"device ms per decode step at batch {s.batch_size} by family: {parts}")
+            lines += [f"  {ms:7.3f} ms {n:5.0f}x  {name[:90]}" for name, ms, n in s.kernels]
     return "\n".join(lines)

@@ -47,15 +47,31 @@ def profile_decode(llm: LLM, args: argparse.Namespace) -> str:
 def by_family(prof, steps: int) -> str:
     """Device time per step by kernel family (with tensor parallelism, `communication` is
     rank 0's all-reduces and all-gathers)."""
+    totals = family_ms(kernel_times(prof, steps))
+    parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(totals.items()))
+    return f"device ms per decode step by family: {parts}"
+
+
+def kernel_times(prof, steps: int) -> dict[str, tuple[float, float]]:
+    """Each kernel's device ms and launches per step, by name, from a profiler's events."""
     from torch.autograd import DeviceType
 
-    totals: dict[str, float] = {}
+    times: dict[str, list[float]] = {}
     for e in prof.events():
         if e.device_type == DeviceType.CUDA:
-            name = family(e.name, "kernel")
-            totals[name] = totals.get(name, 0.0) + e.time_range.elapsed_us()
-    parts = ", ".join(f"{k} {v / steps / 1e3:.3f}" for k, v in sorted(totals.items()))
-    return f"device ms per decode step by family: {parts}"
+            t = times.setdefault(e.name, [0.0, 0.0])
+            t[0] += e.time_range.elapsed_us() / 1e3 / steps
+            t[1] += 1 / steps
+    return {name: (ms, n) for name, (ms, n) in times.items()}
+
+
+def family_ms(kernels: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Device ms per step by kernel family, from `kernel_times`."""
+    totals: dict[str, float] = {}
+    for name, (ms, _) in kernels.items():
+        fam = family(name, "kernel")
+        totals[fam] = totals.get(fam, 0.0) + ms
+    return totals
 
 
 class Span(NamedTuple):

@@ -24,6 +24,7 @@ from ..models.weights import build_model
 from ..stages import StageClock
 from .context import ForwardContext
 from .graph import GraphRunner
+from .inputs import fill_inputs
 from .sampler import Sampler
 from .tp import Ranks, num_devices, rank_device, ranks_on
 from .tp import start as start_ranks
@@ -93,6 +94,11 @@ class Engine:
         self.sampler = Sampler(
             cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling_enabled
         )
+        if self.device.type == "cuda":
+            self._token_host = [
+                torch.empty(config.max_running_reqs, dtype=torch.int32, pin_memory=True)
+                for _ in range(4)
+            ]
         # NOTE: with cuda_graph=False, decode batches still run padded to the same sizes, only
         # eagerly: the same kernels on the same shapes, so outputs are identical either way.
         self.graphs: GraphRunner | None = None
@@ -104,10 +110,12 @@ class Engine:
                     self.model,
                     self.ctx,
                     self.backend,
+                    self.table,
                     self.pool.dummy_slot,
                     self.device,
                     max_bs,
                     capture=config.cuda_graph_enabled,
+                    sample=config.fused_sampling_enabled,
                 )
             except torch.cuda.OutOfMemoryError as exc:
                 oom = str(exc).split("\n")[0]
@@ -183,9 +191,24 @@ class Engine:
         return self.graphs.padded_size(batch.size) if self.uses_graph(batch) else batch.size
 
     def prepare(self, batch: Batch) -> None:
-        """Attention metadata for a batch whose inputs the scheduler has filled in."""
-        if self.graphs is not None and self.graphs.can_run(batch):
-            self.graphs.prepare(batch)
+        """The inputs (`fill_inputs`) and attention metadata (`plan`) of a batch whose ledger
+        (`Batch.snapshot`) and pages are ready."""
+        self.fill_inputs(batch)
+        self.plan(batch)
+
+    def fill_inputs(self, batch: Batch) -> None:
+        """The batch's device inputs: a CUDA graph's static buffers (one copy), or positions,
+        input ids, KV slots and sampled rows of its own (`inputs.py`)."""
+        if self.uses_graph(batch):
+            race = self.sampler.race_inputs(batch.reqs, batch.ledger[2] + 1)
+            self.graphs.fill_inputs(batch, race)
+        else:
+            fill_inputs(batch, self.table)
+
+    def plan(self, batch: Batch) -> None:
+        """The attention metadata of a batch whose inputs are filled in."""
+        if self.uses_graph(batch):
+            self.graphs.plan(batch)
         else:
             self.backend.prepare(batch)
 
@@ -201,15 +224,17 @@ class Engine:
         launch, self.launches = self.launches, self.launches + 1
         if self.ranks is not None:
             self.ranks.launch(batch, self.table)
-        with self._ranks_alive():
+        with self._ranks_alive() if self.ranks is not None else _NO_RANKS:
             timer = DeviceTimer(self.device)
             timer.start()
+            self.backend.launched(timer)  # the plan's copies are behind its start
             logits = self.forward(batch)
             for req in batch.reqs:
                 req.complete_one()
             clock.enter("sample")
-            tokens, done = self.sample(batch, logits)
-            timer.stop()
+            tokens = self.sample(batch, logits)
+            timer.stop()  # behind the tokens' copy to the host
+        done = timer.stopped if self.device.type == "cuda" and len(tokens) else None
         return DeviceStep(tokens, done, timer, self.tp.size, launch)
 
     def wait(self, step: DeviceStep) -> None:
@@ -253,39 +278,48 @@ class Engine:
                 self.ranks.check(wait_s=2.0)
             raise
 
-    @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [sampled requests, vocab] in the model's dtype."""
         if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.replay(batch)
-        with self.ctx.running(batch) as ctx:
+            return self.graphs.replay(batch)  # (a replay needs no inference mode)
+        with torch.inference_mode(), self.ctx.running(batch) as ctx:
             return self.model(batch.input_ids, batch.positions, ctx, batch.sample_idx)
 
-    def sample(
-        self, batch: Batch, logits: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    def sample(self, batch: Batch, logits: torch.Tensor) -> torch.Tensor:
+        """The tokens of the batch's sampled requests, written to the token pool (where the
+        next decode reads them) and, on a GPU, copied to pinned host memory (asynchronously:
+        ready when the step's timer has stopped)."""
         reqs = batch.sampled_reqs
         if not reqs:
-            return torch.zeros(0, dtype=torch.int32), None
-        tokens = self.sampler.sample(logits, self.sampler.prepare(reqs))
-        rows, cols = to_device_many(
-            [[r.table_idx for r in reqs], [r.device_len - 1 for r in reqs]], self.device
-        )
-        self.table.token_pool[rows, cols] = tokens
+            return torch.zeros(0, dtype=torch.int32)
+        if self.uses_graph(batch) and self.graphs.sampled:
+            tokens = self.graphs.tokens(batch)  # sampled in the graph, into the token pool too
+        else:
+            sampled = batch.sampled_mask()
+            launched_lens = batch.ledger[2][sampled]  # each sampled token's position
+            tokens = self.sampler.sample(logits, self.sampler.prepare(reqs, launched_lens + 1))
+            if self.uses_graph(batch):
+                rows, cols = self.graphs.token_targets(batch)
+            else:
+                rows, cols = to_device_many([batch.ledger[0][sampled], launched_lens], self.device)
+            self.table.token_pool[rows, cols] = tokens  # where the next decode reads them
         if self.device.type != "cuda":
-            return tokens, None
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            return tokens
+        # NOTE: pinned buffers taken in turn: a step's tokens are read at its collect, at most
+        # one step later (overlap); four leave room
+        host = self._token_host[self.launches % len(self._token_host)][: len(reqs)]
         host.copy_(tokens, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        return host, done
+        return host
+
+
+_NO_RANKS = contextlib.nullcontext()
 
 
 class DeviceStep(NamedTuple):
     """What `Engine.run_batch` enqueued: the sampled tokens' host copy and when it is ready."""
 
     tokens: torch.Tensor  # int32 [sampled requests], on the host (filled asynchronously)
-    done: torch.cuda.Event | None  # recorded after the copy; None on the CPU
+    done: torch.cuda.Event | None  # after the copy (the timer's stop); None: nothing to wait for
     timer: DeviceTimer  # the step's device time
     tp_size: int = 1  # processes the step ran on (tensor parallelism)
     launch: int = 0  # the engine's count of steps before this one (the same on every rank)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..core import Batch
+from ..device import staging
 
 if TYPE_CHECKING:
     from ..attention.base import AttentionBackend
+    from ..kvcache.table import TableManager
     from .context import ForwardContext
 
 
@@ -22,34 +25,68 @@ def capture_sizes(max_bs: int) -> list[int]:
 
 class GraphRunner:
     """`model(input_ids, positions, ctx, sample_idx)` run on static buffers; padded rows write
-    their K and V to `dummy_slot`, which no request reads."""
+    their K and V to `dummy_slot`, which no request reads.
+
+    A decode step's host work is one copy and a plan. The host packs, for each request, its
+    table row, position, KV slot, the position of its next token and, with `sample`, its
+    temperature and Philox key, and the attention's page `indptr` and last-page lengths
+    (`Staged`), sends them in one copy, and runs FlashInfer's planner on the KV lengths. The
+    graph does the rest on the device: the input ids from the token pool, the new KV slots
+    into the page table, the page ids from the page table (`graph_indices`), the forward, and
+    with `sample` the one-pass sampler (`kernels/sampling.py`) and the tokens into the token
+    pool."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         ctx: ForwardContext,
         backend: AttentionBackend,
+        table: TableManager,
         dummy_slot: int,
         device: torch.device,
         max_bs: int,
         capture: bool = True,
+        sample: bool = False,
     ) -> None:
-        self.model, self.ctx, self.backend = model, ctx, backend
+        self.model, self.ctx, self.backend, self.table = model, ctx, backend, table
         self.dummy_slot = dummy_slot
         self.sizes = capture_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int32, device=device)
-        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
-        self.out_loc = torch.full((self.max_bs,), dummy_slot, dtype=torch.int64, device=device)
+        self._padded = [next(s for s in self.sizes if s >= n) for n in range(self.max_bs + 1)]
+        self.staged = torch.zeros(Staged(self.max_bs).nbytes, dtype=torch.uint8, device=device)
+        self.ring = staging(device)
+        self.layouts = {bs: Staged(bs) for bs in self.sizes}
+        self.inputs = {bs: self.layouts[bs].views(self.staged) for bs in self.sizes}
+        # the host side: each size's bytes and their views, filled in place per step
+        self.host = {bs: np.zeros(self.layouts[bs].nbytes, dtype=np.uint8) for bs in self.sizes}
+        self.host_inputs = {bs: self.layouts[bs].views(self.host[bs]) for bs in self.sizes}
         self.sample_idx = torch.arange(self.max_bs, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.metadata: dict[int, object] = {}
-        self.capture = capture
+        self.capture, self.sample = capture, sample
+        self.sampled = False  # whether the batch filled in last was sampled by its graph
+        self._plan: tuple[int, np.ndarray, np.ndarray] | None = None  # filled in, not planned
         self._capture_all()
 
-    def _args(self, bs: int) -> tuple:
-        return self.input_ids[:bs], self.positions[:bs], self.ctx, self.sample_idx[:bs]
+    def _run(self, bs: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One padded decode step from the staged inputs (what a graph captures): the logits,
+        and with `sample` the tokens, written to the token pool too."""
+        x = self.inputs[bs]
+        rows, positions = x["rows"], x["positions"]
+        input_ids = self.table.token_pool[rows, positions]
+        # NOTE: the host wrote these entries in its own copy only (`prepare_batch`); padded rows
+        # write the dummy row's first entry, which holds the dummy slot already
+        self.table.page_table[rows, positions] = x["slots"]
+        self.backend.graph_indices(bs, rows)
+        logits = self.model(input_ids, positions, self.ctx, self.sample_idx[:bs])
+        if not self.sample:
+            return logits, None
+        from ..kernels.sampling import race_sample
+
+        tokens = race_sample(logits, x["temperatures"], x["keys"]).to(torch.int32)
+        self.table.token_pool[rows, x["following"]] = tokens  # padded rows: the dummy row's
+        return logits, tokens
 
     def _capture_all(self) -> None:
         pool = torch.cuda.graph_pool_handle()
@@ -57,51 +94,146 @@ class GraphRunner:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):  # largest first, so smaller ones reuse its memory
+                x = self._stage_dummies(bs)
                 batch = Batch([], "decode")
                 # NOTE: outside inference mode: the wrapper's buffers are updated in place by
                 # every later plan(), which runs outside it.
-                batch.attn_metadata = self.backend.graph_metadata(bs, self.out_loc[:bs])
+                batch.attn_metadata = self.backend.graph_metadata(
+                    bs, x["out_loc"], x["indptr"], x["last_page_len"]
+                )
                 self.metadata[bs] = batch.attn_metadata
                 if self.capture:
                     self._capture(bs, batch, pool, stream)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
+    def _stage_dummies(self, bs: int) -> dict[str, torch.Tensor]:
+        """Inputs of `bs` dummy requests (greedy, one KV token each), for the warm-up and
+        capture."""
+        x = self.inputs[bs]
+        for t in x.values():
+            t.zero_()
+        x["rows"].fill_(self.table.dummy_row)
+        x["out_loc"].fill_(self.dummy_slot)
+        x["slots"].fill_(self.dummy_slot)
+        x["following"].fill_(1)
+        x["indptr"].copy_(torch.arange(bs + 1, dtype=torch.int32))
+        x["last_page_len"].fill_(1)
+        return x
+
     def _capture(self, bs: int, batch: Batch, pool, stream: torch.cuda.Stream) -> None:
         with self.ctx.running(batch), torch.inference_mode():
             for _ in range(2):  # warm up: no lazy initialisation inside the capture
-                self.model(*self._args(bs))
+                self._run(bs)
             graph = torch.cuda.CUDAGraph()
             # NOTE: with tensor parallelism NCCL's watchdog thread queries events while this
             # thread captures; "thread_local" keeps its calls legal (the default mode fails them)
             mode = "thread_local" if self.model.tp.size > 1 else "global"
             with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=mode):
-                self.logits[bs] = self.model(*self._args(bs))
+                self.outputs[bs] = self._run(bs)
         self.graphs[bs] = graph
 
     def can_run(self, batch: Batch) -> bool:
         return batch.phase == "decode" and batch.size <= self.max_bs
 
     def padded_size(self, size: int) -> int:
-        return next(s for s in self.sizes if s >= size)
+        return self._padded[size]
 
-    def prepare(self, batch: Batch) -> None:
-        """Copy the batch into the static buffers and plan the captured attention for it."""
+    def fill_inputs(self, batch: Batch, race: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Send the batch's inputs to the static buffers, padded with dummy requests: one copy.
+        `race`: each request's temperature and Philox key when the graph samples them (None:
+        the caller samples from the logits)."""
         bs, size = self.padded_size(batch.size), batch.size
-        self.input_ids[:size].copy_(batch.input_ids, non_blocking=True)
-        self.positions[:size].copy_(batch.positions, non_blocking=True)
-        self.out_loc[:size].copy_(batch.out_loc, non_blocking=True)
-        if bs > size:
-            self.input_ids[size:bs].zero_()
-            self.positions[size:bs].zero_()
-            self.out_loc[size:bs].fill_(self.dummy_slot)
-        self.backend.prepare_replay(batch, bs)
+        x = self.host_inputs[bs]
+        rows, positions, device_len = batch.ledger
+        kv_lens = x["kv_lens"]
+        kv_lens[:size], kv_lens[size:] = device_len, 1  # a dummy request reads its dummy slot
+        x["rows"][:size], x["rows"][size:] = rows, self.table.dummy_row
+        x["positions"][:size], x["positions"][size:] = positions, 0
+        slots = self.table.page_table_host[rows, positions]
+        x["out_loc"][:size], x["out_loc"][size:] = slots, self.dummy_slot
+        x["slots"][:size], x["slots"][size:] = slots, self.dummy_slot
+        x["following"][:size], x["following"][size:] = device_len, 1  # where each next token goes
+        self.sampled = self.sample and race is not None
+        temperatures, keys = race if self.sampled else (0.0, 0)
+        x["temperatures"][:size], x["temperatures"][size:] = temperatures, 0.0
+        x["keys"][:size], x["keys"][size:] = keys, 0
+        self.backend.paged_lens(kv_lens, x["indptr"], x["last_page_len"])
+        # NOTE: through the staging ring's pinned memory, which stays unchanged until the copy
+        # has run (the host bytes above are rewritten next step)
+        host = self.host[bs]
+        ring, pinned = self.ring.region(len(host))
+        ring[:] = host
+        self.staged[: len(host)].copy_(pinned, non_blocking=True)
         batch.attn_metadata = self.metadata[bs]
+        self._plan = (bs, x["indptr"], kv_lens)
+
+    def plan(self, batch: Batch) -> None:
+        """Plan the captured attention for the batch filled in last (`fill_inputs`; the host
+        arrays it planned from are rewritten by the next one)."""
+        bs, indptr, kv_lens = self._plan
+        self._plan = None
+        assert bs == self.padded_size(batch.size), "plan() the batch whose inputs were filled in"
+        self.backend.plan_replay(bs, indptr, kv_lens)
+
+    def token_targets(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the batch's sampled tokens go in the token pool: rows and positions, on the
+        device already (staged with the inputs)."""
+        x = self.inputs[self.padded_size(batch.size)]
+        return x["rows"][: batch.size], x["following"][: batch.size]
 
     def replay(self, batch: Batch) -> torch.Tensor:
+        """The batch's logits; when it was `sampled`, its tokens are in `tokens(batch)` and the
+        token pool."""
         bs = self.padded_size(batch.size)
         if not self.capture:  # the same padded computation, run eagerly
             with self.ctx.running(batch), torch.inference_mode():
-                return self.model(*self._args(bs))[: batch.size]
-        self.graphs[bs].replay()
-        return self.logits[bs][: batch.size]
+                self.outputs[bs] = self._run(bs)
+        else:
+            self.graphs[bs].replay()
+        return self.outputs[bs][0][: batch.size]
+
+    def tokens(self, batch: Batch) -> torch.Tensor:
+        """The tokens the last replay of the batch's graph sampled (when `sampled`)."""
+        return self.outputs[self.padded_size(batch.size)][1][: batch.size]
+
+
+class Staged:
+    """Where each input of a padded decode batch of `bs` lies in the staged bytes: the same
+    layout on the host (packed each step) and on the device (the graph's static inputs)."""
+
+    FIELDS = (  # name, dtype, length beyond bs
+        ("rows", np.int64, 0),  # table rows
+        ("positions", np.int64, 0),  # of the token each request computes
+        ("out_loc", np.int64, 0),  # its KV slot
+        ("following", np.int64, 0),  # the position its sampled token takes
+        ("keys", np.int64, 0),  # Philox keys
+        ("temperatures", np.float32, 0),  # 0: greedy
+        ("slots", np.int32, 0),  # out_loc again, as the page table holds it
+        ("indptr", np.int32, 1),  # where each request's KV pages start (FlashInfer)
+        ("last_page_len", np.int32, 0),  # KV tokens in each request's last page
+        ("kv_lens", np.int32, 0),  # KV tokens per request (FlashInfer's planner, on the host)
+    )
+
+    def __init__(self, bs: int) -> None:
+        self.fields: list[tuple[str, np.dtype, int, int]] = []  # name, dtype, offset, length
+        at = 0
+        for name, dtype, extra in self.FIELDS:
+            n = bs + extra
+            self.fields.append((name, np.dtype(dtype), at, n))
+            at += -(-n * np.dtype(dtype).itemsize // 16) * 16  # each starts 16-byte aligned
+        self.nbytes = at
+
+    def views(self, buffer: np.ndarray | torch.Tensor) -> dict:
+        """Each field as a view of `buffer` (uint8, host numpy or device torch)."""
+        if isinstance(buffer, np.ndarray):
+            return {
+                name: buffer[at : at + n * dt.itemsize].view(dt) for name, dt, at, n in self.fields
+            }
+        return {
+            name: buffer[at : at + n * dt.itemsize].view(_TORCH_DTYPES[dt.type])
+            for name, dt, at, n in self.fields
+        }
+
+
+_TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32, np.float32: torch.float32}

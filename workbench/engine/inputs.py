@@ -5,26 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import Batch, ChunkedReq
+from ..core import Batch
 from ..device import to_device_many
 from ..kvcache.table import TableManager
 
 
-def fill_inputs(batch: Batch, table: TableManager, ledger: np.ndarray | None = None) -> None:
-    """Fill `batch.positions`, `input_ids`, `out_loc` and `sample_idx` for requests whose new
-    tokens' KV slots are in the page table already (the engine adds the attention metadata).
-    `ledger`: the requests' (table_idx, cached_len, device_len) rows, when already built."""
-    if ledger is None:
-        ledger = np.array(
-            [(r.table_idx, r.cached_len, r.device_len) for r in batch.reqs], dtype=np.int64
-        ).reshape(-1, 3)
-    rows, cached, device_len = ledger[:, 0], ledger[:, 1], ledger[:, 2]
+def fill_inputs(batch: Batch, table: TableManager) -> None:
+    """Fill `batch.positions`, `input_ids`, `out_loc` and `sample_idx` from its ledger
+    (`Batch.snapshot`), for requests whose new tokens' KV slots are in the page table already
+    (the engine adds the attention metadata)."""
+    rows, cached, device_len = batch.ledger
     extend = device_len - cached
     positions = ranges(cached, device_len)
     token_rows = np.repeat(rows, extend)
     out_loc = table.page_table_host[token_rows, positions]
-    sampled = np.array([not isinstance(r, ChunkedReq) for r in batch.reqs], dtype=bool)
-    sample_idx = (np.cumsum(extend) - 1)[sampled]
+    sample_idx = (np.cumsum(extend) - 1)[batch.sampled_mask()]
 
     rows_t, positions_t, out_loc_t, sample_idx_t = to_device_many(
         [token_rows, positions, out_loc, sample_idx], table.device

@@ -12,12 +12,13 @@ noise keyed per row by (seed, output index), or by (engine seed, call, row) when
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ..core import Req
-from ..device import to_device
+from ..device import send_arrays, to_device
 
 
 @dataclass
@@ -31,6 +32,23 @@ class SamplingArgs:
     keys: torch.Tensor | None = None  # [batch] Philox keys; set when the fused kernel samples
 
 
+class _Rows(NamedTuple):
+    """What sampling needs of a batch's requests that does not change while they run."""
+
+    reqs: list[Req]
+    all_greedy: bool
+    greedy: np.ndarray  # bool
+    temperatures: np.ndarray  # float32, the requests' own (greedy rows: 0)
+    top_k: np.ndarray | None  # int64, vocab size where off; None if off for all
+    top_p: np.ndarray | None  # float32; None if off for all
+    seeded: np.ndarray  # bool: a seed of its own (and not greedy)
+    seeds: np.ndarray  # uint64: the request's seed where seeded
+    prompt_lens: np.ndarray  # int64
+    any_seeded: bool
+    key_seeds: np.ndarray  # uint64: the seed each row's key mixes (its own, or the engine's)
+    rows: np.ndarray  # uint64: 0, 1, ..: each row's place in the batch
+
+
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int, fused: bool = False):
         self.vocab_size, self.device = vocab_size, device
@@ -38,56 +56,97 @@ class Sampler:
         self.generator = torch.Generator(device).manual_seed(seed)
         self.fused = fused  # the one-pass Triton kernel, for batches without top-k / top-p
         self._calls = 0  # sample calls: keys the unseeded rows' noise in the fused kernel
+        self._rows: _Rows | None = None  # the last batch's, reused while the batch is the same
 
-    def prepare(self, reqs: list[Req]) -> SamplingArgs:
+    def _rows_of(self, reqs: list[Req]) -> _Rows:
+        """The requests' sampling settings as arrays; those of the last batch when it had the
+        same requests (a decode batch, step after step: no pass over 256 requests' settings)."""
+        if self._rows is not None and self._rows.reqs == reqs:  # by identity (eq=False)
+            return self._rows
         params = [r.sampling for r in reqs]
-        if all(p.is_greedy for p in params):
-            return SamplingArgs(all_greedy=True)
-        dev = self.device
-        greedy = [p.is_greedy for p in params]
-        top_k = any(p.top_k > 0 for p in params)
-        top_p = any(p.top_p < 1.0 for p in params)
-        if self.fused and not top_k and not top_p:
-            return self._prepare_fused(reqs, greedy)
-        args = SamplingArgs(
-            all_greedy=False,
-            greedy=to_device(greedy, dev, torch.bool) if any(greedy) else None,
-            temperatures=to_device(
-                [1.0 if p.is_greedy else p.temperature for p in params], dev, torch.float32
-            ),
+        greedy = np.array([p.is_greedy for p in params], dtype=bool)
+        top_k = [p.top_k if p.top_k > 0 else self.vocab_size for p in params]
+        top_p = [p.top_p for p in params]
+        seeded = np.array([p.seed is not None for p in params], dtype=bool) & ~greedy
+        seeds = np.array([(p.seed or 0) % 2**64 for p in params], dtype=np.uint64)
+        self._rows = _Rows(
+            reqs=list(reqs),
+            all_greedy=bool(greedy.all()),
+            greedy=greedy,
+            temperatures=np.array([p.temperature for p in params], dtype=np.float32) * ~greedy,
+            top_k=np.array(top_k, dtype=np.int64) if min(top_k) < self.vocab_size else None,
+            top_p=np.array(top_p, dtype=np.float32) if min(top_p) < 1.0 else None,
+            seeded=seeded,
+            seeds=seeds,
+            prompt_lens=np.array([r.prompt_len for r in reqs], dtype=np.int64),
+            any_seeded=bool(seeded.any()),
+            key_seeds=np.where(seeded, seeds, np.uint64(self.seed % 2**64)),
+            rows=np.arange(len(reqs), dtype=np.uint64),
         )
-        if top_k:
-            ks = [p.top_k if p.top_k > 0 else self.vocab_size for p in params]
-            args.top_k = to_device(ks, dev)
-        if top_p:
-            args.top_p = to_device([p.top_p for p in params], dev, torch.float32)
+        return self._rows
+
+    def prepare(self, reqs: list[Req], device_lens: np.ndarray | None = None) -> SamplingArgs:
+        """The sampling of `reqs` (whose forward has run: `device_len` moved past the token
+        being sampled). `device_lens`: those lengths, when the caller has them as an array."""
+        if not reqs:
+            return SamplingArgs(all_greedy=True)
+        rows = self._rows_of(reqs)
+        if rows.all_greedy:
+            return SamplingArgs(all_greedy=True)
+        if device_lens is None:
+            device_lens = np.array([r.device_len for r in reqs], dtype=np.int64)
         # NOTE: keyed by the index of the token being sampled, which the device side knows
         # (device_len was advanced by complete_one), so it also holds under overlap scheduling.
+        outputs = device_lens - 1 - rows.prompt_lens
+        if self.fused and rows.top_k is None and rows.top_p is None:
+            return self._prepare_fused(rows, outputs)
+        dev = self.device
+        args = SamplingArgs(
+            all_greedy=False,
+            greedy=to_device(rows.greedy, dev, torch.bool) if rows.greedy.any() else None,
+            temperatures=to_device(
+                np.where(rows.greedy, np.float32(1.0), rows.temperatures), dev, torch.float32
+            ),
+        )
+        if rows.top_k is not None:
+            args.top_k = to_device(rows.top_k, dev)
+        if rows.top_p is not None:
+            args.top_p = to_device(rows.top_p, dev, torch.float32)
         args.seeded = [
-            (i, _mix(r.sampling.seed, r.device_len - 1 - r.prompt_len))
-            for i, r in enumerate(reqs)
-            if r.sampling.seed is not None and not r.sampling.is_greedy
+            (i, _mix(int(rows.seeds[i]), int(outputs[i]))) for i in np.flatnonzero(rows.seeded)
         ]
         return args
 
-    def _prepare_fused(self, reqs: list[Req], greedy: list[bool]) -> SamplingArgs:
-        """Temperatures with 0 for greedy rows, and one Philox key per row."""
+    def race_inputs(
+        self, reqs: list[Req], device_lens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """What the one-pass kernel needs, on the host: each row's temperature (0: greedy) and
+        Philox key; None when it cannot sample these requests (top-k, top-p, or not fused)."""
+        if not self.fused:
+            return None
+        rows = self._rows_of(reqs)
+        if rows.top_k is not None or rows.top_p is not None:
+            return None
+        if rows.all_greedy:  # the kernel's greedy rows are a plain argmax: no key needed
+            return rows.temperatures, np.zeros(len(reqs), dtype=np.int64)
+        return rows.temperatures, self._keys(rows, device_lens - 1 - rows.prompt_lens)
+
+    def _keys(self, rows: _Rows, outputs: np.ndarray) -> np.ndarray:
+        """One Philox key per row: (seed, output index) for seeded rows, (engine seed, call,
+        row) for the others."""
         self._calls += 1
-        n = len(reqs)
-        seeds = np.full(n, self.seed % 2**64, dtype=np.uint64)
         # NOTE: the top bit keeps an unseeded row's counter apart from any output index.
-        first = np.uint64(1 << 63 | self._calls << 20)
-        counters = first + np.arange(n, dtype=np.uint64)
-        for i, r in enumerate(reqs):
-            if r.sampling.seed is not None:
-                seeds[i] = r.sampling.seed % 2**64
-                counters[i] = r.device_len - 1 - r.prompt_len
-        temperatures = [0.0 if g else r.sampling.temperature for r, g in zip(reqs, greedy)]
-        return SamplingArgs(
-            all_greedy=False,
-            temperatures=to_device(temperatures, self.device, torch.float32),
-            keys=to_device(philox_keys(seeds, counters), self.device),
+        counters = rows.rows + np.uint64(1 << 63 | self._calls << 20)
+        if rows.any_seeded:
+            counters[rows.seeded] = outputs[rows.seeded].astype(np.uint64)
+        return philox_keys(rows.key_seeds, counters)
+
+    def _prepare_fused(self, rows: _Rows, outputs: np.ndarray) -> SamplingArgs:
+        """Temperatures with 0 for greedy rows, and one Philox key per row."""
+        temperatures, keys = send_arrays(
+            [rows.temperatures, self._keys(rows, outputs)], self.device
         )
+        return SamplingArgs(all_greedy=False, temperatures=temperatures, keys=keys)
 
     def sample(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
         """logits: [batch, vocab] (float32 on the CPU, the model's dtype on a GPU) -> token ids
@@ -144,14 +203,23 @@ def _exponential(shape, generator: torch.Generator, device: torch.device) -> tor
     return torch.rand(shape, generator=generator, device=device).log_().neg_()
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+# splitmix64's constants, as numpy scalars made once (a scalar made per call costs as much as
+# the array operation it takes part in)
+_GOLDEN, _MUL1, _MUL2 = (
+    np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+)
+_S30, _S27, _S31, _S1 = (np.uint64(s) for s in (30, 27, 31, 1))
 
 
 def philox_keys(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
-    """63-bit keys from (seed, counter) pairs: splitmix64 of their combination, vectorised."""
-    with np.errstate(over="ignore"):
-        x = seeds.astype(np.uint64) * _GOLDEN + counters.astype(np.uint64)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return (x >> np.uint64(1)).astype(np.int64)
+    """63-bit keys from (seed, counter) pairs: splitmix64 of their combination, vectorised (in
+    place, wrapping modulo 2**64: numpy arrays do not warn on overflow)."""
+    x = seeds.astype(np.uint64) * _GOLDEN
+    x += counters.astype(np.uint64, copy=False)
+    x ^= x >> _S30
+    x *= _MUL1
+    x ^= x >> _S27
+    x *= _MUL2
+    x ^= x >> _S31
+    x >>= _S1
+    return x.view(np.int64)

@@ -37,7 +37,6 @@ import torch.distributed as dist
 
 from ..core import Batch, ChunkedReq, Req, SamplingParams
 from ..distributed import TPGroup, close_tp, init_tp
-from .inputs import fill_inputs
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -349,7 +348,7 @@ def run_step(
     replay(table, message.journal)
     reqs = [mirror(row, sampling[row[0]]) for row in message.ledgers.tolist()]
     batch = Batch(reqs, message.phase, message.num_decode)
-    fill_inputs(batch, table)
+    batch.snapshot()
     engine.prepare(batch)
     return engine.run_batch(batch)
 

@@ -68,6 +68,7 @@ class Probe:
         self.rank_times: Callable[[], dict[int, list[float]]] | None = None
         self._rank_lists: dict[int, list[float]] = {}
         self._rank_early: dict[int, list[float]] = {}  # times of steps not recorded yet
+        self._last_batch: Batch | None = None  # the batch recorded last (`build_record`)
 
     def clock(self) -> float:
         """Seconds since the run started (or was reset): the time axis of the records."""
@@ -79,7 +80,7 @@ class Probe:
             self._session.discard()
         self.read_events()  # the old history's, for whoever still holds it
         self._marks, self._pending, self._early = [], {}, {}
-        self._rank_early = {}
+        self._rank_early, self._last_batch = {}, None
         self._pages = PageSnapshots()
         self.history = History(self.cost, before_tables=self.read_events)
         self._t0 = time.perf_counter()
@@ -202,21 +203,24 @@ class Probe:
             self.hooks.emit("cache.evict", ev.CacheEvict(step, requested, freed))
 
     def batch_prepared(
-        self, step: int, batch: Batch, rows: list[ReqView], new_pages: int, table: TableManager
+        self, step: int, batch: Batch, new_pages: int, table: TableManager
     ) -> dict[int, tuple] | None:
         """Fires "batch.prepared"; with record="full", returns what the batch's page-table rows
         gained as slot runs (`PageSnapshots`), taken now: with overlap they change before the
         batch is collected."""
-        page_rows = self._pages.take(table, rows, step) if self.record == "full" else None
+        page_rows = None
+        if self.record == "full":
+            page_rows = self._pages.take(table, batch.launched_views(), step)
         if "batch.prepared" in self.hooks:
+            rows = batch.launched_views()
             num_tokens = sum(r.extend_len for r in rows)
             event = ev.BatchPrepared(step, batch.phase, tuple(rows), num_tokens, new_pages)
             self.hooks.emit("batch.prepared", event)
         return page_rows
 
-    def forward_begin(self, step: int, batch: Batch, rows: list[ReqView], graph: bool) -> None:
+    def forward_begin(self, step: int, batch: Batch, graph: bool) -> None:
         if "forward.begin" in self.hooks:
-            num_tokens = sum(r.extend_len for r in rows)
+            num_tokens = sum(r.extend_len for r in batch.launched_views())
             event = ev.ForwardBegin(step, batch.phase, batch.size, num_tokens, graph)
             self.hooks.emit("forward.begin", event)
 
@@ -263,7 +267,8 @@ class Probe:
             ranks = None
             if device.tp_size > 1 and self.rank_times is not None:
                 ranks = self._rank_early.pop(device.launch, [])
-            record = build_record(outcome, occupancy(), events, ranks, began)
+            record = build_record(outcome, occupancy(), events, ranks, began, self._last_batch)
+            self._last_batch = outcome.batch
             if ranks == []:  # filled when the history is read
                 self._rank_lists[device.launch] = ranks
             if self.record != "off":
@@ -293,12 +298,14 @@ def build_record(
     events: list | None = None,
     rank_device_ms: list | None = None,
     began: float | None = None,
+    last: Batch | None = None,
 ) -> StepRecord:
     """The step's record. `began`: when recording it began (`time.perf_counter()`); the host
-    time counts until the record is built, its stages by the batch's clock."""
+    time counts until the record is built, its stages by the batch's clock. `last`: the
+    batch recorded before (its columns are shared where they are the same)."""
     launched, o = outcome.launched, occupancy
     in_use = o.kv_total - o.kv_free - o.kv_evictable
-    launched_rows = tuple([tuple(r) for r in outcome.rows])
+    columns = outcome.batch.launched_columns(like=last)
     admissions = tuple([tuple(a) for a in outcome.admissions.decided])
     device_ms = launched.device.timer.elapsed_ms()
     launched.clock.enter(None)  # what is left (the frozen record itself) is a few microseconds
@@ -306,7 +313,7 @@ def build_record(
     return StepRecord(
         step=outcome.index,
         phase=outcome.batch.phase,
-        _launched=launched_rows,
+        _launched=columns,
         _tokens=tuple(outcome.tokens),
         _finishes=tuple((req.uid, req.finish_reason) for req in outcome.finished),
         _admissions=admissions,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..device import to_device, to_device_many
+from ..device import send_arrays, to_device
 
 
 class TableManager:
@@ -66,11 +66,21 @@ class TableManager:
             src = to_device(slots, self.device, torch.int32)
             self.page_table[row, start : start + len(slots)].copy_(src)
 
-    def write_slots(self, rows: np.ndarray, cols: np.ndarray, slots: np.ndarray) -> None:
-        """Point page-table entries at KV slots, on the host and on the device."""
+    def write_slots(
+        self, rows: np.ndarray, cols: np.ndarray, slots: np.ndarray, device: bool = True
+    ) -> None:
+        """Point page-table entries at KV slots, on the host and (unless `device` is False: a
+        CUDA graph writes them itself, `engine/graph.py`) on the device."""
         if self.journal is not None:
             self.journal.append(("write_slots", (rows, cols, slots)))
         self.page_table_host[rows, cols] = slots
-        if self.device.type != "cpu":
-            index = tuple(to_device_many([rows, cols], self.device))
-            self.page_table.index_put_(index, to_device(slots, self.device, torch.int32))
+        if device and self.device.type != "cpu":
+            rows_d, cols_d, slots_d = send_arrays(
+                [
+                    np.asarray(rows, np.int64),
+                    np.asarray(cols, np.int64),
+                    np.asarray(slots, np.int32),
+                ],
+                self.device,
+            )
+            self.page_table.index_put_((rows_d, cols_d), slots_d)

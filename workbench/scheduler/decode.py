@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import numpy as np
 
-from ..core import Req, kv_tokens_needed
+from ..core import Batch, Req, kv_tokens_needed
 
 
 class DecodeManager:
@@ -13,11 +13,17 @@ class DecodeManager:
         # NOTE: a dict as an ordered set: batches keep the order requests joined in.
         self.running: dict[Req, None] = {}
 
-    def filter_reqs(self, reqs: Iterable[Req]) -> None:
-        """Add a finished batch's requests; drop every request that can no longer decode."""
-        for req in reqs:
-            self.running[req] = None
-        self.running = {req: None for req in self.running if req.can_decode}
+    def filter_reqs(self, batch: Batch) -> None:
+        """After `batch` launched (each request's device length one past its ledger's): those
+        that finished their prompt join the running set, and those whose last token is now in
+        flight leave it. Requests that ended otherwise (EOS, an abort, a failure) have left it
+        already (`Scheduler._end`)."""
+        running, reqs = self.running, batch.reqs
+        for i in np.flatnonzero(batch.ledger[2] + 1 >= batch.max_lens).tolist():
+            running.pop(reqs[i], None)
+        for req in batch.prefill_reqs:
+            if req.can_decode:
+                running[req] = None
 
     @property
     def reserved_size(self) -> int:

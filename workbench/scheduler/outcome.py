@@ -29,7 +29,6 @@ class InFlight:
 
     index: int
     batch: Batch
-    rows: list[ReqView]  # the ledgers as launched
     admissions: Admissions
     device: DeviceStep  # the sampled tokens' host copy, its ready event, the device timer
     launched_at: float
@@ -40,6 +39,11 @@ class InFlight:
     overlapped: bool = False  # set when the next batch is launched before this is collected
     # its host time by stage, from launch to record (paused in between)
     clock: StageClock = field(default_factory=StageClock)
+
+    @property
+    def rows(self) -> list[ReqView]:
+        """The ledgers as launched (built when first asked for)."""
+        return self.batch.launched_views()
 
 
 @dataclass

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..config import EngineConfig
 from ..core import Admissions, Batch, Req, SamplingParams
 from ..engine.engine import Engine
@@ -160,37 +162,29 @@ class Scheduler(EarlyEnds):
         with self._all_or_nothing(batch, clock):
             clock.enter("prepare")
             with probe.range("batch.prepared"):
-                new_pages = prepare_batch(batch, self.cache, self.table)
+                graph = self.engine.uses_graph(batch)  # it writes its new slots on the device
+                new_pages = prepare_batch(batch, self.cache, self.table, device_table=not graph)
+                self.engine.fill_inputs(batch)
                 clock.enter("plan")
-                self.engine.prepare(batch)
-                clock.enter("record")
-                rows = batch.views()
-            page_rows = probe.batch_prepared(step, batch, rows, new_pages, self.table)
-            graph = self.engine.uses_graph(batch) and self.config.cuda_graph_enabled
-            probe.forward_begin(step, batch, rows, graph)
+                self.engine.plan(batch)
+            clock.enter("record")
+            page_rows = probe.batch_prepared(step, batch, new_pages, self.table)
+            graph = graph and self.config.cuda_graph_enabled
+            probe.forward_begin(step, batch, graph)
             with probe.range("forward.end"):
                 device = self.engine.run_batch(batch, clock)  # "forward", then "sample"
             clock.enter("record")
             probe.forward_end(step, batch)
             clock.enter("share")
             self._share_prompts(batch)
-        self.decode.filter_reqs(batch.reqs)
+        self.decode.filter_reqs(batch)
         self.step_index += 1
         clock.enter(None)
         padded, launch_ms = self.engine.padded_size(batch), (self.clock() - started) * 1e3
         return InFlight(
-            step,
-            batch,
-            rows,
-            admissions,
-            device,
-            started,
-            padded,
-            graph,
-            page_rows,
-            launch_ms,
+            step, batch, admissions, device, started, padded, graph, page_rows, launch_ms,
             clock=clock,
-        )
+        )  # fmt: skip
 
     def _share_prompts(self, batch: Batch) -> None:
         # NOTE: safe before the forward has run: any batch that reads these pages is launched
@@ -250,15 +244,36 @@ class Scheduler(EarlyEnds):
     def _append_tokens(
         self, batch: Batch, raw: list[int], step: int
     ) -> tuple[list[int | None], list[Req]]:
-        """Each sampled request's token on the host; those that end with it are finished."""
-        tokens: list[int | None] = []
+        """Each sampled request's token on the host; those that end with it are finished.
+
+        Only the requests that may end here are looked at one by one: those whose token is an
+        EOS token, or is their last (known from the ledger: a request launched with `device_len`
+        holds ``device_len + 1`` tokens once this one is appended)."""
+        reqs = batch.sampled_reqs
+        tokens: list[int | None] = raw
+        # overlap: a request that finished in the batch before is past its end here
+        past_end = [i for i, r in enumerate(reqs) if r.finish_reason is not None]
+        if past_end:
+            tokens = list(raw)
+            for i in past_end:
+                tokens[i] = None
+            for req, token in zip(reqs, tokens):
+                if token is not None:
+                    req.append_host(token)
+        else:
+            for req, token in zip(reqs, raw):
+                req.append_host(token)
+        last = batch.ledger[2] + 1 >= batch.max_lens
+        if batch.phase != "decode":
+            last = last[batch.sampled_mask()]
+        eos = self.eos_ids
+        may_end = set(np.flatnonzero(last).tolist())
+        may_end.update(i for i, token in enumerate(raw) if token in eos)
         finished = []
-        for req, token in zip(batch.sampled_reqs, raw):
-            if req.finish_reason is not None:
-                tokens.append(None)  # overlap: it finished in the batch before; past its end
+        for i in sorted(may_end):
+            req, token = reqs[i], tokens[i]
+            if token is None:
                 continue
-            tokens.append(token)
-            req.append_host(token)
             req.finish_reason = req.end_reason(token, self.eos_ids)
             if req.finish_reason is not None:
                 self._end(req)
@@ -270,9 +285,12 @@ class Scheduler(EarlyEnds):
         # NOTE: a finished request in the batch launched after this one still uses its slot and
         # pages; that batch's collect frees them. All rows, not only the sampled ones: an
         # aborted chunk is freed here too.
+        ended = [r for r in batch.reqs if r.finish_reason is not None and not r.released]
+        if not ended:
+            return
         still_used = set(self.in_flight.batch.reqs) if self.in_flight is not None else set()
-        for req in batch.reqs:
-            if req.finish_reason is not None and not req.released and req not in still_used:
+        for req in ended:
+            if req not in still_used:
                 self.free_req(req)
 
     # -- KV pages and the prefix cache ------------------------------------------------------
