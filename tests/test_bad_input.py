@@ -133,6 +133,8 @@ def test_token_ids_as_numpy_and_torch(llm):
         (dict(temperature=-0.1), ValueError, "temperature must be a finite number >= 0"),
         (dict(temperature=float("nan")), ValueError, "temperature"),
         (dict(temperature=float("inf")), ValueError, "temperature"),
+        (dict(temperature=1e300), ValueError, "temperature must be .* at most 3.403e\\+38"),
+        (dict(temperature=np.float64(4e38)), ValueError, "the largest float32"),
         (dict(temperature=1e-300), ValueError, "temperature must be 0 .* or at least 1e-05"),
         (dict(temperature="0.7"), TypeError, "temperature must be a number"),
         (dict(top_p=0.0), ValueError, r"top_p must be a finite number in \(0.0, 1.0\]"),

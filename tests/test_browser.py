@@ -202,9 +202,13 @@ def test_quickstart_dashboard_steps_in_a_real_browser(lab):
         )
         after_step = int(status.inner_text().split()[1])
         assert after_step == before_step + 1
-        page.wait_for_timeout(1000)  # let vega finish drawing
+        # the chart is drawn again (vega takes a while on a busy machine)
+        page.wait_for_function(
+            "([el, before]) => el.innerHTML !== before",
+            arg=[dashboard.locator(".vega-embed").nth(1).element_handle(), before_chart],
+            timeout=30_000,
+        )
         assert dashboard.locator(".vega-embed svg, .vega-embed canvas").count() >= 9
-        assert dashboard.locator(".vega-embed").nth(1).inner_html() != before_chart
         assert errors.count() == 0
         dashboard.screenshot(path=str(ARTIFACTS / "dashboard-after-step.png"))
         # everything the page loaded came from the local JupyterLab (no CDN): the browser's

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 Phase = Literal["prefill", "decode", "mixed"]
 MIN_TEMPERATURE = 1e-5  # logits / temperature must stay finite in float32
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def ceil_page(n: int, page_size: int) -> int:
@@ -35,8 +36,8 @@ class SamplingParams:
     """How to pick tokens for one request. `temperature=0` (the default) is greedy.
 
     Checked on construction (a TypeError or ValueError naming the field): `max_tokens` an
-    integer >= 1; `temperature` 0 or a finite number >= 1e-5 (smaller ones overflow the
-    logits); `top_k` -1 (off) or >= 1 (beyond the vocabulary it keeps every token); `top_p` in
+    integer >= 1; `temperature` 0 or a number in [1e-5, 3.4e38] (smaller ones overflow the
+    logits, larger ones are infinite in float32); `top_k` -1 (off) or >= 1 (beyond the vocabulary it keeps every token); `top_p` in
     (0, 1]; `ignore_eos` a bool; `seed` None or an integer in [0, 2**63)."""
 
     max_tokens: int = 16
@@ -49,7 +50,14 @@ class SamplingParams:
     def __post_init__(self) -> None:
         from . import validate as V
 
-        temperature = V.real("temperature", self.temperature, low=0.0, allowed=">= 0")
+        # NOTE: logits are divided by it in float32: a larger one would be inf there
+        temperature = V.real(
+            "temperature",
+            self.temperature,
+            low=0.0,
+            high=FLOAT32_MAX,
+            allowed=f">= 0 and at most {FLOAT32_MAX:.4g} (the largest float32)",
+        )
         if 0.0 < temperature < MIN_TEMPERATURE:
             raise ValueError(
                 f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE} (smaller ones "
