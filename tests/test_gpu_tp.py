@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams, Workbench
-from workbench.instrument.families import breakdown_table
+from workbench.history.families import breakdown_table
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
 from .conftest import prefill_logits, random_prompts

@@ -171,7 +171,7 @@ def test_records_keep_nothing_per_request_that_the_garbage_collector_tracks(wb):
 def test_tables_built_step_by_step_equal_tables_built_at_once(wb):
     """A live history adds only the new records to its tables; the result must be what a
     build from all the records gives, also after the records start over."""
-    from workbench.instrument.history import TABLES, _build_tables
+    from workbench.history.history import TABLES, _build_tables
 
     sharing_workload(wb)
     history = wb.history

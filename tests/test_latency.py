@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from workbench import Workbench
-from workbench.instrument.latency import inter_token_latencies
+from workbench.history.latency import inter_token_latencies
 from workbench.viz import compare_table
 from workbench.viz.report import summary
 

@@ -14,8 +14,9 @@ import torch
 
 from workbench import LLM, SamplingParams, Workbench
 from workbench.core import ReqView
-from workbench.instrument.pages import PageSnapshots, pages_at
-from workbench.instrument.tables import PageRow
+from workbench.history.pages import pages_at
+from workbench.history.tables import PageRow
+from workbench.instrument.pages import PageSnapshots
 from workbench.kvcache.table import TableManager
 from workbench.models.induction import pattern_continuation, pattern_prompts
 

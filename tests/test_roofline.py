@@ -12,8 +12,9 @@ import torch
 
 from workbench import LLM, Workbench, load_run
 from workbench.bench.roofline import decode_step_bound
-from workbench.instrument.history import TABLES, History, RunHistory, _build_tables
-from workbench.instrument.roofline import H100, H200, StepCost, device_spec, streamed_weights
+from workbench.history.history import TABLES, History, _build_tables
+from workbench.history.roofline import H100, H200, StepCost, device_spec, streamed_weights
+from workbench.runs import RunHistory
 from workbench.viz import compare_table, step_breakdown
 
 from .conftest import PROMPTS, greedy

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from workbench import Workbench, load_run
-from workbench.instrument import runfile
+from workbench.history import runfile
 
 from .conftest import PROMPTS, greedy
 

@@ -20,10 +20,10 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from workbench.attention.context import ForwardContext
 from workbench.attention.torch_backend import TorchBackend
 from workbench.core import Batch, Req, SamplingParams
 from workbench.distributed import SINGLE, TPGroup, close_tp, init_tp
-from workbench.engine.context import ForwardContext
 from workbench.kvcache.pool import KVPool
 from workbench.kvcache.table import TableManager
 from workbench.layers.parallel import RowParallelLinear

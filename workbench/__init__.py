@@ -1,8 +1,8 @@
 """workbench: an instrumented LLM inference engine you can step through in a notebook."""
 
 from .core import SamplingParams
-from .instrument.history import load_run
 from .llm import LLM
+from .runs import load_run
 from .scheduler.outcome import StepError
 from .workbench import Workbench
 

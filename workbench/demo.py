@@ -9,7 +9,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from .core import SamplingParams
-from .instrument.record import StepRecord
+from .history.record import StepRecord
 from .models.catalog import DATA_DIR
 from .workbench import Workbench
 

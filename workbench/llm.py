@@ -13,8 +13,8 @@ from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
 from .core import Req, SamplingParams, ceil_page
 from .engine.engine import Engine
+from .history.roofline import StepCost
 from .instrument.probe import Probe
-from .instrument.roofline import StepCost
 from .scheduler.outcome import StepOutcome
 from .scheduler.scheduler import Scheduler
 

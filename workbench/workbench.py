@@ -19,13 +19,13 @@ from typing import Any
 
 from . import validate as V
 from .arrivals import Arrivals, Due
+from .compare_inputs import checked_requests, checked_settings
 from .core import SamplingParams
-from .instrument.history import RunHistory
+from .history.record import StepRecord
 from .instrument.hooks import HookRegistry
 from .instrument.probe import build_record
-from .instrument.record import StepRecord
 from .llm import LLM, Prompt
-from .requests import checked_requests, checked_settings
+from .runs import RunHistory
 
 
 class Workbench:
@@ -314,7 +314,7 @@ class Workbench:
 
     def export_trace(self, path: str | Path) -> Path:
         """Chrome trace JSON of the run (steps; profiler events with record="full")."""
-        from .instrument.trace import export_trace
+        from .history.trace import export_trace
 
         return export_trace(self.history.steps, self.history.events, path)
 

@@ -10,7 +10,6 @@ import torch
 from ..registry import create
 
 if TYPE_CHECKING:
-    from ..config import EngineConfig
     from ..core import Batch
     from ..device import DeviceTimer
     from ..kvcache.pool import KVPool
@@ -34,9 +33,12 @@ class AttentionBackend(ABC):
         table: TableManager,
         num_heads: int,
         head_dim: int,
-        config: EngineConfig | None = None,
+        decode_tensor_cores: bool | None = None,
     ) -> None:
-        self.pool, self.table, self.config = pool, table, config
+        """`decode_tensor_cores`: decode attention on tensor cores (a backend that has the
+        choice; None: the backend decides)."""
+        self.pool, self.table = pool, table
+        self.decode_tensor_cores = decode_tensor_cores
         self.num_heads, self.head_dim = num_heads, head_dim
 
     @abstractmethod

@@ -46,10 +46,12 @@ class FlashInferMetadata:
 class FlashInferBackend(AttentionBackend):
     supports_cuda_graph = True
 
-    def __init__(self, pool, table, num_heads: int, head_dim: int, config=None) -> None:
+    def __init__(
+        self, pool, table, num_heads: int, head_dim: int, decode_tensor_cores: bool | None = None
+    ) -> None:
         import flashinfer
 
-        super().__init__(pool, table, num_heads, head_dim, config)
+        super().__init__(pool, table, num_heads, head_dim, decode_tensor_cores)
         self.flashinfer = flashinfer
         self.device = pool.buffer.device
         self.dtype = pool.buffer.dtype
@@ -64,8 +66,8 @@ class FlashInferBackend(AttentionBackend):
         # FlashInfer's default backend, the same kernel) 3.76 / 3.90, the prefill wrapper fa2
         # 3.70 / 3.84, its default (fa3) 1.47 / 1.55; Qwen3-8B: 2.33 / 2.27, 3.70 / 3.87,
         # 3.64 / 3.80, 0.72 / 0.73. Tensor cores and fa2, then, here too.
-        choice = config.decode_tensor_cores if config is not None else None
-        self.use_tensor_cores = num_heads // self.num_kv_heads >= 2 if choice is None else choice
+        gqa = num_heads // self.num_kv_heads >= 2
+        self.use_tensor_cores = gqa if decode_tensor_cores is None else decode_tensor_cores
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend="fa2"
         )

@@ -18,8 +18,8 @@ import time
 from typing import NamedTuple
 
 from ..core import SamplingParams
+from ..history.roofline import decode_step_bound
 from ..instrument.profiler import activities
-from ..instrument.roofline import decode_step_bound
 from ..llm import LLM
 from ..stages import HOST_STAGES
 from .profile import family_ms, kernel_times

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import SamplingParams
-from ..instrument import latency
+from ..history import latency
 from ..llm import LLM
 from ..scheduler.outcome import StepOutcome
 

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from ..core import SamplingParams
-from ..instrument.families import family
+from ..history.families import family
 from ..instrument.profiler import activities
 from ..llm import LLM
 from .workload import random_workload

@@ -2,7 +2,7 @@
 
 A decode step must at least read every weight once and every active request's KV cache once
 (memory-bound), and do two FLOPs per weight per token plus the attention products
-(compute-bound); it takes no less than the larger of the two (`instrument/roofline.py`, which
+(compute-bound); it takes no less than the larger of the two (`history/roofline.py`, which
 also bounds any recorded step). Prefill is bounded by its FLOPs.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 # the per-step math lives with the steps table; these names are imported from here too
-from ..instrument.roofline import (  # noqa: F401
+from ..history.roofline import (  # noqa: F401
     DEVICES,
     H100,
     H200,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..instrument.history import load_run
+from ..runs import load_run
 
 
 def main(argv: list[str] | None = None) -> None:

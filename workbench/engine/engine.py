@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..attention import create_backend
+from ..attention.context import ForwardContext
 from ..config import EngineConfig
 from ..core import Batch
 from ..device import DeviceTimer, to_device_many
@@ -22,7 +23,6 @@ from ..models import ModelConfig, resolve
 from ..models.decoder import check_tp_size
 from ..models.weights import build_model
 from ..stages import StageClock
-from .context import ForwardContext
 from .graph import GraphRunner
 from .inputs import fill_inputs
 from .sampler import Sampler
@@ -84,7 +84,7 @@ class Engine:
             table=self.table,
             num_heads=cfg.num_heads // self.tp.size,
             head_dim=cfg.head_dim,
-            config=config,
+            decode_tensor_cores=config.decode_tensor_cores,
         )
         # padded (dummy) requests read the dummy slot, never a live request's KV
         self.table.write_row(

@@ -14,8 +14,8 @@ from ..device import staging
 
 if TYPE_CHECKING:
     from ..attention.base import AttentionBackend
+    from ..attention.context import ForwardContext
     from ..kvcache.table import TableManager
-    from .context import ForwardContext
 
 
 def capture_sizes(max_bs: int) -> list[int]:

@@ -1,18 +1,7 @@
-"""Instrumentation: hook points, step records and the run history."""
+"""Instrumentation of a running engine: the probe, the hook points and their events, the
+profiler session and the page-table snapshots. What a finished run is made of (records, tables,
+run files) is in `workbench.history`."""
 
-from .history import History, RunHistory, load_run
 from .hooks import HOOK_POINTS, HookError, HookHandle, HookRegistry
-from .record import KVState, LedgerRow, StepRecord
 
-__all__ = [
-    "HOOK_POINTS",
-    "History",
-    "HookError",
-    "HookHandle",
-    "HookRegistry",
-    "KVState",
-    "LedgerRow",
-    "RunHistory",
-    "StepRecord",
-    "load_run",
-]
+__all__ = ["HOOK_POINTS", "HookError", "HookHandle", "HookRegistry"]

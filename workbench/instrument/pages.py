@@ -1,6 +1,6 @@
 """Page-table rows as runs of consecutive KV slots (record="full"): what each row gained in a
-step (`PageSnapshots`, read from the request table as the batch is prepared) and a step's rows
-put back together from those gains (`pages_at`, for the page-table view)."""
+step (`PageSnapshots`, read from the request table as the batch is prepared; the history's
+`pages_at` puts a step's rows back together from those gains)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from ..core import ReqView
     from ..kvcache.table import TableManager
 
@@ -71,28 +69,3 @@ class PageSnapshots:
         ends = np.array([r.device_len for r in rows], dtype=np.int64)
         gained = slot_runs(table.page_table_host, idx, np.array(begins, dtype=np.int64), ends)
         return {r.table_idx: (since, tuple(new)) for r, since, new in zip(rows, sinces, gained)}
-
-
-def pages_at(pages: pd.DataFrame, step: int) -> pd.DataFrame:
-    """The rows of `step` from the runs they gained (the pages table), joined into maximal
-    runs. A run gained at step s belongs to every later step of its row with the same `since`
-    (a pages table saved before runs were kept as gains lists every step whole)."""
-    columns = ["step", "uid", "table_idx", "pos_start", "pos_end", "slot_start"]
-    if "since" not in pages.columns:
-        return pages.loc[pages.step == step, columns].reset_index(drop=True)
-    keys = pages.loc[pages.step == step, ["uid", "table_idx", "since"]].drop_duplicates()
-    runs = pages[pages.step <= step].merge(keys, on=["uid", "table_idx", "since"])
-    runs = runs.sort_values(["table_idx", "pos_start"], ignore_index=True)
-    # a run that goes on where the one before it in the row ended (positions and slots)
-    same_row = runs.table_idx.eq(runs.table_idx.shift())
-    goes_on = same_row & runs.pos_start.eq(runs.pos_end.shift())
-    goes_on &= runs.slot_start.eq((runs.slot_start + runs.pos_end - runs.pos_start).shift())
-    group = (~goes_on).cumsum()
-    joined = runs.groupby(group, sort=False).agg(
-        uid=("uid", "first"),
-        table_idx=("table_idx", "first"),
-        pos_start=("pos_start", "first"),
-        pos_end=("pos_end", "last"),
-        slot_start=("slot_start", "first"),
-    )
-    return joined.assign(step=step)[columns].reset_index(drop=True)

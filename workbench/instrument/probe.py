@@ -20,17 +20,17 @@ import torch
 from .. import validate as V
 from ..config import RECORD_LEVELS
 from ..core import Admissions, Batch, Req, ReqView
+from ..history.history import History
+from ..history.record import KVState, StepRecord
 from . import events as ev
-from .history import History
 from .hooks import HookRegistry
 from .pages import PageSnapshots
 from .profiler import ProfilerSession, assign_to_steps, gc_paused
-from .record import KVState, StepRecord
 
 if TYPE_CHECKING:
+    from ..history.roofline import StepCost
     from ..kvcache.table import TableManager
     from ..scheduler.outcome import Occupancy, StepOutcome
-    from .roofline import StepCost
 
 _NULL = contextlib.nullcontext()
 

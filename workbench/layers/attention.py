@@ -17,7 +17,7 @@ from .parallel import ColumnParallelLinear, RowParallelLinear, split
 from .rotary import Rotary
 
 if TYPE_CHECKING:
-    from ..engine.context import ForwardContext
+    from ..attention.context import ForwardContext
 
 
 class AttentionLayer(nn.Module):

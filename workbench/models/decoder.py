@@ -23,7 +23,7 @@ from ..layers.rotary import Rotary
 from .config import ModelConfig
 
 if TYPE_CHECKING:
-    from ..engine.context import ForwardContext
+    from ..attention.context import ForwardContext
 
 
 def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from ..instrument.families import breakdown_table
-from ..instrument.latency import inter_token_latencies, tpot
+from ..history.families import breakdown_table
+from ..history.latency import inter_token_latencies, tpot
 from .common import WIDTH, _alt, _binned_steps
 from .report import summary
 

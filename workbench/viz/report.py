@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..instrument.latency import inter_token_latencies
+from ..history.latency import inter_token_latencies
 from . import charts
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..instrument.families import breakdown_table, family
+from ..history.families import breakdown_table, family
 from ..palette import (
     DEVICE_COLOR,
     FAMILY_COLORS,

@@ -1,5 +1,5 @@
 """The run history's tables: one NamedTuple per table, whose fields are its columns, and the rows
-built from StepRecords (the requests table, built from two of them, is in `requests.py`). A row
+built from StepRecords (the requests table, built from two of them, is in `request_table.py`). A row
 is built by keyword, so a column and its value cannot drift apart.
 """
 
@@ -9,7 +9,7 @@ import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..stages import HOST_STAGES
-from .requests import requests_table
+from .request_table import requests_table
 from .roofline import NO_COST
 
 if TYPE_CHECKING:

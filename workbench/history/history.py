@@ -12,8 +12,8 @@ Tables (one DataFrame each):
 Each table's columns are the fields of its row type in `tables.py`.
 
 A history saves to one file (Parquet, or the older JSON for a path ending in ``.json``; see
-`runfile.py`) and loads back from either (`load_run`) as a read-only `RunHistory` with the same
-tables, which every view can show without a model or a GPU.
+`runfile.py`) and loads back from either as read-only `RunTables` with the same tables, which
+every view can show without a model or a GPU (`workbench.load_run` adds the views).
 """
 
 from __future__ import annotations
@@ -69,19 +69,6 @@ class _Tables:
         """The page-table rows of step `step`'s batch, whole: each row's maximal runs of
         consecutive KV slots (step, uid, table_idx, pos_start, pos_end, slot_start)."""
         return pages_at(self.pages, step)
-
-    def dashboard(self):
-        """The dashboard's views of this run: the step slider, the request picker and every
-        chart, without the engine's buttons (`wb.dashboard()` drives a live workbench)."""
-        from ..viz.dashboard import Dashboard
-
-        return Dashboard(self)
-
-    def report(self, path: str | Path, title: str | None = None) -> Path:
-        """One self-contained HTML file of this run (no network)."""
-        from ..viz.report import write_report
-
-        return write_report(self, path, title=title, meta=self.meta)
 
     def save(self, path: str | Path, meta: dict | None = None) -> Path:
         """Write every table (and `meta`) to one file: Parquet (zstd, each table readable alone,
@@ -155,12 +142,19 @@ class History(_Tables):
         return self._cache
 
 
-class RunHistory(_Tables):
-    """A saved run: the same tables, read-only, no engine behind them. From a Parquet file each
-    table is read the first time it is asked for (`runfile.ParquetTables`)."""
+class RunTables(_Tables):
+    """A saved run's tables, read-only, no engine behind them. From a Parquet file each table is
+    read the first time it is asked for (`runfile.ParquetTables`). `workbench.load_run` gives
+    one with its views (`RunHistory`: `dashboard()`, `report()`)."""
 
     def __init__(self, frames: Mapping[str, pd.DataFrame], meta: dict) -> None:
         self._frames, self.meta = frames, meta
+
+    @classmethod
+    def read(cls, path: str | Path):
+        """A run saved with `Workbench.save` (or `History.save`): a Parquet file (told by its
+        first bytes, whatever its name) or the JSON of older runs."""
+        return cls(*runfile.read(path))
 
     def tables(self) -> Mapping[str, pd.DataFrame]:
         return self._frames
@@ -169,13 +163,8 @@ class RunHistory(_Tables):
         return len(self._frames["steps"])
 
     def __repr__(self) -> str:
-        return f"RunHistory({len(self)} steps, {len(self.requests)} requests, meta={self.meta})"
-
-
-def load_run(path: str | Path) -> RunHistory:
-    """A run saved with `Workbench.save` (or `History.save`), ready for every view: a Parquet
-    file (told by its first bytes, whatever its name) or the JSON of older runs."""
-    return RunHistory(*runfile.read(path))
+        name = type(self).__name__
+        return f"{name}({len(self)} steps, {len(self.requests)} requests, meta={self.meta})"
 
 
 def _build_tables(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from ..attention.base import AttentionBackend
+    from .base import AttentionBackend
     from ..core import Batch
 
 

@@ -1,0 +1,34 @@
+"""A step's page-table rows put back together from what each row gained per step (the pages
+table, kept by the probe's `PageSnapshots` with record="full")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def pages_at(pages: pd.DataFrame, step: int) -> pd.DataFrame:
+    """The rows of `step` from the runs they gained (the pages table), joined into maximal
+    runs. A run gained at step s belongs to every later step of its row with the same `since`
+    (a pages table saved before runs were kept as gains lists every step whole)."""
+    columns = ["step", "uid", "table_idx", "pos_start", "pos_end", "slot_start"]
+    if "since" not in pages.columns:
+        return pages.loc[pages.step == step, columns].reset_index(drop=True)
+    keys = pages.loc[pages.step == step, ["uid", "table_idx", "since"]].drop_duplicates()
+    runs = pages[pages.step <= step].merge(keys, on=["uid", "table_idx", "since"])
+    runs = runs.sort_values(["table_idx", "pos_start"], ignore_index=True)
+    # a run that goes on where the one before it in the row ended (positions and slots)
+    same_row = runs.table_idx.eq(runs.table_idx.shift())
+    goes_on = same_row & runs.pos_start.eq(runs.pos_end.shift())
+    goes_on &= runs.slot_start.eq((runs.slot_start + runs.pos_end - runs.pos_start).shift())
+    group = (~goes_on).cumsum()
+    joined = runs.groupby(group, sort=False).agg(
+        uid=("uid", "first"),
+        table_idx=("table_idx", "first"),
+        pos_start=("pos_start", "first"),
+        pos_end=("pos_end", "last"),
+        slot_start=("slot_start", "first"),
+    )
+    return joined.assign(step=step)[columns].reset_index(drop=True)
