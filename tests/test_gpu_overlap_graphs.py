@@ -60,7 +60,7 @@ def test_mixed_policy_with_overlap_and_graphs(variants):
     outputs = engine.generate(prompts, params)
     engine.check_integrity()
     assert all(o["completion_tokens"] == 40 for o in outputs)
-    phases = engine.scheduler.history.steps.phase.value_counts().to_dict()
+    phases = engine.history.steps.phase.value_counts().to_dict()
     assert phases.get("mixed", 0) > 0
     base = variants[(True, True)].generate(prompts, params)
     same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(base, outputs))

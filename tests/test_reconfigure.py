@@ -48,4 +48,4 @@ def test_reconfigure_refuses_engine_settings_and_busy_engines():
         wb.reconfigure(max_extend_tokens=8)
     wb.run(progress=False)
     wb.reconfigure(max_extend_tokens=8, record="off")
-    assert wb.config.max_extend_tokens == 8 and wb.scheduler.record == "off"
+    assert wb.config.max_extend_tokens == 8 and wb.llm.record == "off"

@@ -181,10 +181,10 @@ def test_on_a_known_gpu_no_step_beats_its_bound():
     if spec is None:
         pytest.skip(f"no spec for {torch.cuda.get_device_name()}")
     llm = LLM("dummy:qwen3-0.6b", device="cuda", record="light", max_extend_tokens=256)
-    assert llm.scheduler.history.cost.device == spec
+    assert llm.history.cost.device == spec
     prompts = [p * 4 for p in PROMPTS] * 8
     llm.generate(prompts, greedy(32))
-    steps = llm.scheduler.history.steps
+    steps = llm.history.steps
     assert steps[ROOFLINE].notna().all().all()
     assert (steps.bound_ms < steps.device_ms).all()
     assert (steps.achieved_gbps < spec.bandwidth / 1e9).all()

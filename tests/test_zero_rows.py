@@ -209,7 +209,7 @@ def test_the_radix_cache_inserting_nothing(device, overlap):
         *pattern_prompts(rng, [40, 56, 71], period=6),  # one document, three lengths
     ]
     inserts = []
-    with llm.scheduler.hooks.scoped({"cache.insert": inserts.append}):
+    with llm.hooks.scoped({"cache.insert": inserts.append}):
         out = llm.generate(prompts, greedy(6))
         llm.check_integrity()
         again = llm.generate(prompts[3:], greedy(6))

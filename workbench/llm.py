@@ -13,7 +13,9 @@ from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
 from .core import Req, SamplingParams, ceil_page
 from .engine.engine import Engine
+from .history.history import History
 from .history.roofline import StepCost
+from .instrument.hooks import HookRegistry
 from .instrument.probe import Probe
 from .scheduler.outcome import StepOutcome
 from .scheduler.scheduler import Scheduler
@@ -26,7 +28,7 @@ class LLM:
     """A model behind the scheduler, for offline batch generation.
 
     `overlap` (default: on for CUDA) launches each batch before the previous one is processed;
-    `record` ("off", "light", "full") keeps step records in `llm.scheduler.history`; any other
+    `record` ("off", "light", "full") keeps step records in `llm.history`; any other
     keyword is an `EngineConfig` field (`cuda_graph`, `max_seq_len`, `share_threshold`, ...).
 
     ``LLM("smollm2").generate(["Hello"], SamplingParams(max_tokens=8))`` returns one dict per
@@ -108,12 +110,12 @@ class LLM:
                 f"reconfigure changes {SCHEDULER_SETTINGS}, record and profile_steps; "
                 f"{engine_only} belong to the engine: build a new LLM for those"
             )
-        old = self._open().scheduler
+        old = self.check_open().scheduler.probe
         record = old.record if record is None else record
         if profile_steps is _KEEP:
-            profile_steps = old.probe.profile_steps
-        probe = Probe(record, old.hooks, self.engine.device, profile_steps, cost=old.probe.cost)
-        probe.rank_times = old.probe.rank_times
+            profile_steps = old.profile_steps
+        probe = Probe(record, old.hooks, self.engine.device, profile_steps, cost=old.cost)
+        probe.rank_times = old.rank_times
         config = self.config.with_(**settings)  # validates
         built = self.engine.config.max_running_reqs
         if config.max_running_reqs > built:
@@ -137,12 +139,33 @@ class LLM:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def _open(self) -> LLM:
+    def check_open(self) -> LLM:
+        """This LLM, or a RuntimeError when it was closed."""
         if self.engine is None:
             raise RuntimeError(
                 "this LLM was closed (close() gave its memory back); build a new one"
             )
         return self
+
+    @property
+    def is_open(self) -> bool:
+        return self.engine is not None
+
+    # what the probe keeps of the run (it is the scheduler's observer)
+    @property
+    def hooks(self) -> HookRegistry:
+        """The hook registry: functions called at each hook point."""
+        return self.scheduler.probe.hooks
+
+    @property
+    def history(self) -> History:
+        """Every step record of the run so far, and the tables built from them."""
+        return self.scheduler.probe.history
+
+    @property
+    def record(self) -> str:
+        """What each step keeps: "off", "light" or "full"."""
+        return self.scheduler.probe.record
 
     def __enter__(self) -> LLM:
         return self
@@ -165,7 +188,7 @@ class LLM:
             "num_pages": engine.num_pages,
             "overlap": self.scheduler.overlap,
             "cuda_graph": config.cuda_graph_enabled,
-            "record": self.scheduler.record,
+            "record": self.record,
         }
 
     # -- requests ---------------------------------------------------------------------------
@@ -212,7 +235,7 @@ class LLM:
         sampling: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[int]:
         """Validate every prompt, then queue them all (nothing is queued if one is bad)."""
-        self._open()
+        self.check_open()
         prompts = V.prompt_batch(prompts)
         if sampling is None:
             sampling = SamplingParams()
@@ -249,7 +272,7 @@ class LLM:
         of this call ends, what they hold is freed, and the exception reaches the caller; the
         engine keeps serving."""
         V.callable_or_none("on_step", on_step)
-        self._open()
+        self.check_open()
         uids = self.add_requests(prompts, sampling)
         try:
             pending = set(uids)
@@ -260,12 +283,12 @@ class LLM:
                 if on_step is not None:
                     on_step(outcome)
                 pending.difference_update(r.uid for r in outcome.finished)
-                self.scheduler.hooks.raise_pending()
+                self.hooks.raise_pending()
             # overlap: a batch launched after the last one we needed may still be in flight
             outcome = self.scheduler.flush()
             if outcome is not None and on_step is not None:
                 on_step(outcome)
-            self.scheduler.hooks.raise_pending()
+            self.hooks.raise_pending()
         except BaseException:
             self._drop(uids)
             raise
@@ -287,7 +310,7 @@ class LLM:
             sched.flush()
         for uid in uids:
             sched.finished.pop(uid, None)
-        sched.hooks.clear_pending()
+        self.hooks.clear_pending()
 
     def texts(self, arriving: Iterable[tuple[int, list[int]]] = ()) -> dict[str, list[str]]:
         """Each request's prompt and answer so far, as text, by uid (a string: JSON keys);

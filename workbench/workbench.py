@@ -52,11 +52,11 @@ class Workbench:
     # -- what to look at --------------------------------------------------------------------
     @property
     def hooks(self) -> HookRegistry:
-        return self.scheduler.hooks
+        return self.llm.hooks
 
     @property
     def history(self):
-        return self.scheduler.history
+        return self.llm.history
 
     @property
     def step_index(self) -> int:
@@ -78,7 +78,7 @@ class Workbench:
         """Queue a request (checked now). With `arrival_step` it joins the queue at that step;
         with `arrival_time`, when the run's clock (seconds since it started or was reset)
         reaches it, an idle engine waiting for it meanwhile."""
-        self.llm._open()
+        self.llm.check_open()
         sampling = sampling if sampling is not None else SamplingParams()
         arrival_step = V.optional_integer("arrival_step", arrival_step, 0)
         if arrival_time is not None:
@@ -135,7 +135,7 @@ class Workbench:
         return record
 
     def _step_once(self) -> StepRecord | None:
-        self.llm._open()
+        self.llm.check_open()
         self._arrivals.release(self.scheduler)
         outcome = self.scheduler.step() or self.scheduler.flush()
         if outcome is None:

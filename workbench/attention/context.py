@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .base import AttentionBackend
     from ..core import Batch
+    from .base import AttentionBackend
 
 
 class ForwardContext:

@@ -99,7 +99,7 @@ def serve(
             finish[index_of[req.uid]] = t
         if on_step is not None:
             on_step(outcome)
-        sched.hooks.raise_pending()
+        llm.hooks.raise_pending()
     outcome = sched.flush()
     if outcome is not None and on_step is not None:
         on_step(outcome)

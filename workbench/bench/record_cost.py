@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
             start = time.perf_counter()
             llm.generate(prompts, sp, on_step=steps.append)
             per_step[level].append((time.perf_counter() - start) / len(steps) * 1e3)
-            llm.scheduler.history.records.clear()
+            llm.history.records.clear()
     base = statistics.median(per_step["off"])
     device = llms["off"].engine.device
     print(

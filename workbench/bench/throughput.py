@@ -215,4 +215,4 @@ def save_run(llm: LLM, args: argparse.Namespace) -> Path:
     varied = getattr(args, "varied", {})  # absent outside a sweep
     name = "_".join(f"{k}={v}" for k, v in varied.items()) or "run"
     name = re.sub(r"[^A-Za-z0-9=._-]+", "-", name)
-    return llm.scheduler.history.save(Path(args.save) / f"{name}.parquet", llm.run_meta())
+    return llm.history.save(Path(args.save) / f"{name}.parquet", llm.run_meta())

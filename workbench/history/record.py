@@ -14,10 +14,15 @@ that computed it.
 from __future__ import annotations
 
 import html
+import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..core import Admission, ReqView
+
+if TYPE_CHECKING:
+    from ..core import Batch
+    from ..scheduler.outcome import Occupancy, StepOutcome
 
 _EXTEND = ReqView._fields.index("extend_len")
 
@@ -207,3 +212,50 @@ class StepRecord:
             f"<div><b>{html.escape(self.summary())}</b> · {timing}</div>{waiting}"
             f'<table style="border-collapse:collapse"><tr>{head}</tr>{"".join(body)}</table></div>'
         )
+
+
+def build_record(
+    outcome: StepOutcome,
+    occupancy: Occupancy,
+    events: list | None = None,
+    rank_device_ms: list | None = None,
+    began: float | None = None,
+    last: Batch | None = None,
+) -> StepRecord:
+    """The step's record. `began`: when recording it began (`time.perf_counter()`); the host
+    time counts until the record is built, its stages by the batch's clock. `last`: the
+    batch recorded before (its columns are shared where they are the same)."""
+    launched, o = outcome.launched, occupancy
+    in_use = o.kv_total - o.kv_free - o.kv_evictable
+    columns = outcome.batch.launched_columns(like=last)
+    admissions = tuple([tuple(a) for a in outcome.admissions.decided])
+    device_ms = launched.device.timer.elapsed_ms()
+    launched.clock.enter(None)  # what is left (the frozen record itself) is a few microseconds
+    record_ms = 0.0 if began is None else (time.perf_counter() - began) * 1e3
+    return StepRecord(
+        step=outcome.index,
+        phase=outcome.batch.phase,
+        _launched=columns,
+        _tokens=tuple(outcome.tokens),
+        _finishes=tuple((req.uid, req.finish_reason) for req in outcome.finished),
+        _admissions=admissions,
+        _behind=tuple([p.uid for p in outcome.admissions.behind]),
+        _behind_reason=outcome.admissions.behind_reason,
+        queue_len=o.queue_len,
+        running=o.running,
+        kv=KVState(free=o.kv_free, evictable=o.kv_evictable, in_use=in_use, total=o.kv_total),
+        free_slots=o.free_slots,
+        padded_size=launched.padded_size,
+        cuda_graph=launched.cuda_graph,
+        overlapped=launched.overlapped,
+        launched_at=launched.launched_at,
+        completed_at=outcome.completed_at,
+        device_ms=device_ms,
+        host_ms=launched.launch_ms + outcome.collect_ms + record_ms,
+        wait_ms=outcome.wait_ms,
+        host_stage_ms=launched.clock.host_ms(),
+        tp_size=launched.device.tp_size,
+        page_rows=launched.page_rows,
+        events=events,
+        rank_device_ms=rank_device_ms,
+    )

@@ -21,7 +21,8 @@ from .. import validate as V
 from ..config import RECORD_LEVELS
 from ..core import Admissions, Batch, Req, ReqView
 from ..history.history import History
-from ..history.record import KVState, StepRecord
+from ..history.record import StepRecord, build_record
+from ..scheduler.observer import Observer
 from . import events as ev
 from .hooks import HookRegistry
 from .pages import PageSnapshots
@@ -35,7 +36,10 @@ if TYPE_CHECKING:
 _NULL = contextlib.nullcontext()
 
 
-class Probe:
+class Probe(Observer):
+    """The observer that keeps what the scheduler reports: hook events, records, the history,
+    the profiler session (the hook points are documented on `Observer`)."""
+
     def __init__(
         self,
         record: str = "off",
@@ -53,7 +57,7 @@ class Probe:
         self.device = torch.device(device)
         self.cost = cost
         self.history = History(self.cost, before_tables=self.read_events)
-        self._t0 = time.perf_counter()
+        super().__init__()  # the clock
         self._session: ProfilerSession | None = None
         self._pages = PageSnapshots()
         # while a session runs: where each step's launch and collect began (the profiler's
@@ -69,10 +73,6 @@ class Probe:
         self._rank_lists: dict[int, list[float]] = {}
         self._rank_early: dict[int, list[float]] = {}  # times of steps not recorded yet
         self._last_batch: Batch | None = None  # the batch recorded last (`build_record`)
-
-    def clock(self) -> float:
-        """Seconds since the run started (or was reset): the time axis of the records."""
-        return time.perf_counter() - self._t0
 
     def restart(self) -> None:
         """A new run: an empty history and the clock from zero; the hooks stay."""
@@ -290,50 +290,3 @@ def check_profile_steps(steps) -> Container[int] | None:
             f"got {steps!r}"
         )
     return frozenset(V.integer("profile_steps item", s, 0) for s in steps)
-
-
-def build_record(
-    outcome: StepOutcome,
-    occupancy: Occupancy,
-    events: list | None = None,
-    rank_device_ms: list | None = None,
-    began: float | None = None,
-    last: Batch | None = None,
-) -> StepRecord:
-    """The step's record. `began`: when recording it began (`time.perf_counter()`); the host
-    time counts until the record is built, its stages by the batch's clock. `last`: the
-    batch recorded before (its columns are shared where they are the same)."""
-    launched, o = outcome.launched, occupancy
-    in_use = o.kv_total - o.kv_free - o.kv_evictable
-    columns = outcome.batch.launched_columns(like=last)
-    admissions = tuple([tuple(a) for a in outcome.admissions.decided])
-    device_ms = launched.device.timer.elapsed_ms()
-    launched.clock.enter(None)  # what is left (the frozen record itself) is a few microseconds
-    record_ms = 0.0 if began is None else (time.perf_counter() - began) * 1e3
-    return StepRecord(
-        step=outcome.index,
-        phase=outcome.batch.phase,
-        _launched=columns,
-        _tokens=tuple(outcome.tokens),
-        _finishes=tuple((req.uid, req.finish_reason) for req in outcome.finished),
-        _admissions=admissions,
-        _behind=tuple([p.uid for p in outcome.admissions.behind]),
-        _behind_reason=outcome.admissions.behind_reason,
-        queue_len=o.queue_len,
-        running=o.running,
-        kv=KVState(free=o.kv_free, evictable=o.kv_evictable, in_use=in_use, total=o.kv_total),
-        free_slots=o.free_slots,
-        padded_size=launched.padded_size,
-        cuda_graph=launched.cuda_graph,
-        overlapped=launched.overlapped,
-        launched_at=launched.launched_at,
-        completed_at=outcome.completed_at,
-        device_ms=device_ms,
-        host_ms=launched.launch_ms + outcome.collect_ms + record_ms,
-        wait_ms=outcome.wait_ms,
-        host_stage_ms=launched.clock.host_ms(),
-        tp_size=launched.device.tp_size,
-        page_rows=launched.page_rows,
-        events=events,
-        rank_device_ms=rank_device_ms,
-    )

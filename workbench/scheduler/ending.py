@@ -18,8 +18,8 @@ from .outcome import InFlight, StepError
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
-    from ..instrument.probe import Probe
     from .decode import DecodeManager
+    from .observer import Observer
     from .prefill import PrefillManager
 
 
@@ -28,7 +28,7 @@ class EarlyEnds:
     state, declared here)."""
 
     engine: Engine
-    probe: Probe
+    probe: Observer
     prefill: PrefillManager
     decode: DecodeManager
     finished: dict[int, Req]

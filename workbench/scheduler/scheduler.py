@@ -18,8 +18,6 @@ graphs; each profiler range is named after the hook point that fires at its end.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..config import EngineConfig
@@ -31,23 +29,25 @@ from .cache import CacheManager
 from .decode import DecodeManager
 from .ending import EarlyEnds
 from .integrity import check_integrity
+from .observer import Observer
 from .outcome import InFlight, Occupancy, StepOutcome
 from .policy import schedule_next_batch
 from .prefill import PendingReq, PrefillAdder, PrefillManager
 from .prepare import prepare_batch
 
-if TYPE_CHECKING:
-    from ..instrument.probe import Probe
-
 
 class Scheduler(EarlyEnds):
-    def __init__(self, engine: Engine, probe: Probe, config: EngineConfig | None = None):
-        """`probe` reports every step (hooks, records, profiler); `config`: the scheduler's
-        settings when they differ from those the engine was built with (`LLM.reconfigure`)."""
+    def __init__(
+        self, engine: Engine, probe: Observer | None = None, config: EngineConfig | None = None
+    ):
+        """`probe` is told of every step (`Observer`; `LLM` gives the instrumentation's `Probe`,
+        which keeps hooks, records and the profiler; None: nobody watches); `config`: the
+        scheduler's settings when they differ from those the engine was built with
+        (`LLM.reconfigure`)."""
+        probe = probe if probe is not None else Observer()
         cfg = config if config is not None else engine.config
         self.engine, self.config, self.probe = engine, cfg, probe
         self.table = engine.table
-        self.page_size = cfg.page_size
         self.overlap = cfg.overlap_enabled
         self.cache = CacheManager(
             engine.num_pages, cfg.page_size, create_prefix_cache(cfg.cache, cfg.page_size)
@@ -60,11 +60,6 @@ class Scheduler(EarlyEnds):
         self.in_flight: InFlight | None = None  # overlap: the batch launched but not collected
         self.step_index = 0
         self._next_uid = 0
-
-    # the probe's, for callers that reach them through the scheduler
-    hooks = property(lambda self: self.probe.hooks)
-    history = property(lambda self: self.probe.history)
-    record = property(lambda self: self.probe.record)
 
     def clock(self) -> float:
         return self.probe.clock()
