@@ -97,7 +97,7 @@ def test_every_rank_samples_each_request_as_its_params_say(wb2):
         ]
         outputs, _ = run(wb2.llm, PROMPTS, params)
         assert all(o["finish_reason"] in ("length", "stop") for o in outputs)
-    assert len(wb2.llm.engine.ranks._sent) <= len(PROMPTS)  # only the last run's, at most
+    assert wb2.llm.engine.ranks.requests_known <= len(PROMPTS)  # only the last run's, at most
 
 
 def test_the_rank_times_chart_draws_every_ranks_device_time(wb2, tmp_path):

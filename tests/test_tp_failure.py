@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from workbench import LLM
-from workbench.engine.tp import num_devices, rank_device, ranks_on
+from workbench.engine.ranks import num_devices, rank_device, ranks_on
 
 from .conftest import greedy, run
 from .test_tp import MODEL, PROMPTS
@@ -69,7 +69,7 @@ def test_a_rank_that_dies_mid_run_is_named_within_seconds():
     )
     try:
         run(llm, PROMPTS[:2], greedy(4))
-        (worker,) = llm.engine.ranks._procs
+        (worker,) = llm.engine.ranks.processes
         seen, killed = [], []
 
         def kill_after_two_steps(outcome) -> None:
@@ -97,7 +97,7 @@ def test_ranks_do_not_outlive_a_killed_rank_0(tmp_path):
         "import sys, time\n"
         "from workbench import LLM\n"
         f"llm = LLM({MODEL!r}, device='cpu', tp_size=2, max_running_reqs=4)\n"
-        "print(llm.engine.ranks._procs[0].pid, flush=True)\n"
+        "print(llm.engine.ranks.pids[0], flush=True)\n"
         "time.sleep(600)\n"
     )
     rank0 = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)

@@ -101,8 +101,9 @@ class Req:
     sampling: SamplingParams
     cache_handle: CacheHandle
     cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
-    device_len: int = field(init=False)  # set here, then moved by complete_one()
-    max_device_len: int = field(init=False)
+    # by default the tokens given and prompt + max_tokens; then moved by complete_one()
+    device_len: int = field(default=-1, kw_only=True)
+    max_device_len: int = field(default=-1, kw_only=True)
     # "stop" | "length" | "abort" | "error", set by the scheduler
     finish_reason: str | None = field(default=None, init=False)
     error: str | None = field(default=None, init=False)  # finish_reason "error": what failed
@@ -113,10 +114,37 @@ class Req:
     released: bool = field(default=False, init=False)  # its slot and pages were given back
 
     def __post_init__(self) -> None:
-        self.device_len = len(self.token_ids)
-        self.max_device_len = self.prompt_len + self.sampling.max_tokens
+        if self.device_len < 0:
+            self.device_len = len(self.token_ids)
+        if self.max_device_len < 0:
+            self.max_device_len = self.prompt_len + self.sampling.max_tokens
         self.alloc_len = self.cached_len  # admission: whole pages matched in the prefix cache
         assert 0 <= self.cached_len < self.device_len <= self.max_device_len, self
+
+    @classmethod
+    def mirror(
+        cls,
+        uid: int,
+        table_idx: int,
+        cached_len: int,
+        device_len: int,
+        prompt_len: int,
+        max_device_len: int,
+        sampling: SamplingParams,
+    ) -> Req:
+        """A request with these lengths and neither tokens (they are in the token pool) nor a
+        cache handle: what a tensor-parallel rank runs of a step rank 0 scheduled."""
+        return cls(
+            uid,
+            [],
+            prompt_len,
+            table_idx,
+            cached_len,
+            sampling,
+            None,
+            device_len=device_len,
+            max_device_len=max_device_len,
+        )
 
     @property
     def extend_len(self) -> int:

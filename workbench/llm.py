@@ -13,6 +13,8 @@ from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
 from .core import Req, SamplingParams, ceil_page
 from .engine.engine import Engine
+from .engine.ranks import torchrun_rank
+from .engine.worker import serve_under_torchrun
 from .history.history import History
 from .history.roofline import StepCost
 from .instrument.hooks import HookRegistry
@@ -66,6 +68,8 @@ class LLM:
             **engine_options,
         )
         self.config.torch_dtype  # noqa: B018 (validates the dtype before anything is loaded)
+        if (torchrun_rank(self.config) or 0) > 0:  # under torchrun, ranks 1.. serve rank 0
+            serve_under_torchrun(self.config)  # and exit when it closes
         self.engine = Engine(self.config)
         self.tokenizer = _load_tokenizer(self.engine.model_dir)
         probe.device = self.engine.device

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import time
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -25,20 +22,21 @@ from ..models.weights import build_model
 from ..stages import StageClock
 from .graph import GraphRunner
 from .inputs import fill_inputs
+from .ranks import OneRank, Ranks, num_devices, rank_device, ranks_on
+from .ranks import start as start_ranks
 from .sampler import Sampler
-from .tp import Ranks, num_devices, rank_device, ranks_on
-from .tp import start as start_ranks
 
 
 class Engine:
     def __init__(self, config: EngineConfig, tp: TPGroup | None = None) -> None:
-        """`tp`: this process's rank of a tensor-parallel engine (`tp.py` starts the ranks of
-        `config.tp_size` and gives each its group; None: this is rank 0, or the only one)."""
+        """`tp`: this process's rank of a tensor-parallel engine above 0 (`worker.py` builds
+        it); None: this is rank 0 (which starts the others, `ranks.py`), or the only one."""
         self.config, self.dtype = config, config.torch_dtype
         self.model_dir = resolve(config.model)
         self.model_config = cfg = ModelConfig.from_dir(self.model_dir)
         check_tp_size(cfg, config.tp_size)  # before any process or memory is taken
-        self.ranks: Ranks | None = None  # rank 0 of several: the others
+        # rank 0 of several: the others (`OneRank` for an engine alone, or a rank above 0)
+        self.ranks: Ranks | OneRank = OneRank()
         self.launches = 0  # steps run (each rank counts the same)
         if tp is None and config.tp_size > 1:
             _check_gpus(config)
@@ -76,7 +74,7 @@ class Engine:
         # NOTE: whole pages: a request near the context limit allocates its last page in full.
         width = -(-self.max_seq_len // config.page_size) * config.page_size
         self.table = TableManager(config.max_running_reqs, width, self.device)
-        if self.ranks is not None:
+        if self.ranks.keeps_journal:
             self.table.journal = []  # what the other ranks replay before each step
         self.backend = create_backend(
             config.attention_backend,
@@ -153,9 +151,8 @@ class Engine:
         the other ranks."""
         self.graphs = self.model = self.pool = self.table = self.backend = None
         self.ctx = self.sampler = None
-        ranks, self.ranks = self.ranks, None
-        if ranks is not None:
-            ranks.close()
+        ranks, self.ranks = self.ranks, OneRank()
+        ranks.close()
 
     def _check_fits(self) -> None:
         if self.device.type != "cuda":
@@ -222,9 +219,8 @@ class Engine:
         clock = clock if clock is not None else StageClock()
         clock.enter("forward")
         launch, self.launches = self.launches, self.launches + 1
-        if self.ranks is not None:
-            self.ranks.launch(batch, self.table)
-        with self._ranks_alive() if self.ranks is not None else _NO_RANKS:
+        self.ranks.launch(batch, self.table)
+        with self.ranks.alive():
             timer = DeviceTimer(self.device)
             timer.start()
             self.backend.launched(timer)  # the plan's copies are behind its start
@@ -238,45 +234,23 @@ class Engine:
         return DeviceStep(tokens, done, timer, self.tp.size, launch)
 
     def wait(self, step: DeviceStep) -> None:
-        """Until `step`'s tokens are on the host. With other ranks, polled: a rank that died
-        leaves rank 0's collectives waiting on the GPU, and this raises instead of hanging."""
-        if step.done is None:
-            return
-        if self.ranks is None:
-            step.done.synchronize()
-            return
-        polls = 0
-        while not step.done.query():
-            polls += 1
-            if polls % 256 == 0:
-                self.ranks.check()
-            time.sleep(5e-5)
+        """Until `step`'s tokens are on the host (with other ranks, watching them)."""
+        if step.done is not None:
+            self.ranks.wait(step.done)
 
     def rank_device_ms(self) -> dict[int, list[float]]:
         """With tensor parallelism: the device time of each step not asked about before on
         ranks 1.. (launch -> ms per rank), from each rank's own timer."""
-        return {} if self.ranks is None else self.ranks.device_ms()
+        return self.ranks.device_ms()
 
     def check_ranks(self) -> None:
         """With tensor parallelism: every rank's request table (page table, token pool) equals
         rank 0's, so the ranks read and write the same KV slots."""
-        if self.ranks is not None:
-            differ = self.ranks.same_tables(self.table)
-            if differ:
-                raise AssertionError(
-                    f"tensor-parallel ranks {differ} hold a request table unlike rank 0's"
-                )
-
-    @contextlib.contextmanager
-    def _ranks_alive(self) -> Iterator[None]:
-        """A failure while other ranks run says so when one of them died (gloo raises at once
-        when a peer's connection closes)."""
-        try:
-            yield
-        except Exception:
-            if self.ranks is not None:
-                self.ranks.check(wait_s=2.0)
-            raise
+        differ = self.ranks.same_tables(self.table)
+        if differ:
+            raise AssertionError(
+                f"tensor-parallel ranks {differ} hold a request table unlike rank 0's"
+            )
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [sampled requests, vocab] in the model's dtype."""
@@ -310,9 +284,6 @@ class Engine:
         host = self._token_host[self.launches % len(self._token_host)][: len(reqs)]
         host.copy_(tokens, non_blocking=True)
         return host
-
-
-_NO_RANKS = contextlib.nullcontext()
 
 
 class DeviceStep(NamedTuple):

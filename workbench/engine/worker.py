@@ -1,6 +1,7 @@
-"""A tensor-parallel rank started by rank 0: ``python -m workbench.engine.worker RANK SIZE
-INIT_METHOD SCRATCH`` (see `tp.py`). Its engine config is pickled in SCRATCH; what it raised goes
-to SCRATCH/rank<RANK>.err, where rank 0 reads it."""
+"""A tensor-parallel rank above 0: it builds its share of the engine and runs every step rank 0
+sends (`ranks.py`). Started by rank 0 as ``python -m workbench.engine.worker RANK SIZE
+INIT_METHOD SCRATCH`` (its engine config is pickled in SCRATCH; what it raised goes to
+SCRATCH/rank<RANK>.err, where rank 0 reads it), or by torchrun (`serve_under_torchrun`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,18 @@ import signal
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from ..core import Batch, ChunkedReq, Req, SamplingParams
+from ..distributed import TPGroup, close_tp
+from .engine import DeviceStep, Engine
+from .ranks import DEVICE_MS, INTEGRITY, MAX_TIMERS, StepMessage, join, torchrun_rank
+
+if TYPE_CHECKING:
+    from ..config import EngineConfig
+    from ..device import DeviceTimer
 
 
 def _worker(rank: int, size: int, init_method: str, scratch: str) -> None:
@@ -20,8 +33,6 @@ def _worker(rank: int, size: int, init_method: str, scratch: str) -> None:
     try:
         with open(Path(scratch, "config.pickle"), "rb") as f:
             config = pickle.load(f)
-        from .tp import join, serve
-
         tp, control = join(rank, size, config, init_method)
         serve(config, tp, control)
     except BaseException:
@@ -31,6 +42,71 @@ def _worker(rank: int, size: int, init_method: str, scratch: str) -> None:
         sys.stderr.write(text)
         os._exit(1)
     os._exit(0)
+
+
+def serve(config: EngineConfig, tp: TPGroup, control) -> None:
+    """Rank > 0: build this rank's engine, then run each step rank 0 sends until it closes."""
+    engine = Engine(config, tp=tp)
+    timers: dict[int, DeviceTimer] = {}  # launch -> this rank's timer, until rank 0 asks
+    sampling: dict[int, SamplingParams] = {}  # uid -> sampling of the requests rank 0 runs
+    try:
+        while True:
+            box = [None]
+            try:
+                dist.broadcast_object_list(box, src=0, group=control)
+            except Exception:
+                break  # rank 0's process is gone without closing: nothing left to serve
+            message = box[0]
+            if message is None:
+                break
+            if isinstance(message, StepMessage):
+                step = run_step(engine, message, sampling)
+                timers[step.launch] = step.timer
+                if len(timers) > MAX_TIMERS:  # rank 0 has not asked for a long while
+                    del timers[next(iter(timers))]
+            elif message[0] == INTEGRITY:
+                engine.table.replay(message[1])
+                digests = [None] * tp.size
+                dist.all_gather_object(digests, engine.table.digest(), group=control)
+            elif message[0] == DEVICE_MS:
+                report = {k: t.elapsed_ms() for k, t in timers.items()}
+                timers.clear()
+                dist.all_gather_object([None] * tp.size, report, group=control)
+    finally:
+        engine.close()
+        close_tp(tp)
+
+
+def run_step(
+    engine: Engine, message: StepMessage, sampling: dict[int, SamplingParams]
+) -> DeviceStep:
+    """Replay rank 0's table writes, then run the step it launched. `sampling`: what earlier
+    messages said of the requests' sampling (kept up to date here)."""
+    for uid in message.gone:
+        sampling.pop(uid, None)
+    sampling.update(message.sampling)
+    engine.table.replay(message.journal)
+    reqs = [mirror(row, sampling[row[0]]) for row in message.ledgers.tolist()]
+    batch = Batch(reqs, message.phase, message.num_decode)
+    batch.snapshot()
+    engine.prepare(batch)
+    return engine.run_batch(batch)
+
+
+def mirror(ledger: list[int], sampling: SamplingParams) -> Req:
+    """The request rank 0 sent as `ledger` (`ranks.ledger_of`)."""
+    uid, table_idx, cached_len, device_len, prompt_len, max_len, chunked = ledger
+    cls = ChunkedReq if chunked else Req
+    return cls.mirror(uid, table_idx, cached_len, device_len, prompt_len, max_len, sampling)
+
+
+def serve_under_torchrun(config: EngineConfig) -> None:
+    """Under torchrun, on a rank above 0: join the others, serve rank 0's steps until it
+    closes, then exit (the process ends here)."""
+    rank = torchrun_rank(config)
+    tp, control = join(rank, config.tp_size, config, "env://")
+    serve(config, tp, control)
+    raise SystemExit(0)
 
 
 def _die_with_parent() -> None:

@@ -9,6 +9,9 @@ to the dummy request that pads CUDA-graph batches.
 
 from __future__ import annotations
 
+import hashlib
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -37,7 +40,7 @@ class TableManager:
         self.rewrites = np.zeros(rows, dtype=np.int64)
         # NOTE: with tensor parallelism, rank 0's writes since its last step, which the other
         # ranks replay on their tables before running the same step (None: not kept)
-        self.journal: list[tuple[str, tuple]] | None = None
+        self.journal: list[TableWrite] | None = None
 
     @property
     def available_size(self) -> int:
@@ -52,14 +55,14 @@ class TableManager:
 
     def write_tokens(self, row: int, start: int, token_ids: list[int]) -> None:
         if self.journal is not None:
-            self.journal.append(("write_tokens", (row, start, token_ids)))
+            self.journal.append(WriteTokens(row, start, token_ids))
         src = to_device(token_ids, self.device, torch.int32)
         self.token_pool[row, start : start + len(token_ids)].copy_(src)
 
     def write_row(self, row: int, start: int, slots: np.ndarray) -> None:
         """Point ``[row, start : start + len(slots)]`` at KV slots, on the host and the device."""
         if self.journal is not None:
-            self.journal.append(("write_row", (row, start, slots)))
+            self.journal.append(WriteRow(row, start, slots))
         self.page_table_host[row, start : start + len(slots)] = slots
         self.rewrites[row] += 1
         if self.device.type != "cpu":
@@ -72,7 +75,7 @@ class TableManager:
         """Point page-table entries at KV slots, on the host and (unless `device` is False: a
         CUDA graph writes them itself, `engine/graph.py`) on the device."""
         if self.journal is not None:
-            self.journal.append(("write_slots", (rows, cols, slots)))
+            self.journal.append(WriteSlots(rows, cols, slots))
         self.page_table_host[rows, cols] = slots
         if device and self.device.type != "cpu":
             rows_d, cols_d, slots_d = send_arrays(
@@ -84,3 +87,45 @@ class TableManager:
                 self.device,
             )
             self.page_table.index_put_((rows_d, cols_d), slots_d)
+
+    def replay(self, journal: list[TableWrite]) -> None:
+        """Make another table's writes (rank 0's, on another rank) on this one."""
+        for write in journal:
+            write.apply(self)
+
+    def digest(self) -> str:
+        """A fingerprint of the page table (the host's) and the token pool."""
+        h = hashlib.sha1(self.page_table_host.tobytes())
+        h.update(self.token_pool.cpu().numpy().tobytes())
+        return h.hexdigest()
+
+
+# -- the writes a journal keeps -------------------------------------------------------------
+class WriteTokens(NamedTuple):
+    row: int
+    start: int
+    token_ids: list[int]
+
+    def apply(self, table: TableManager) -> None:
+        table.write_tokens(self.row, self.start, self.token_ids)
+
+
+class WriteRow(NamedTuple):
+    row: int
+    start: int
+    slots: np.ndarray
+
+    def apply(self, table: TableManager) -> None:
+        table.write_row(self.row, self.start, self.slots)
+
+
+class WriteSlots(NamedTuple):
+    rows: np.ndarray
+    cols: np.ndarray
+    slots: np.ndarray
+
+    def apply(self, table: TableManager) -> None:
+        table.write_slots(self.rows, self.cols, self.slots)
+
+
+TableWrite = WriteTokens | WriteRow | WriteSlots

@@ -1,13 +1,14 @@
-"""Tensor parallelism across processes: one scheduler, many ranks.
+"""Tensor parallelism across processes, rank 0's side: one scheduler, many ranks.
 
 Rank 0 is the user's process (a notebook's kernel): it schedules, keeps the records and reads
-the sampled tokens. Ranks 1..N-1 are worker processes, started by the engine (`python -m
-workbench.engine.worker`, one GPU each, or gloo processes on the CPU) or by `torchrun`. Each
-holds its share of the model and of the KV pool (its KV heads of the same slots). Rank 0 sends
-every step it launches (the requests' ledgers and its request-table writes since the last step)
-and every rank runs the same forward. Every rank samples: the logits are gathered whole on each
-and the samplers are seeded alike, so each rank's token pool gets the tokens its next decode
-reads, and no step waits for rank 0's tokens to travel.
+the sampled tokens. Ranks 1..N-1 are worker processes (`worker.py`), started by the engine
+(`python -m workbench.engine.worker`, one GPU each, or gloo processes on the CPU) or by
+`torchrun`. Each holds its share of the model and of the KV pool (its KV heads of the same
+slots). Rank 0 sends every step it launches (the requests' ledgers and its request-table writes
+since the last step, `kvcache.table.TableWrite`) and every rank runs the same forward. Every
+rank samples: the logits are gathered whole on each and the samplers are seeded alike, so each
+rank's token pool gets the tokens its next decode reads, and no step waits for rank 0's tokens
+to travel. An engine of one process has `OneRank` in place of `Ranks`.
 
 Two process groups: the model's collectives (NCCL on GPUs, gloo on the CPU), which time out,
 and a gloo group that carries rank 0's step messages, which waits as long as the user thinks.
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
-import hashlib
 import math
 import os
 import pickle
@@ -27,6 +26,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -36,13 +37,11 @@ import torch
 import torch.distributed as dist
 
 from ..core import Batch, ChunkedReq, Req, SamplingParams
-from ..distributed import TPGroup, close_tp, init_tp
+from ..distributed import TPGroup, init_tp
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
-    from ..device import DeviceTimer
-    from ..kvcache.table import TableManager
-    from .engine import DeviceStep, Engine
+    from ..kvcache.table import TableManager, TableWrite
 
 # NVLink multicast is off on these machines and must stay off in every process (NCCL's NVLS,
 # torch's symmetric memory, NVSHMEM)
@@ -62,7 +61,7 @@ IDLE_TIMEOUT = timedelta(days=365)  # a worker waits for the next step as long a
 class StepMessage(NamedTuple):
     """One launched step, as rank 0 sends it to the other ranks."""
 
-    journal: list[tuple[str, tuple]]  # rank 0's request-table writes since the last step
+    journal: list[TableWrite]  # rank 0's request-table writes since the last step
     phase: str
     num_decode: int
     ledgers: np.ndarray  # int64 [requests, 7]: `ledger_of` each request
@@ -87,40 +86,12 @@ def ledger_of(req: Req) -> tuple[int, ...]:
     )
 
 
-def mirror(ledger: list[int], sampling: SamplingParams) -> Req:
-    """A request with `ledger`'s lengths, for a rank that runs a step it did not schedule: no
-    tokens (they are in the table) and no cache handle; every other field at its default."""
-    uid, table_idx, cached_len, device_len, prompt_len, max_len, chunked = ledger
-    cls = ChunkedReq if chunked else Req
-    known = dict(
-        uid=uid,
-        token_ids=[],
-        prompt_len=prompt_len,
-        table_idx=table_idx,
-        cached_len=cached_len,
-        sampling=sampling,
-        cache_handle=None,
-        device_len=device_len,
-        max_device_len=max_len,
-        alloc_len=device_len,
-    )
-    req = object.__new__(cls)  # NOTE: not __init__: its checks need the tokens
-    for f in dataclasses.fields(cls):
-        if f.name in known:
-            value = known[f.name]
-        elif f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            raise TypeError(f"tp.mirror: Req.{f.name} has no default; send it in ledger_of")
-        object.__setattr__(req, f.name, value)
-    return req
-
-
 class Ranks:
     """Rank 0's side of a tensor-parallel engine: the other ranks, the step messages it sends
-    them, and a clear error when one of them has died."""
+    them, and a clear error when one of them has died. `OneRank` stands in for them when there
+    are none."""
+
+    keeps_journal = True  # the request table keeps its writes for the ranks to replay
 
     def __init__(self, size: int, control, procs: list[subprocess.Popen], scratch: str) -> None:
         self.size, self._control, self._procs, self._scratch = size, control, procs, scratch
@@ -130,9 +101,18 @@ class Ranks:
         atexit.register(self.close)  # a script that ends without close() stops its ranks too
 
     @property
-    def pids(self) -> list[int]:
+    def processes(self) -> list[subprocess.Popen]:
         """The processes of ranks 1.. that this engine started (none under torchrun)."""
+        return list(self._procs)
+
+    @property
+    def pids(self) -> list[int]:
         return [proc.pid for proc in self._procs]
+
+    @property
+    def requests_known(self) -> int:
+        """Requests whose sampling the ranks hold (sent once each, forgotten when they end)."""
+        return len(self._sent)
 
     def launch(self, batch: Batch, table: TableManager) -> None:
         """Send the step rank 0 is about to run to the other ranks."""
@@ -160,7 +140,7 @@ class Ranks:
         journal, table.journal = table.journal, []  # writes since the last step go first
         dist.broadcast_object_list([(INTEGRITY, journal)], src=0, group=self._control)
         digests: list[str | None] = [None] * self.size
-        dist.all_gather_object(digests, table_digest(table), group=self._control)
+        dist.all_gather_object(digests, table.digest(), group=self._control)
         return [r for r, d in enumerate(digests) if d != digests[0]]
 
     def device_ms(self) -> dict[int, list[float]]:
@@ -171,6 +151,26 @@ class Ranks:
         dist.all_gather_object(reports, {}, group=self._control)
         launches = sorted(set().union(*reports[1:]))
         return {k: [r.get(k, math.nan) for r in reports[1:]] for k in launches}
+
+    @contextlib.contextmanager
+    def alive(self) -> Iterator[None]:
+        """A failure inside says so when one of the ranks died (gloo raises at once when a
+        peer's connection closes)."""
+        try:
+            yield
+        except Exception:
+            self.check(wait_s=2.0)
+            raise
+
+    def wait(self, done: torch.cuda.Event) -> None:
+        """Until `done`, polled: a rank that died leaves rank 0's collectives waiting on the
+        GPU, and this raises instead of hanging."""
+        polls = 0
+        while not done.query():
+            polls += 1
+            if polls % 256 == 0:
+                self.check()
+            time.sleep(5e-5)
 
     def check(self, wait_s: float = 0.0) -> None:
         """Raise if a worker has died (waiting up to `wait_s` for one that is dying)."""
@@ -214,17 +214,57 @@ class Ranks:
         shutil.rmtree(self._scratch, ignore_errors=True)
 
 
-def start(config: EngineConfig) -> tuple[TPGroup, Ranks | None]:
-    """Join (or first start) the ranks of a `config.tp_size` engine. Under torchrun the ranks
-    are its processes and ranks 1.. serve here until rank 0 closes, then exit; otherwise this
-    process is rank 0 and starts ranks 1.. itself."""
+class OneRank:
+    """The ranks of an engine that runs in this process alone: nothing to send, nothing to
+    wait for but the device."""
+
+    size, processes, pids, requests_known, failure, keeps_journal = 1, [], [], 0, None, False
+
+    def launch(self, batch: Batch, table: TableManager) -> None:
+        return None
+
+    def alive(self) -> contextlib.AbstractContextManager:
+        return _NOTHING
+
+    def wait(self, done: torch.cuda.Event) -> None:
+        done.synchronize()
+
+    def same_tables(self, table: TableManager) -> list[int]:
+        return []
+
+    def device_ms(self) -> dict[int, list[float]]:
+        return {}
+
+    def check(self, wait_s: float = 0.0) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+def torchrun_rank(config: EngineConfig) -> int | None:
+    """This process's rank when torchrun started as many processes as `config.tp_size`
+    (None: not under such a torchrun)."""
+    if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == config.tp_size:
+        return int(os.environ["RANK"])
+    return None
+
+
+def start(config: EngineConfig) -> tuple[TPGroup, Ranks]:
+    """Rank 0 of a `config.tp_size` engine: under torchrun, join its processes (ranks 1..
+    serve in `worker.serve_under_torchrun`); otherwise start ranks 1.. as fresh processes."""
     size = config.tp_size
-    if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == size:
-        rank = int(os.environ["RANK"])
-        tp, control = join(rank, size, config, "env://")
+    rank = torchrun_rank(config)
+    if rank is not None:
         if rank > 0:
-            serve(config, tp, control)
-            raise SystemExit(0)
+            raise RuntimeError(
+                f"torchrun rank {rank} builds no engine of its own: it serves rank 0's steps "
+                "(LLM(...) does that; for an Engine, call worker.serve_under_torchrun)"
+            )
+        tp, control = join(0, size, config, "env://")
         return tp, Ranks(size, control, [], tempfile.mkdtemp(prefix="workbench-tp-"))
     if dist.is_initialized():
         raise RuntimeError(
@@ -286,71 +326,6 @@ def join(rank: int, size: int, config: EngineConfig, init_method: str):
     tp = init_tp(rank, size, config.tp_collectives, init_method, COLLECTIVE_TIMEOUT, device)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     return tp, control
-
-
-def serve(config: EngineConfig, tp: TPGroup, control) -> None:
-    """Rank > 0: build this rank's engine, then run each step rank 0 sends until it closes."""
-    from .engine import Engine
-
-    engine = Engine(config, tp=tp)
-    timers: dict[int, DeviceTimer] = {}  # launch -> this rank's timer, until rank 0 asks
-    sampling: dict[int, SamplingParams] = {}  # uid -> sampling of the requests rank 0 runs
-    try:
-        while True:
-            box = [None]
-            try:
-                dist.broadcast_object_list(box, src=0, group=control)
-            except Exception:
-                break  # rank 0's process is gone without closing: nothing left to serve
-            message = box[0]
-            if message is None:
-                break
-            if isinstance(message, StepMessage):
-                step = run_step(engine, message, sampling)
-                timers[step.launch] = step.timer
-                if len(timers) > MAX_TIMERS:  # rank 0 has not asked for a long while
-                    del timers[next(iter(timers))]
-            elif message[0] == INTEGRITY:
-                replay(engine.table, message[1])
-                digests = [None] * tp.size
-                dist.all_gather_object(digests, table_digest(engine.table), group=control)
-            elif message[0] == DEVICE_MS:
-                report = {k: t.elapsed_ms() for k, t in timers.items()}
-                timers.clear()
-                dist.all_gather_object([None] * tp.size, report, group=control)
-    finally:
-        engine.close()
-        close_tp(tp)
-
-
-def replay(table: TableManager, journal: list[tuple[str, tuple]]) -> None:
-    """Make rank 0's request-table writes on this rank's table."""
-    for method, args in journal:
-        getattr(table, method)(*args)
-
-
-def table_digest(table: TableManager) -> str:
-    """A fingerprint of the request table's page table and token pool."""
-    h = hashlib.sha1(table.page_table_host.tobytes())
-    h.update(table.token_pool.cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-def run_step(
-    engine: Engine, message: StepMessage, sampling: dict[int, SamplingParams]
-) -> DeviceStep:
-    """Replay rank 0's table writes, then run the step it launched. `sampling`: what earlier
-    messages said of the requests' sampling (kept up to date here)."""
-    for uid in message.gone:
-        sampling.pop(uid, None)
-    sampling.update(message.sampling)
-    table = engine.table
-    replay(table, message.journal)
-    reqs = [mirror(row, sampling[row[0]]) for row in message.ledgers.tolist()]
-    batch = Batch(reqs, message.phase, message.num_decode)
-    batch.snapshot()
-    engine.prepare(batch)
-    return engine.run_batch(batch)
 
 
 def _free_port() -> int:
