@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from workbench import SamplingParams, Workbench
+from workbench.core import PendingReq
 from workbench.kvcache.radix import RadixCache
 from workbench.kvcache.table import TableManager
 from workbench.scheduler.cache import CacheManager
-from workbench.scheduler.prefill import PendingReq, PrefillAdder
+from workbench.scheduler.prefill import PrefillAdder
 
 from .conftest import PROMPTS, greedy
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from workbench import Workbench, load_run
-from workbench.config import POLICIES
+from workbench.policies import POLICIES
 from workbench.stages import HOST_STAGES
 
 from .conftest import PROMPTS, greedy
@@ -123,7 +123,7 @@ def split_wb() -> Workbench:
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_host_time_splits_by_stage_and_the_stages_add_up(split_wb, policy, overlap):
     wb = split_wb
     wb.reset()

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from workbench import LLM, SamplingParams, Workbench, load_run, viz
-from workbench.config import POLICIES
+from workbench.policies import POLICIES
 
 from .conftest import greedy, hf_greedy, run
 
@@ -38,7 +38,7 @@ def expected() -> list[list[int]]:
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["no-overlap", "overlap"])
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("max_extend_tokens", [3, 8192])
 def test_two_ranks_match_hf(wb2, expected, policy, max_extend_tokens, overlap):
     """Both chunk sizes, each policy, overlap off and on, on one two-rank engine; the second

@@ -55,7 +55,7 @@ def test_charts_from_a_live_and_a_loaded_run_are_the_same(run):
         rows = loaded.pages_at(step)
         ledger = loaded.ledger[loaded.ledger.step == step]
         cached = dict(zip(ledger.uid, ledger.cached_tokens))
-        owners |= set(viz.charts._sharing_segments(rows, cached).owner)
+        owners |= set(viz.request_charts.sharing_segments(rows, cached).owner)
     assert owners == {"own", "shared", "prefix cache"}
 
 
@@ -72,7 +72,7 @@ def test_the_page_table_tells_the_prefix_caches_pages_from_own():
     spec = json.dumps(viz.page_table(wb.history, record.step).to_dict())
     assert '"prefix cache"' in spec and '"own"' in spec
     pages = wb.history.pages_at(record.step)
-    segments = viz.charts._sharing_segments(pages, {uid: row.cached_tokens})
+    segments = viz.request_charts.sharing_segments(pages, {uid: row.cached_tokens})
     cache = segments[segments.owner == "prefix cache"]
     assert cache.pos_start.min() == 0 and cache.pos_end.max() == row.cached_tokens
 
@@ -165,6 +165,35 @@ def test_report_is_one_offline_file(run, tmp_path):
         for out in outputs:
             assert html.escape(out["text"]) in page
         assert html.escape(PROMPTS[0]) in page
+
+
+def test_a_chart_added_to_the_registry_shows_everywhere(run, tmp_path, monkeypatch):
+    """One line in `charts.CHARTS` is all a new chart needs: the dashboard draws it for the
+    step and request in focus, the report includes it under its title, `viz` exports it."""
+    from workbench.viz import charts
+
+    wb, loaded = run
+    drawn = []
+
+    def tokens_per_step(history, highlight_step=None, highlight_uid=None):
+        drawn.append((highlight_step, highlight_uid))
+        return viz.kv_usage(history, highlight_step)
+
+    extra = charts.Chart("tokens_per_step", "Tokens per step", tokens_per_step, "highlight_step",
+                         "highlight_uid")  # fmt: skip
+    monkeypatch.setattr(charts, "CHARTS", (*charts.CHARTS, extra))
+    monkeypatch.setitem(charts.BY_NAME, "tokens_per_step", extra)
+    assert viz.tokens_per_step is tokens_per_step and "tokens_per_step" in dir(viz)
+    dash = loaded.dashboard()
+    assert "tokens_per_step" in dash.charts
+    dash.slider.value, dash.picker.value = 1, int(loaded.requests.uid.iloc[0])
+    assert drawn[-1] == (1, int(loaded.requests.uid.iloc[0]))
+    page = loaded.report(tmp_path / "extra.html").read_text()
+    assert "Tokens per step" in page and page.count("vegaEmbed('#fig") == 10
+    # every registered chart draws with the one signature, with or without a focus
+    for chart in charts.CHARTS:
+        for step, uid in ((None, None), (1, int(loaded.requests.uid.iloc[0]))):
+            assert chart.draw(loaded, step, uid).to_dict()
 
 
 def test_dashboard_steps_and_redraws():

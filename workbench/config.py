@@ -10,12 +10,11 @@ from typing import Literal
 import torch
 
 from .kvcache import CACHES
+from .policies import POLICIES
 
 CacheKind = Literal["naive", "radix"]
-Policy = Literal["prefill_first", "decode_first", "mixed"]
 
 CACHE_KINDS = tuple(CACHES)
-POLICIES = ("prefill_first", "decode_first", "mixed")
 TP_BACKENDS = ("nccl", "gloo")
 RECORD_LEVELS = ("off", "light", "full")  # what each step keeps (instrument/probe.py)
 # What a loaded engine can change without reloading weights, resizing the KV pool or capturing
@@ -52,7 +51,7 @@ class EngineConfig:
     num_pages: int | None = None  # None: sized from memory
     max_seq_len: int | None = None  # None: the model's context, capped by `max_seq_len_cap`
     attention: str | None = None  # backend; None: "flashinfer" on cuda when installed, else "torch"
-    policy: Policy = "prefill_first"
+    policy: str = "prefill_first"  # a name in `policies.POLICIES`
     seed: int = 0  # dummy weights and unseeded sampling
     overlap: bool | None = None  # None: on for cuda, off on cpu (where it cannot overlap)
     cuda_graph: bool = True  # capture decode batches (cuda only)
@@ -95,7 +94,7 @@ class EngineConfig:
             max_running_reqs=V.integer("max_running_reqs", self.max_running_reqs, 1, 2**16),
             num_pages=V.optional_integer("num_pages", self.num_pages, 1),
             max_seq_len=V.optional_integer("max_seq_len", self.max_seq_len, 1),
-            policy=V.choice("policy", self.policy, POLICIES),
+            policy=V.choice("policy", self.policy, sorted(POLICIES)),
             seed=V.integer("seed", self.seed, 0, 2**63 - 1),
             overlap=V.optional_boolean("overlap", self.overlap),
             cuda_graph=V.boolean("cuda_graph", self.cuda_graph),

@@ -82,16 +82,12 @@ def run_demo(args: Namespace) -> None:
     )
     run = wb.save(out / "run.parquet")
     report = wb.report(out / "report.html", title=f"workbench demo: {args.model}")
-    from .viz import charts
+    from .viz.charts import BY_NAME
     from .viz.report import focus_step, save_png
 
     step = focus_step(wb.history)
-    for name, chart in (
-        ("batch_composition", charts.batch_composition(wb.history)),
-        ("kv_usage", charts.kv_usage(wb.history)),
-        ("page_table", charts.page_table(wb.history, step)),
-        ("ledger_bars", charts.ledger_bars(wb.history, step)),
-    ):
-        save_png(chart, out / f"{name}.png")
+    for name in ("batch_composition", "kv_usage", "page_table", "ledger_bars"):
+        chart = BY_NAME[name]
+        save_png(chart.draw(wb.history, step if chart.per_step else None), out / f"{name}.png")
     print(f"run saved to {run}; charts as PNG in {out}/")
     print(f"report: {report.resolve()}")

@@ -7,7 +7,8 @@ import ast
 
 import torch
 
-from ..config import CACHE_KINDS, POLICIES, RECORD_LEVELS, TP_BACKENDS
+from ..config import CACHE_KINDS, RECORD_LEVELS, TP_BACKENDS
+from ..policies import POLICIES
 from .roofline import DEVICES
 
 
@@ -28,7 +29,9 @@ def add_schedule_arguments(
 ) -> None:
     """The flags `demo` and `bench` share: policy, token budget, request slots, pages, cache;
     under our names and under SGLang's."""
-    p.add_argument("--policy", default="prefill_first", choices=POLICIES, help="batch policy")
+    p.add_argument(
+        "--policy", default="prefill_first", choices=sorted(POLICIES), help="batch policy"
+    )
     p.add_argument(
         "--max-extend-tokens",
         "--chunked-prefill-size",

@@ -29,33 +29,14 @@ from ..core import (
     Admission,
     Admissions,
     ChunkedReq,
+    PendingReq,
     Req,
-    SamplingParams,
     floor_page,
     kv_tokens_needed,
 )
 from ..kvcache.base import CacheHandle
 from ..kvcache.table import TableManager
 from .cache import CacheManager
-
-
-@dataclass(eq=False)
-class PendingReq:
-    """A waiting request: no slot, no cache handle (unless a chunk of it already ran)."""
-
-    uid: int
-    token_ids: list[int]  # the prompt
-    sampling: SamplingParams
-    chunked: ChunkedReq | None = None  # set while its prompt is being prefilled in chunks
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def total_len(self) -> int:
-        """Its prompt and every token it may generate: what admission reserves KV for."""
-        return len(self.token_ids) + self.sampling.max_tokens
 
 
 @dataclass

@@ -21,9 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import EngineConfig
-from ..core import Admissions, Batch, Req, SamplingParams
+from ..core import Admissions, Batch, PendingReq, Req, SamplingParams
 from ..engine.engine import Engine
 from ..kvcache import create_prefix_cache
+from ..policies import SchedulerState, policy
 from ..stages import StageClock
 from .cache import CacheManager
 from .decode import DecodeManager
@@ -31,8 +32,7 @@ from .ending import EarlyEnds
 from .integrity import check_integrity
 from .observer import Observer
 from .outcome import InFlight, Occupancy, StepOutcome
-from .policy import schedule_next_batch
-from .prefill import PendingReq, PrefillAdder, PrefillManager
+from .prefill import PrefillAdder, PrefillManager
 from .prepare import prepare_batch
 
 
@@ -192,10 +192,14 @@ class Scheduler(EarlyEnds):
     def schedule_next_batch(self) -> tuple[Batch | None, Admissions]:
         """The configured policy's batch and the admission decisions behind it."""
         cfg = self.config
-        running = list(self.decode.running)
-        return schedule_next_batch(
-            cfg.policy, cfg.max_extend_tokens, self.prefill, running, self._new_adder
+        state = SchedulerState(
+            self.prefill.queue, list(self.decode.running), cfg.max_extend_tokens, self._admit
         )
+        return policy(cfg.policy)(state)
+
+    def _admit(self, token_budget: int) -> tuple[list[Req], Admissions]:
+        """Admission over the queue with this token budget (`PrefillAdder`'s five checks)."""
+        return self.prefill.schedule(self._new_adder(token_budget))
 
     def _new_adder(self, token_budget: int) -> PrefillAdder:
         return PrefillAdder(

@@ -1,17 +1,12 @@
-"""Views of a run: Altair charts, the live dashboard, the static report. Each reads a history."""
+"""Views of a run: Altair charts, the live dashboard, the static report. Each reads a history.
 
-from .charts import (
-    admissions,
-    batch_composition,
-    kernel_timeline,
-    kv_usage,
-    ledger_bars,
-    ledger_lines,
-    page_table,
-    rank_times,
-    step_breakdown,
-    step_times,
-)
+Every chart of `charts.CHARTS` is here by its name (``viz.batch_composition(history)``), with
+the comparisons of several runs (`compare_table`, `compare_chart`, `request_latencies`), the
+report (`write_report`) and the dashboard (`Dashboard`, imported on first use: it needs
+ipywidgets)."""
+
+from . import charts
+from .charts import CHARTS, Chart
 from .compare import compare_chart, compare_table, request_latencies
 from .report import write_report
 
@@ -35,27 +30,26 @@ def _render_offline() -> None:
 _render_offline()
 
 __all__ = [
-    "admissions",
-    "batch_composition",
+    *(chart.name for chart in CHARTS),
+    "CHARTS",
+    "Chart",
+    "Dashboard",
     "compare_chart",
     "compare_table",
-    "Dashboard",
-    "kernel_timeline",
-    "kv_usage",
-    "ledger_bars",
-    "ledger_lines",
-    "page_table",
-    "rank_times",
     "request_latencies",
-    "step_breakdown",
-    "step_times",
     "write_report",
 ]
 
 
 def __getattr__(name: str):
+    if name in charts.BY_NAME:  # each chart's function, by its name in the registry
+        return charts.BY_NAME[name].function
     if name == "Dashboard":  # imported on first use: it needs ipywidgets
         from .dashboard import Dashboard
 
         return Dashboard
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *charts.BY_NAME})

@@ -1,4 +1,4 @@
-"""Altair charts: pure functions from a run history to a chart.
+"""Altair charts: pure functions from a run history to a chart, and their registry.
 
 A history is anything with the tables `steps`, `ledger`, `requests`, `admissions`, `events` and
 `pages` (a live `History` or a loaded `RunHistory`). Nothing here needs the engine, and nothing
@@ -6,18 +6,21 @@ loads from the network. Long runs are aggregated before they reach Altair (its r
 5,000 and a browser wants far fewer marks than that).
 
 The charts live by what they show: `step_charts` (batches, the KV pool, time per step) and
-`request_charts` (ledgers, page tables, admissions); this module gathers them.
+`request_charts` (ledgers, page tables, admissions). `CHARTS` lists every one in the order the
+dashboard and the report show them; each is drawn the same way, `chart.draw(history, step,
+uid)`, for the step and the request in focus (None: none). Adding a chart is its function and
+one line here.
 """
 
-from .request_charts import (
-    _sharing_segments,  # noqa: F401 (the tests check it here)
-    admissions,
-    ledger_bars,
-    ledger_lines,
-    page_table,
-)
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from .request_charts import admissions, ledger_bars, ledger_lines, page_table
 from .step_charts import (
     batch_composition,
+    has_ranks,
     kernel_timeline,
     kv_usage,
     rank_times,
@@ -25,15 +28,45 @@ from .step_charts import (
     step_times,
 )
 
-__all__ = [
-    "admissions",
-    "batch_composition",
-    "kernel_timeline",
-    "kv_usage",
-    "ledger_bars",
-    "ledger_lines",
-    "page_table",
-    "rank_times",
-    "step_breakdown",
-    "step_times",
-]
+
+class Chart(NamedTuple):
+    """One chart of the views: its function and the keywords it takes the focus by."""
+
+    name: str
+    title: str  # in the report; "{step}" is the step it shows
+    function: Callable[..., Any]
+    step: str | None  # the keyword that takes the step in focus (None: it takes none)
+    uid: str | None = None  # the keyword that takes the request in focus
+    per_step: bool = False  # it draws one step (the one in focus), not the whole run
+    wide: bool = False  # a row of the dashboard of its own
+    shown: Callable[[Any], bool] | None = None  # in the views only for the histories it says
+
+    def draw(self, history, step: int | None = None, uid: int | None = None):
+        """The chart of `history` for this step and request in focus."""
+        focus = {}
+        if self.step is not None and (step is not None or not self.per_step):
+            focus[self.step] = step
+        if self.per_step and step is None:  # the last step
+            steps = history.steps
+            focus[self.step] = int(steps.step.iloc[-1]) if len(steps) else 0
+        if self.uid is not None:
+            focus[self.uid] = uid
+        return self.function(history, **focus)
+
+    def applies(self, history) -> bool:
+        return self.shown is None or self.shown(history)
+
+
+CHARTS = (
+    Chart("batch_composition", "Batch composition", batch_composition, "highlight_step"),
+    Chart("ledger_bars", "Ledgers at step {step}", ledger_bars, "step", "highlight_uid", True),
+    Chart("kv_usage", "KV pool", kv_usage, "highlight_step"),
+    Chart("page_table", "Page table at step {step}", page_table, "step", "highlight_uid", True),
+    Chart("step_times", "Host and device time per step", step_times, "highlight_step", wide=True),
+    Chart("step_breakdown", "Where the time went", step_breakdown, "highlight_step"),
+    Chart("kernel_timeline", "Timeline of step {step}", kernel_timeline, "step", per_step=True),
+    Chart("ledger_lines", "Lengths over steps", ledger_lines, "highlight_step", "highlight_uid"),
+    Chart("admissions", "Admissions", admissions, None, "highlight_uid"),
+    Chart("rank_times", "Device time of each rank", rank_times, "highlight_step", shown=has_ranks),
+)
+BY_NAME = {chart.name: chart for chart in CHARTS}

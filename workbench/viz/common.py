@@ -15,24 +15,24 @@ MAX_POINTS = 4000  # points of all lines together; longer lines are thinned alon
 WIDTH = 520
 
 
-def _alt():
+def altair():
     import altair as alt
 
     return alt
 
 
-def _request_axis(alt, rows: int):
+def request_axis(alt, rows: int):
     """An axis of request ids: labelled while they fit, bare beyond (the tooltip names each)."""
     labelled = rows <= LABELLED_ROWS
     return alt.Axis(labels=labelled, ticks=labelled)
 
 
-def _rows_height(rows: int, per_row: int = 16) -> int:
+def rows_height(rows: int, per_row: int = 16) -> int:
     """A chart with one row per request: readable rows for a few, at most MAX_HEIGHT for many."""
     return max(60, min(per_row * rows, MAX_HEIGHT))
 
 
-def _step_x(alt, field: str = "step", title: str = "step"):
+def step_x(alt, field: str = "step", title: str = "step"):
     """A step axis: from 0, whole steps only."""
     return alt.X(
         f"{field}:Q",
@@ -42,7 +42,7 @@ def _step_x(alt, field: str = "step", title: str = "step"):
     )
 
 
-def _binned_steps(steps: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
+def binned_steps(steps: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
     """Steps as they are, or averaged into at most MAX_BARS bins for long runs; `bin` to
     `bin_end` is the span each bar covers."""
     if len(steps) <= MAX_BARS:
@@ -53,23 +53,23 @@ def _binned_steps(steps: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame
     return frame.assign(bin_end=frame.bin + width), f"step (mean of {width})"
 
 
-def _scale(alt, field: str, colors: dict[str, str]):
+def color_scale(alt, field: str, colors: dict[str, str]):
     return alt.Color(
         f"{field}:N", scale=alt.Scale(domain=list(colors), range=list(colors.values())), title=field
     )
 
 
-def _order_expr(field: str, order: list[str]) -> str:
+def order_expr(field: str, order: list[str]) -> str:
     return "+".join(f"(datum.{field} == '{v}') * {i}" for i, v in enumerate(order))
 
 
-def _highlight(alt, uid: int | None):
+def highlight(alt, uid: int | None):
     if uid is None:
         return alt.value(1.0)
     return alt.condition(f"datum.uid == {int(uid)}", alt.value(1.0), alt.value(0.25))
 
 
-def _with_rule(alt, chart, step: int | None, field: str = "bin"):
+def with_rule(alt, chart, step: int | None, field: str = "bin"):
     """The chart with a dashed rule at `step` (on the same x field, so the axis keeps its title)."""
     if step is None:
         return chart
@@ -79,7 +79,7 @@ def _with_rule(alt, chart, step: int | None, field: str = "bin"):
     return alt.layer(chart, rule.encode(x=f"{field}:Q"))
 
 
-def _empty(alt, message: str):
+def empty_chart(alt, message: str):
     return (
         alt.Chart(pd.DataFrame({"text": [message]}))
         .mark_text(align="left", color="#777")

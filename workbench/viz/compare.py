@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..history.families import breakdown_table
 from ..history.latency import inter_token_latencies, tpot
-from .common import WIDTH, _alt, _binned_steps
+from .common import WIDTH, altair, binned_steps
 from .report import summary
 
 
@@ -98,7 +98,7 @@ def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
     waiting queue over steps, one line per run. `unit`: "steps" or "ms" for the latencies."""
     if unit not in ("steps", "ms"):
         raise ValueError(f"unit must be 'steps' or 'ms', got {unit!r}")
-    alt = _alt()
+    alt = altair()
     labels = list(runs)
     run_scale = alt.Scale(domain=labels)
     lat = pd.concat(
@@ -118,7 +118,7 @@ def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
     )
     cols = ["num_tokens", "queue_len", "running"]
     steps = pd.concat(
-        [_binned_steps(h.steps, cols)[0].assign(run=label) for label, h in runs.items()],
+        [binned_steps(h.steps, cols)[0].assign(run=label) for label, h in runs.items()],
         ignore_index=True,
     )
     base = alt.Chart(steps).encode(

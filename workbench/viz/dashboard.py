@@ -16,24 +16,8 @@ from typing import Any
 import ipywidgets as w
 
 from . import charts
-from .common import _empty
+from .common import empty_chart
 
-RUN_WIDE = (
-    "batch_composition",
-    "kv_usage",
-    "step_times",
-    "step_breakdown",
-    "admissions",
-    "ledger_lines",
-)
-PER_STEP = ("ledger_bars", "page_table", "kernel_timeline")
-LAYOUT = (
-    ("batch_composition", "ledger_bars"),
-    ("kv_usage", "page_table"),
-    ("step_times",),
-    ("step_breakdown", "kernel_timeline"),
-    ("ledger_lines", "admissions"),
-)
 # During a run the views redraw only after the engine has stepped for REDRAW_RATIO times what
 # the last redraw cost (at least REDRAW_MIN_S): redrawing then adds at most 1 / REDRAW_RATIO.
 REDRAW_RATIO = 6.0
@@ -60,7 +44,9 @@ class Dashboard(w.VBox):
         )
         self.picker = w.Dropdown(description="request", options=[("all", -1)], value=-1)
         self.charts = {
-            name: alt.JupyterChart(_empty(alt, "no steps yet")) for name in RUN_WIDE + PER_STEP
+            chart.name: alt.JupyterChart(empty_chart(alt, "no steps yet"))
+            for chart in charts.CHARTS
+            if chart.applies(self.history)
         }
         self.buttons: dict[str, w.Button] = {}
         rows: list[w.Widget] = []
@@ -91,7 +77,7 @@ class Dashboard(w.VBox):
             picking.append(abort)
         rows.append(w.HBox(picking))
         rows.append(self.status)
-        for names in LAYOUT:
+        for names in _layout([c for c in charts.CHARTS if c.name in self.charts]):
             row = w.HBox([self.charts[name] for name in names])
             row.layout.flex_flow = "row wrap"
             rows.append(row)
@@ -229,19 +215,9 @@ class Dashboard(w.VBox):
         step = self.slider.value
         uid = None if self.picker.value == -1 else self.picker.value
         self.status.value = self._progress + self._status_html(step)
-        drawn = {
-            "batch_composition": charts.batch_composition(history, step),
-            "kv_usage": charts.kv_usage(history, step),
-            "step_times": charts.step_times(history, step),
-            "step_breakdown": charts.step_breakdown(history, step),
-            "admissions": charts.admissions(history, uid),
-            "ledger_lines": charts.ledger_lines(history, uid, step),
-            "ledger_bars": charts.ledger_bars(history, step, uid),
-            "page_table": charts.page_table(history, step, uid),
-            "kernel_timeline": charts.kernel_timeline(history, step),
-        }
-        for name, chart in drawn.items():
-            self.charts[name].chart = _fit(chart)
+        for chart in charts.CHARTS:
+            if chart.name in self.charts:
+                self.charts[chart.name].chart = _fit(chart.draw(history, step, uid))
         self._cleared = False
 
     def _clear(self) -> None:
@@ -258,7 +234,7 @@ class Dashboard(w.VBox):
             self.picker.options, self.picker.value = [("all", -1)], -1
         self._update_buttons()
         if not self._cleared:
-            empty = _empty(alt, "no steps yet")
+            empty = empty_chart(alt, "no steps yet")
             for view in self.charts.values():
                 view.chart = empty
             self._cleared = True
@@ -294,6 +270,23 @@ class Dashboard(w.VBox):
         if self.workbench is not None and self._on_engine_step in self.workbench._observers:
             self.workbench._observers.remove(self._on_engine_step)
         super().close()
+
+
+def _layout(charts: list) -> list[tuple[str, ...]]:
+    """The charts two by two in their registry's order, a wide one in a row of its own."""
+    rows: list[tuple[str, ...]] = []
+    pair: list[str] = []
+    for chart in charts:
+        if chart.wide:
+            rows += [tuple(pair)] if pair else []
+            rows.append((chart.name,))
+            pair = []
+            continue
+        pair.append(chart.name)
+        if len(pair) == 2:
+            rows.append(tuple(pair))
+            pair = []
+    return rows + ([tuple(pair)] if pair else [])
 
 
 def _fit(chart):

@@ -51,17 +51,11 @@ def write_report(
     import altair as alt
     import vl_convert as vlc
 
-    step = focus_step(history)
+    step = focus_step(history)  # the per-step charts' step; the others show the whole run
     figures = [
-        ("Batch composition", charts.batch_composition(history)),
-        ("KV pool", charts.kv_usage(history)),
-        ("Host and device time per step", charts.step_times(history)),
-        ("Where the time went", charts.step_breakdown(history)),
-        (f"Ledgers at step {step}", charts.ledger_bars(history, step)),
-        (f"Page table at step {step}", charts.page_table(history, step)),
-        (f"Timeline of step {step}", charts.kernel_timeline(history, step)),
-        ("Lengths over steps", charts.ledger_lines(history)),
-        ("Admissions", charts.admissions(history)),
+        (chart.title.format(step=step), chart.draw(history, step if chart.per_step else None))
+        for chart in charts.CHARTS
+        if chart.applies(history)
     ]
     meta = {**getattr(history, "meta", {}), **(meta or {})}
     texts = meta.pop("texts", None) or {}  # uid -> [prompt, answer], from Workbench.save

@@ -11,14 +11,14 @@ from .common import (
     MAX_LINES,
     MAX_POINTS,
     WIDTH,
-    _alt,
-    _empty,
-    _highlight,
-    _request_axis,
-    _rows_height,
-    _scale,
-    _step_x,
-    _with_rule,
+    altair,
+    color_scale,
+    empty_chart,
+    highlight,
+    request_axis,
+    rows_height,
+    step_x,
+    with_rule,
 )
 
 
@@ -27,10 +27,10 @@ def ledger_bars(history, step: int, highlight_uid: int | None = None):
 
     `cached` is what was in the pool before the step, `extend` what the step computed, `remain`
     the room left up to prompt + max_tokens."""
-    alt = _alt()
+    alt = altair()
     rows = history.ledger[history.ledger.step == step]
     if rows.empty:
-        return _empty(alt, f"step {step}: no batch")
+        return empty_chart(alt, f"step {step}: no batch")
     before = rows.cached_len - rows.extend_len
     parts = pd.concat(
         [
@@ -50,26 +50,26 @@ def ledger_bars(history, step: int, highlight_uid: int | None = None):
     )
     parts["kind"] = parts.uid.map(dict(zip(rows.uid, rows.kind)))
     parts["tokens"] = parts.end - parts.start
-    opacity = _highlight(alt, highlight_uid)
+    opacity = highlight(alt, highlight_uid)
     n = rows.uid.nunique()
     return (
         alt.Chart(parts)
         .mark_bar(stroke="#555", strokeWidth=0.3 if n <= LABELLED_ROWS else 0)
         .encode(
-            y=alt.Y("uid:O", title="request", axis=_request_axis(alt, n)),
+            y=alt.Y("uid:O", title="request", axis=request_axis(alt, n)),
             x=alt.X("start:Q", title="tokens (prompt + max_tokens)"),
             x2="end:Q",
-            color=_scale(alt, "part", LEDGER_PART_COLORS),
+            color=color_scale(alt, "part", LEDGER_PART_COLORS),
             opacity=opacity,
             tooltip=["uid:O", "kind:N", "part:N", "start:Q", "end:Q", "tokens:Q"],
         )
-        .properties(width=WIDTH, height=_rows_height(n), title=f"Ledgers at step {step}")
+        .properties(width=WIDTH, height=rows_height(n), title=f"Ledgers at step {step}")
     )
 
 
 def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int | None = None):
     """Each request's cached_len over the steps it ran in (one line per request)."""
-    alt = _alt()
+    alt = altair()
     ledger = history.ledger[["step", "uid", "cached_len", "kind"]]
     uids = sorted(ledger.uid.unique())
     title = "Lengths over steps"
@@ -87,14 +87,14 @@ def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int 
         alt.Chart(ledger)
         .mark_line(point=len(ledger) < 400)
         .encode(
-            x=_step_x(alt),
+            x=step_x(alt),
             y=alt.Y("cached_len:Q", title="cached_len"),
             color=alt.Color("uid:N", title="request", legend=alt.Legend(columns=4, symbolLimit=24)),
-            opacity=_highlight(alt, highlight_uid),
+            opacity=highlight(alt, highlight_uid),
             tooltip=["step:Q", "uid:N", "kind:N", "cached_len:Q"],
         )
     )
-    return _with_rule(alt, chart, highlight_step, "step").properties(
+    return with_rule(alt, chart, highlight_step, "step").properties(
         width=WIDTH, height=160, title=title
     )
 
@@ -103,13 +103,13 @@ def page_table(history, step: int, highlight_uid: int | None = None):
     """The page-table rows of one step's batch: token positions of each request, coloured by
     whose KV slots they are: the prefix cache's (matched when the request was admitted), shared
     with another request of the batch, or its own."""
-    alt = _alt()
+    alt = altair()
     pages = getattr(history, "pages", None)
     rows = history.pages_at(step) if pages is not None and len(pages) else None
     if rows is None or rows.empty:
-        return _empty(alt, f"step {step}: page rows are recorded with record='full'")
+        return empty_chart(alt, f"step {step}: page rows are recorded with record='full'")
     ledger = history.ledger[history.ledger.step == step]
-    segments = _sharing_segments(rows, dict(zip(ledger.uid, ledger.cached_tokens)))
+    segments = sharing_segments(rows, dict(zip(ledger.uid, ledger.cached_tokens)))
     return (
         alt.Chart(segments)
         .mark_bar(stroke="white", strokeWidth=0.4)
@@ -118,17 +118,17 @@ def page_table(history, step: int, highlight_uid: int | None = None):
                 "label:N",
                 title="request (row)",
                 sort=alt.SortField("uid"),
-                axis=_request_axis(alt, segments.uid.nunique()),
+                axis=request_axis(alt, segments.uid.nunique()),
             ),
             x=alt.X("pos_start:Q", title="token position"),
             x2="pos_end:Q",
-            color=_scale(alt, "owner", PAGE_OWNER_COLORS),
-            opacity=_highlight(alt, highlight_uid),
+            color=color_scale(alt, "owner", PAGE_OWNER_COLORS),
+            opacity=highlight(alt, highlight_uid),
             tooltip=["uid:O", "table_idx:O", "pos_start:Q", "pos_end:Q", "slot_start:Q", "owner:N"],
         )
         .properties(
             width=WIDTH,
-            height=_rows_height(segments.uid.nunique()),
+            height=rows_height(segments.uid.nunique()),
             title=f"Page table at step {step} (slot runs)",
         )
     )
@@ -136,36 +136,36 @@ def page_table(history, step: int, highlight_uid: int | None = None):
 
 def admissions(history, highlight_uid: int | None = None):
     """Which waiting requests were considered at each step, and why they waited."""
-    alt = _alt()
+    alt = altair()
     frame = history.admissions.assign(
         decision=lambda f: f.reason.astype("object").where(~f.admitted, "admitted")
     )
     if frame.empty:
-        return _empty(alt, "no admission decisions")
+        return empty_chart(alt, "no admission decisions")
     if len(frame) > 4000:
         frame = frame.groupby(["step", "decision"], as_index=False).size()
         return (
             alt.Chart(frame)
             .mark_bar()
-            .encode(x=_step_x(alt), y=alt.Y("size:Q", title="requests"), color="decision:N")
+            .encode(x=step_x(alt), y=alt.Y("size:Q", title="requests"), color="decision:N")
             .properties(width=WIDTH, height=140, title="Admission decisions")
         )
     return (
         alt.Chart(frame.assign(step_end=frame.step + 1))
         .mark_rect()
         .encode(
-            x=_step_x(alt),
+            x=step_x(alt),
             x2="step_end:Q",
-            y=alt.Y("uid:O", title="request", axis=_request_axis(alt, frame.uid.nunique())),
+            y=alt.Y("uid:O", title="request", axis=request_axis(alt, frame.uid.nunique())),
             color=alt.Color("decision:N", scale=alt.Scale(scheme="tableau10")),
-            opacity=_highlight(alt, highlight_uid),
+            opacity=highlight(alt, highlight_uid),
             tooltip=["step:O", "uid:O", "decision:N", "extend_len:Q", "cached_len:Q"],
         )
-        .properties(width=WIDTH, height=_rows_height(frame.uid.nunique(), 14), title="Admissions")
+        .properties(width=WIDTH, height=rows_height(frame.uid.nunique(), 14), title="Admissions")
     )
 
 
-def _sharing_segments(rows: pd.DataFrame, cached: dict[int, int]) -> pd.DataFrame:
+def sharing_segments(rows: pd.DataFrame, cached: dict[int, int]) -> pd.DataFrame:
     """Split each request's slot runs where their owner changes: the prefix cache (its first
     `cached[uid]` positions, matched at admission), shared with another row, or its own."""
     slot_count: dict[int, int] = {}

@@ -18,21 +18,21 @@ from ..palette import (
 from .common import (
     MAX_BARS,
     WIDTH,
-    _alt,
-    _binned_steps,
-    _empty,
-    _order_expr,
-    _scale,
-    _step_x,
-    _with_rule,
+    altair,
+    binned_steps,
+    color_scale,
+    empty_chart,
+    order_expr,
+    step_x,
+    with_rule,
 )
 
 
 def batch_composition(history, highlight_step: int | None = None):
     """Tokens computed per step, stacked by kind: chunk, full prefill, decode, and padding."""
-    alt = _alt()
+    alt = altair()
     cols = ["chunk_tokens", "prefill_tokens", "decode_tokens", "padding_tokens"]
-    frame, x_title = _binned_steps(history.steps, cols)
+    frame, x_title = binned_steps(history.steps, cols)
     long = frame.melt(
         id_vars=["bin", "bin_end"], value_vars=cols, var_name="kind", value_name="tokens"
     )
@@ -41,25 +41,25 @@ def batch_composition(history, highlight_step: int | None = None):
         alt.Chart(long)
         .mark_bar(stroke="white", strokeWidth=0.2)
         .encode(
-            x=_step_x(alt, "bin", x_title),
+            x=step_x(alt, "bin", x_title),
             x2="bin_end:Q",
             y=alt.Y("sum(tokens):Q", title="tokens in the batch"),
-            color=_scale(alt, "kind", KIND_COLORS),
+            color=color_scale(alt, "kind", KIND_COLORS),
             order=alt.Order("kind_order:Q"),
             tooltip=["bin:Q", "kind:N", "tokens:Q"],
         )
-        .transform_calculate(kind_order=_order_expr("kind", list(KIND_COLORS)))
+        .transform_calculate(kind_order=order_expr("kind", list(KIND_COLORS)))
     )
-    return _with_rule(alt, chart, highlight_step).properties(
+    return with_rule(alt, chart, highlight_step).properties(
         width=WIDTH, height=160, title="Batch composition per step"
     )
 
 
 def kv_usage(history, highlight_step: int | None = None):
     """The KV pool over steps: in use by live requests, cached and evictable, free."""
-    alt = _alt()
+    alt = altair()
     cols = ["kv_in_use", "kv_evictable", "kv_free"]
-    frame, x_title = _binned_steps(history.steps, cols)
+    frame, x_title = binned_steps(history.steps, cols)
     long = frame.melt(
         id_vars=["bin", "bin_end"], value_vars=cols, var_name="state", value_name="tokens"
     )
@@ -80,15 +80,15 @@ def kv_usage(history, highlight_step: int | None = None):
         alt.Chart(long)
         .mark_area(interpolate="step-after")
         .encode(
-            x=_step_x(alt, "x", x_title),
+            x=step_x(alt, "x", x_title),
             y=alt.Y("tokens:Q", stack="zero", title="KV slots (tokens)"),
-            color=_scale(alt, "state", KV_COLORS),
+            color=color_scale(alt, "state", KV_COLORS),
             order=alt.Order("state_order:Q"),
             tooltip=["bin:Q", "state:N", "tokens:Q"],
         )
-        .transform_calculate(state_order=_order_expr("state", list(KV_COLORS)))
+        .transform_calculate(state_order=order_expr("state", list(KV_COLORS)))
     )
-    return _with_rule(alt, chart, highlight_step, "x").properties(
+    return with_rule(alt, chart, highlight_step, "x").properties(
         width=WIDTH, height=140, title=title
     )
 
@@ -98,15 +98,15 @@ def step_times(history, highlight_step: int | None = None):
     the bars rise above the line the device waited for the host (with overlap, a step takes
     the longer of the two). On the CPU the forward is host work, so the bars cover the line.
     Runs recorded before the split show their host time whole."""
-    alt = _alt()
+    alt = altair()
     steps = history.steps
     if steps.empty:
-        return _empty(alt, "no steps recorded yet")
+        return empty_chart(alt, "no steps recorded yet")
     names = {f"host_{stage}_ms": stage for stage in STAGE_COLORS}
     colors = STAGE_COLORS
     if not set(names) <= set(steps.columns) or steps[list(names)].isna().all().all():
         names, colors = {"host_ms": "host"}, {"host": STAGE_COLORS["forward"]}  # saved before
-    frame, x_title = _binned_steps(steps, list(dict.fromkeys([*names, "device_ms", "host_ms"])))
+    frame, x_title = binned_steps(steps, list(dict.fromkeys([*names, "device_ms", "host_ms"])))
     long = frame.melt(
         id_vars=["bin", "bin_end"], value_vars=list(names), var_name="stage", value_name="ms"
     )
@@ -115,20 +115,20 @@ def step_times(history, highlight_step: int | None = None):
         alt.Chart(long)
         .mark_bar(stroke="white", strokeWidth=0.2)
         .encode(
-            x=_step_x(alt, "bin", x_title),
+            x=step_x(alt, "bin", x_title),
             x2="bin_end:Q",
             y=alt.Y("sum(ms):Q", title="ms"),
-            color=_scale(alt, "stage", colors),
+            color=color_scale(alt, "stage", colors),
             order=alt.Order("stage_order:Q"),
             tooltip=["bin:Q", "stage:N", alt.Tooltip("ms:Q", format=".3f")],
         )
-        .transform_calculate(stage_order=_order_expr("stage", list(colors)))
+        .transform_calculate(stage_order=order_expr("stage", list(colors)))
     )
     device = (
         alt.Chart(frame)
         .mark_rule(color=DEVICE_COLOR, strokeWidth=1.5)
         .encode(
-            x=_step_x(alt, "bin", x_title),
+            x=step_x(alt, "bin", x_title),
             x2="bin_end:Q",
             y=alt.Y("device_ms:Q", title="ms"),
             tooltip=[
@@ -141,17 +141,17 @@ def step_times(history, highlight_step: int | None = None):
     above = int((steps.host_ms > steps.device_ms).sum())
     title = f"Host time by stage, device time in black: host above device in {above} of "
     title += f"{len(steps)} steps"
-    return _with_rule(alt, alt.layer(bars, device), highlight_step).properties(
+    return with_rule(alt, alt.layer(bars, device), highlight_step).properties(
         width=WIDTH, height=150, title=title
     )
 
 
 def kernel_timeline(history, step: int, max_events: int = 1500):
     """A Gantt chart of one step: profiler ranges and kernels by track (record='full')."""
-    alt = _alt()
+    alt = altair()
     events = history.events[history.events.step == step]
     if events.empty:
-        return _empty(alt, f"step {step}: profiler events are recorded with record='full'")
+        return empty_chart(alt, f"step {step}: profiler events are recorded with record='full'")
     # hook ranges are coloured by their name, operators and kernels by family
     families = [n if c == "hook" else family(n, c) for n, c in zip(events.name, events.category)]
     events = events.assign(family=families)
@@ -170,7 +170,7 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
             y=alt.Y("lane:N", title=None),
             x=alt.X("start_ms:Q", title="ms since the step began"),
             x2="end_ms:Q",
-            color=_scale(alt, "family", {**FAMILY_COLORS, **HOOK_COLORS}),
+            color=color_scale(alt, "family", {**FAMILY_COLORS, **HOOK_COLORS}),
             tooltip=["name:N", "category:N", "family:N", "duration_us:Q"],
         )
         .properties(width=WIDTH, height=160, title=f"Timeline of step {step}")
@@ -180,10 +180,10 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
 def step_breakdown(history, highlight_step: int | None = None):
     """Per step: device time by kernel family (attention, matmul, sampling, ...) and idle; and,
     where the steps table has it, the step's roofline bound (`bound_ms`) as a line over its bar."""
-    alt = _alt()
+    alt = altair()
     frame = breakdown_table(history)
     if frame.empty:
-        return _empty(alt, "profiler events are recorded with record='full'")
+        return empty_chart(alt, "profiler events are recorded with record='full'")
     width = max(1, int(np.ceil(frame.step.nunique() / MAX_BARS)))
     bound = _bounds(history.steps, frame.step.unique(), width)
     if width > 1:
@@ -194,10 +194,10 @@ def step_breakdown(history, highlight_step: int | None = None):
         alt.Chart(frame)
         .mark_bar(stroke="white", strokeWidth=0.2)
         .encode(
-            x=_step_x(alt),
+            x=step_x(alt),
             x2="step_end:Q",
             y=alt.Y("sum(ms):Q", title="ms"),
-            color=_scale(alt, "family", FAMILY_COLORS),
+            color=color_scale(alt, "family", FAMILY_COLORS),
             tooltip=["step:Q", "family:N", alt.Tooltip("ms:Q", format=".2f")],
         )
     )
@@ -209,7 +209,7 @@ def step_breakdown(history, highlight_step: int | None = None):
             alt.Chart(bound)
             .mark_rule(color="black", strokeWidth=1.5)
             .encode(
-                x=_step_x(alt),
+                x=step_x(alt),
                 x2="step_end:Q",
                 y=alt.Y("bound_ms:Q", title="ms"),
                 tooltip=["step:Q", alt.Tooltip("bound_ms:Q", format=".4f", title="bound (ms)")],
@@ -217,7 +217,7 @@ def step_breakdown(history, highlight_step: int | None = None):
         )
         chart = alt.layer(chart, line)
         title += " (black: the roofline bound)"
-    return _with_rule(alt, chart, highlight_step, "step").properties(
+    return with_rule(alt, chart, highlight_step, "step").properties(
         width=WIDTH, height=150, title=title
     )
 
@@ -234,30 +234,35 @@ def _bounds(steps: pd.DataFrame, profiled, width: int) -> pd.DataFrame | None:
     return frame.assign(step_end=frame.step + width)
 
 
+def has_ranks(history) -> bool:
+    """Whether the run was split over ranks (its steps table has their device times)."""
+    return "device_ms_rank1" in history.steps.columns
+
+
 def rank_times(history, highlight_step: int | None = None):
     """Tensor parallelism: each rank's device time per step (rank 0's `device_ms`, then
     `device_ms_rank1`..). The ranks run the same kernels on their shares, so the lines part
     where one rank waits for another (an all-reduce) or its GPU does other work."""
-    alt = _alt()
+    alt = altair()
     steps = history.steps
     cols = ["device_ms"] + sorted(
         (c for c in steps.columns if c.startswith("device_ms_rank")), key=lambda c: int(c[14:])
     )
     if len(cols) == 1:
-        return _empty(alt, "one rank: device times per rank come with tp_size > 1")
-    frame, x_title = _binned_steps(steps, cols)
+        return empty_chart(alt, "one rank: device times per rank come with tp_size > 1")
+    frame, x_title = binned_steps(steps, cols)
     long = frame.melt(id_vars=["bin"], value_vars=cols, var_name="rank", value_name="ms")
     long["rank"] = long["rank"].map(lambda c: "rank 0" if c == "device_ms" else f"rank {c[14:]}")
     chart = (
         alt.Chart(long)
         .mark_line(point=True, interpolate="step-after")
         .encode(
-            x=_step_x(alt, "bin", x_title),
+            x=step_x(alt, "bin", x_title),
             y=alt.Y("ms:Q", title="device ms"),
             color=alt.Color("rank:N", title="rank"),
             tooltip=["bin:Q", "rank:N", alt.Tooltip("ms:Q", format=".3f")],
         )
     )
-    return _with_rule(alt, chart, highlight_step).properties(
+    return with_rule(alt, chart, highlight_step).properties(
         width=WIDTH, height=150, title="device time of each rank per step"
     )

@@ -1,0 +1,51 @@
+"""The ledger: how a request samples (`sampling`), a request's progress (`request`), one
+forward's requests (`batch`) and the admission decisions behind it (`admission`)."""
+
+from .admission import (
+    DECODE_FIRST,
+    KV_FULL,
+    KV_FULL_AFTER_LOCK,
+    NO_SLOT,
+    NO_TOKEN_BUDGET,
+    QUEUED_BEHIND,
+    REASONS,
+    WAIT_FOR_PREFIX,
+    Admission,
+    Admissions,
+)
+from .batch import Batch, Phase
+from .request import (
+    ChunkedReq,
+    PendingReq,
+    Req,
+    ReqView,
+    ceil_page,
+    floor_page,
+    kv_tokens_needed,
+)
+from .sampling import FLOAT32_MAX, MIN_TEMPERATURE, SamplingParams
+
+__all__ = [
+    "DECODE_FIRST",
+    "FLOAT32_MAX",
+    "KV_FULL",
+    "KV_FULL_AFTER_LOCK",
+    "MIN_TEMPERATURE",
+    "NO_SLOT",
+    "NO_TOKEN_BUDGET",
+    "QUEUED_BEHIND",
+    "REASONS",
+    "WAIT_FOR_PREFIX",
+    "Admission",
+    "Admissions",
+    "Batch",
+    "ChunkedReq",
+    "PendingReq",
+    "Phase",
+    "Req",
+    "ReqView",
+    "SamplingParams",
+    "ceil_page",
+    "floor_page",
+    "kv_tokens_needed",
+]

@@ -1,0 +1,141 @@
+"""One forward's requests: Batch, with its ledger as launched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from .request import ChunkedReq, Req, ReqView
+
+Phase = Literal["prefill", "decode", "mixed"]
+
+
+@dataclass
+class Batch:
+    """The requests of one forward. Created by a manager, filled in by the scheduler and backend.
+
+    A "mixed" batch (policy="mixed") runs its first `num_decode` requests' next tokens together
+    with prefill chunks of the others, through the prefill path.
+    """
+
+    reqs: list[Req]
+    phase: Phase
+    num_decode: int = -1  # requests at the head that decode; -1: all for "decode", none otherwise
+    # filled by prepare_batch (`snapshot`): [3, size] int64, each request's table_idx,
+    # cached_len and device_len as launched (a host snapshot: the requests' own lengths move
+    # on), and [size] int64, each one's max_device_len
+    ledger: np.ndarray = field(init=False)
+    max_lens: np.ndarray = field(init=False)
+    # filled with the batch's inputs (engine/inputs.py; a CUDA graph keeps its own)
+    input_ids: torch.Tensor = field(init=False)  # [num_tokens] on the device
+    positions: torch.Tensor = field(init=False)  # [num_tokens]
+    out_loc: torch.Tensor = field(init=False)  # [num_tokens] KV slot each new token is written to
+    sample_idx: torch.Tensor = field(init=False)  # rows of the hidden states that get logits
+    # filled by the attention backend's prepare()
+    attn_metadata: Any = field(init=False)
+    # `launched_columns()` and `launched_views()`, built when first asked for
+    _columns: tuple[tuple, ...] | None = field(default=None, init=False, repr=False)
+    _views: list[ReqView] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.num_decode < 0:
+            self.num_decode = len(self.reqs) if self.phase == "decode" else 0
+        expected = {"decode": self.num_decode == len(self.reqs), "prefill": self.num_decode == 0}
+        ok = expected.get(self.phase, 0 < self.num_decode < len(self.reqs))
+        assert ok, f"a {self.phase} batch with {self.num_decode} of {len(self.reqs)} decoding"
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def is_prefill(self) -> bool:
+        """Runs the prefill path (ragged queries): "prefill" and "mixed" batches."""
+        return self.phase != "decode"
+
+    @property
+    def prefill_reqs(self) -> list[Req]:
+        """The requests computing prompt tokens (the chunks and whole prompts)."""
+        return self.reqs[self.num_decode :]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.extend_len for r in self.reqs)
+
+    def views(self) -> list[ReqView]:
+        """Each request's ledger now."""
+        return [ReqView.of(r, i < self.num_decode) for i, r in enumerate(self.reqs)]
+
+    def snapshot(self) -> None:
+        """Keep the requests' lengths as launched (`ledger`, `max_lens`), before the forward
+        moves them."""
+        reqs = self.reqs
+        self.ledger = np.array(
+            [
+                [r.table_idx for r in reqs],
+                [r.cached_len for r in reqs],
+                [r.device_len for r in reqs],
+            ],
+            dtype=np.int64,
+        ).reshape(3, len(reqs))
+        self.max_lens = np.array([r.max_device_len for r in reqs], dtype=np.int64)
+
+    def launched_columns(self, like: Batch | None = None) -> tuple[tuple, ...]:
+        """The `ReqView` fields of every request as the batch launched (its lengths from
+        `ledger`), one tuple per field: plain ints and strings, built column by column (a
+        record of 256 requests builds these several times faster than one tuple per request,
+        and the garbage collector stops tracking them). Built when first asked for (records,
+        hooks), not when nobody does. `like`: an earlier batch; when it ran the same requests
+        in the same way (decode step after decode step), its columns that do not change while
+        a request runs (uid, kind, table_idx, max_device_len, cached_tokens) are shared."""
+        if self._columns is None:
+            rows, cached, device = self.ledger.tolist()
+            same = (
+                like is not None
+                and like._columns is not None
+                and like.phase == self.phase
+                and like.num_decode == self.num_decode
+                and like.reqs == self.reqs  # the same objects, in order (eq=False: identity)
+            )
+            if same:
+                uids, kinds, table_idx, _, _, max_lens, _, cached_tokens = like._columns
+            else:
+                nd, reqs = self.num_decode, self.reqs
+                kinds = ["decode"] * nd
+                kinds += ["chunk" if isinstance(r, ChunkedReq) else "prefill" for r in reqs[nd:]]
+                uids, kinds, table_idx = tuple([r.uid for r in reqs]), tuple(kinds), tuple(rows)
+                max_lens = tuple(self.max_lens.tolist())
+                cached_tokens = tuple([r.cached_tokens for r in reqs])
+            extend = (self.ledger[2] - self.ledger[1]).tolist()
+            self._columns = (
+                uids,
+                kinds,
+                table_idx,
+                tuple(cached),
+                tuple(device),
+                max_lens,
+                tuple(extend),
+                cached_tokens,
+            )
+        return self._columns
+
+    def launched_views(self) -> list[ReqView]:
+        """`launched_columns()` as one `ReqView` per request."""
+        if self._views is None:
+            self._views = [ReqView._make(row) for row in zip(*self.launched_columns())]
+        return self._views
+
+    @property
+    def sampled_reqs(self) -> list[Req]:
+        if self.phase == "decode":
+            return self.reqs
+        return [r for r in self.reqs if not isinstance(r, ChunkedReq)]
+
+    def sampled_mask(self) -> np.ndarray:
+        """Which requests get a token (all but prompt chunks), as a bool array."""
+        if self.phase == "decode":
+            return np.ones(self.size, dtype=bool)
+        return np.array([not isinstance(r, ChunkedReq) for r in self.reqs], dtype=bool)

@@ -1,0 +1,191 @@
+"""One request's progress, the ledger: Req (admitted), ChunkedReq (part-way through its prompt),
+PendingReq (waiting), ReqView (a batch's snapshot of one), and the page arithmetic they use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from ..kvcache.base import CacheHandle
+
+
+def ceil_page(n: int, page_size: int) -> int:
+    return -(-n // page_size) * page_size
+
+
+def floor_page(n: int, page_size: int) -> int:
+    return n // page_size * page_size
+
+
+def kv_tokens_needed(total_len: int, cached_len: int, page_size: int) -> int:
+    """KV slots a request of `total_len` tokens (prompt + max_tokens) may still allocate after
+    `cached_len` of them: the space admission reserves for it (conservative by one)."""
+    return ceil_page(total_len, page_size) - ceil_page(cached_len, page_size)
+
+
+@dataclass(eq=False)
+class Req:
+    """One admitted request: a slot in the page table, a prefix-cache handle and three lengths.
+
+    Invariant: ``0 <= cached_len < device_len <= max_device_len``.
+    - ``cached_len``: tokens whose KV is in the pool.
+    - ``device_len``: tokens the device knows about (computed, or computed by the batch in flight).
+    - ``max_device_len``: prompt + max_tokens.
+    """
+
+    uid: int
+    token_ids: list[int]  # host view: prompt, then each sampled token once it reached the host
+    prompt_len: int
+    table_idx: int
+    cached_len: int
+    sampling: SamplingParams
+    cache_handle: CacheHandle
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
+    # by default the tokens given and prompt + max_tokens; then moved by complete_one()
+    device_len: int = field(default=-1, kw_only=True)
+    max_device_len: int = field(default=-1, kw_only=True)
+    # "stop" | "length" | "abort" | "error", set by the scheduler
+    finish_reason: str | None = field(default=None, init=False)
+    error: str | None = field(default=None, init=False)  # finish_reason "error": what failed
+    # KV slots its page-table row holds, in whole pages: set by prepare_batch when it allocates.
+    # Between steps it is ceil_page(cached_len); only a batch in flight (or one that failed)
+    # has allocated more.
+    alloc_len: int = field(init=False)
+    released: bool = field(default=False, init=False)  # its slot and pages were given back
+
+    def __post_init__(self) -> None:
+        if self.device_len < 0:
+            self.device_len = len(self.token_ids)
+        if self.max_device_len < 0:
+            self.max_device_len = self.prompt_len + self.sampling.max_tokens
+        self.alloc_len = self.cached_len  # admission: whole pages matched in the prefix cache
+        assert 0 <= self.cached_len < self.device_len <= self.max_device_len, self
+
+    @classmethod
+    def mirror(
+        cls,
+        uid: int,
+        table_idx: int,
+        cached_len: int,
+        device_len: int,
+        prompt_len: int,
+        max_device_len: int,
+        sampling: SamplingParams,
+    ) -> Req:
+        """A request with these lengths and neither tokens (they are in the token pool) nor a
+        cache handle: what a tensor-parallel rank runs of a step rank 0 scheduled."""
+        return cls(
+            uid,
+            [],
+            prompt_len,
+            table_idx,
+            cached_len,
+            sampling,
+            None,
+            device_len=device_len,
+            max_device_len=max_device_len,
+        )
+
+    @property
+    def extend_len(self) -> int:
+        return self.device_len - self.cached_len
+
+    @property
+    def remain_len(self) -> int:
+        return self.max_device_len - self.device_len
+
+    @property
+    def output_len(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def can_decode(self) -> bool:
+        return self.finish_reason is None and self.remain_len > 0
+
+    def complete_one(self) -> None:
+        """Device side, right after the forward: what was computed is cached; one more opens."""
+        self.cached_len = self.device_len
+        self.device_len += 1
+
+    def append_host(self, token: int) -> None:
+        """Host side, once the sampled token has arrived."""
+        self.token_ids.append(token)
+
+    def end_reason(self, token: int, eos_ids: frozenset[int]) -> str | None:
+        """Host side, after `append_host(token)`: "stop" at an EOS token (unless ignored),
+        "length" at its last token, else None."""
+        if token in eos_ids and not self.sampling.ignore_eos:
+            return "stop"
+        # NOTE: the host's count, not remain_len: with overlap the device side is a step ahead
+        # already, and remain_len would end the request one token early.
+        return "length" if len(self.token_ids) == self.max_device_len else None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(uid={self.uid}, table_idx={self.table_idx}, "
+            f"cached_len={self.cached_len}, device_len={self.device_len}, "
+            f"max_device_len={self.max_device_len})"
+        )
+
+
+class ChunkedReq(Req):
+    """A request whose prompt is only partly computed: never sampled, never decoded.
+
+    It returns to the head of the queue and continues with the slot and cache handle it holds.
+    """
+
+    def append_host(self, token: int) -> None:
+        raise RuntimeError("a ChunkedReq must not be sampled")
+
+    @property
+    def can_decode(self) -> bool:
+        return False
+
+
+class ReqView(NamedTuple):
+    """One request's ledger as a batch launched it (a CPU snapshot, safe to keep)."""
+
+    uid: int
+    kind: str  # "chunk" | "prefill" | "decode"
+    table_idx: int
+    cached_len: int
+    device_len: int
+    max_device_len: int
+    extend_len: int
+    cached_tokens: int
+
+    @classmethod
+    def of(cls, req: Req, decoding: bool) -> ReqView:
+        kind = "decode" if decoding else "chunk" if isinstance(req, ChunkedReq) else "prefill"
+        return cls(
+            req.uid,
+            kind,
+            req.table_idx,
+            req.cached_len,
+            req.device_len,
+            req.max_device_len,
+            req.extend_len,
+            req.cached_tokens,
+        )
+
+
+@dataclass(eq=False)
+class PendingReq:
+    """A waiting request: no slot, no cache handle (unless a chunk of it already ran)."""
+
+    uid: int
+    token_ids: list[int]  # the prompt
+    sampling: SamplingParams
+    chunked: ChunkedReq | None = None  # set while its prompt is being prefilled in chunks
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def total_len(self) -> int:
+        """Its prompt and every token it may generate: what admission reserves KV for."""
+        return len(self.token_ids) + self.sampling.max_tokens

@@ -1,0 +1,62 @@
+"""How a request picks its tokens: SamplingParams, checked when made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_TEMPERATURE = 1e-5  # logits / temperature must stay finite in float32
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request. `temperature=0` (the default) is greedy.
+
+    Checked on construction (a TypeError or ValueError naming the field): `max_tokens` an
+    integer >= 1; `temperature` 0 or a number in [1e-5, 3.4e38] (smaller ones overflow the
+    logits, larger ones are infinite in float32); `top_k` -1 (off) or >= 1 (beyond the
+    vocabulary it keeps every token); `top_p` in (0, 1]; `ignore_eos` a bool; `seed` None or an
+    integer in [0, 2**63)."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = -1  # -1: no top-k
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    seed: int | None = None  # same seed, same tokens, whatever else is in the batch
+
+    def __post_init__(self) -> None:
+        from .. import validate as V
+
+        # NOTE: logits are divided by it in float32: a larger one would be inf there
+        temperature = V.real(
+            "temperature",
+            self.temperature,
+            low=0.0,
+            high=FLOAT32_MAX,
+            allowed=f">= 0 and at most {FLOAT32_MAX:.4g} (the largest float32)",
+        )
+        if 0.0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE} (smaller ones "
+                f"overflow the logits), got {self.temperature!r}"
+            )
+        top_k = V.integer("top_k", self.top_k, -1, 2**31 - 1)
+        if top_k == 0:
+            raise ValueError("top_k must be -1 (off) or an integer >= 1, got 0")
+        checked = dict(
+            max_tokens=V.integer("max_tokens", self.max_tokens, 1),
+            temperature=temperature,
+            top_k=top_k,
+            top_p=V.real("top_p", self.top_p, 0.0, 1.0, low_open=True),
+            ignore_eos=V.boolean("ignore_eos", self.ignore_eos),
+            seed=V.optional_integer("seed", self.seed, 0, 2**63 - 1),
+        )
+        for name, value in checked.items():  # plain Python values (numpy ints become ints)
+            object.__setattr__(self, name, value)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1

@@ -1,0 +1,18 @@
+"""``prefill_first`` (the seeds' rule): a prefill batch if anything can be admitted, else a decode
+batch; running requests pause while prompts are computed."""
+
+from __future__ import annotations
+
+from ..core import Admissions, Batch
+from . import SchedulerState
+
+
+def prefill_first(state: SchedulerState) -> tuple[Batch | None, Admissions]:
+    admissions = Admissions()
+    if state.queue:
+        reqs, admissions = state.admit(state.max_extend_tokens)
+        if reqs:
+            return Batch(reqs, "prefill"), admissions
+    if state.running:
+        return Batch(state.running, "decode"), admissions
+    return None, admissions
