@@ -64,7 +64,7 @@ QWEN3_INDUCTION = dict(
 
 def run_model(model, prompts: list[list[int]], next_ids: list[int]) -> np.ndarray:
     """Logits of a prefill of `prompts` and of one decode step on `next_ids`, stacked."""
-    cfg, attn = model.cfg, model.layers[0].self_attn
+    cfg, attn = model.model_cfg, model.layers[0].self_attn
     pool = KVPool(
         cfg.num_layers,
         len(prompts) * SEQ_LEN,

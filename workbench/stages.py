@@ -9,7 +9,8 @@ the host: append, finish, free) and `record` (hook events, the step record, page
 `wait` is the host blocked on the device for the tokens: not host work, kept apart.
 
 One `StageClock` follows one batch from its launch to its record. Whoever does the work says
-where it is (`clock.enter("plan")`); the clock adds the time since the last change to the stage
+where it is (`clock.enter("plan")`, or ``with clock.during("prepare", around):`` for a stage the
+scheduler reports when it ends); the clock adds the time since the last change to the stage
 that ran, and its current stage is what a failure names.
 """
 
@@ -39,6 +40,32 @@ class StageClock:
             self.ms[self.stage] += (now - self._since) * 1e3
         self.stage, self._since = stage, now
 
+    def during(self, stage: str, around) -> Stage:
+        """``with clock.during("prepare", around):`` the work inside is `stage`'s, within the
+        context `around` (the profiler range of the hook point reported after it); when it
+        ends, the report's time goes to "record". A failure inside leaves `stage` current."""
+        return Stage(self, stage, around)
+
     def host_ms(self) -> tuple[float, ...]:
         """Host milliseconds per stage, in `HOST_STAGES` order (waiting left out)."""
         return tuple(self.ms[s] for s in HOST_STAGES)
+
+
+class Stage:
+    """A stage of a step's host work as a context (`StageClock.during`)."""
+
+    __slots__ = ("clock", "name", "around")
+
+    def __init__(self, clock: StageClock, name: str, around) -> None:
+        self.clock, self.name, self.around = clock, name, around
+
+    def __enter__(self) -> StageClock:
+        self.clock.enter(self.name)
+        self.around.__enter__()
+        return self.clock
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        self.around.__exit__(kind, value, traceback)
+        if kind is None:  # failed, the stage stays the one named
+            self.clock.enter("record")
+        return False

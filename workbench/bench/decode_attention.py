@@ -59,12 +59,14 @@ def host_time(fn, repeat: int = 20) -> float:
     return seconds
 
 
-def measure(cfg: ModelConfig, page: int, lens: list[int], dtype=torch.bfloat16) -> list[tuple]:
+def measure(
+    model_cfg: ModelConfig, page: int, lens: list[int], dtype=torch.bfloat16
+) -> list[tuple]:
     """(kernel, ms per layer, TB/s, host plan ms) of each choice at this page size."""
     import flashinfer
 
     dev = torch.device("cuda")
-    heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    heads, kv_heads, dim = model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim
     pages_per = [-(-n // page) for n in lens]
     num_pages = sum(pages_per)
     k = torch.randn(num_pages + 1, page, kv_heads, dim, device=dev, dtype=dtype)
@@ -119,9 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     lens = kv_lens()
     print(f"batch {BATCH}, {sum(lens):,} KV tokens, bf16, {torch.cuda.get_device_name()}")
     for model in args.model:
-        cfg = ModelConfig.from_dir(resolve(model))
+        model_cfg = ModelConfig.from_dir(resolve(model))
         for page in args.page_size:
-            for name, ms, tbs, plan_ms, error in measure(cfg, page, lens):
+            for name, ms, tbs, plan_ms, error in measure(model_cfg, page, lens):
                 where = f"{model} page {page:2d} {name:30s}"
                 if error:
                     print(f"{where} unavailable: {error[:120]}", flush=True)

@@ -44,16 +44,16 @@ def compare(name: str, module: torch.nn.Module, args: tuple, first_output: bool)
     return name, results[False][0], results[True][0], diff
 
 
-def compare_qk_rope(cfg: ModelConfig, n: int, dev: torch.device, dtype: torch.dtype) -> tuple:
+def compare_qk_rope(model_cfg: ModelConfig, n: int, dev: torch.device, dtype: torch.dtype) -> tuple:
     """q/k norm + RoPE + K/V store: FlashInfer's fused norm and rope kernels with index_copy
     stores (seven launches with the copies) against the one Triton kernel."""
     from ..kernels.qk_norm_rope import qk_norm_rope_store
 
-    h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    h, kvh, d = model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim
     with torch.device(dev):
-        q_norm = RMSNorm(d, cfg.rms_norm_eps).to(dtype)
-        k_norm = RMSNorm(d, cfg.rms_norm_eps).to(dtype)
-        rope = Rotary(d, 8192, cfg.rope_theta, cfg.rope_scaling)
+        q_norm = RMSNorm(d, model_cfg.rms_norm_eps).to(dtype)
+        k_norm = RMSNorm(d, model_cfg.rms_norm_eps).to(dtype)
+        rope = Rotary(d, 8192, model_cfg.rope_theta, model_cfg.rope_scaling)
         qkv = torch.randn(n, (h + 2 * kvh) * d, dtype=dtype)
         positions = torch.randint(0, 8192, (n,))
         slots = torch.randperm(4 * n)[:n]
@@ -73,7 +73,7 @@ def compare_qk_rope(cfg: ModelConfig, n: int, dev: torch.device, dtype: torch.dt
     def fused() -> torch.Tensor:
         return qk_norm_rope_store(
             qkv, positions, rope.cos, rope.sin, q_norm.weight, k_norm.weight,
-            cfg.rms_norm_eps, slots, k_cache, v_cache, h,
+            model_cfg.rms_norm_eps, slots, k_cache, v_cache, h,
         )  # fmt: skip
 
     with torch.inference_mode():
@@ -105,14 +105,14 @@ def compare_sampling(n: int, vocab: int, dev: torch.device) -> tuple:
     return "sampling T=0.6 (vocab row)", results[False][0], results[True][0], diff
 
 
-def first_calls(cfg: ModelConfig, dev: torch.device) -> None:
+def first_calls(model_cfg: ModelConfig, dev: torch.device) -> None:
     """Seconds of each Triton kernel's first call: its compile on a fresh machine (Triton
     caches compiled kernels under ~/.triton, so a second process skips it)."""
     import time
 
     for name, fn in (
-        ("q/k norm + rope + kv store", lambda: compare_qk_rope(cfg, 8, dev, torch.bfloat16)),
-        ("sampling", lambda: compare_sampling(8, cfg.vocab_size, dev)),
+        ("q/k norm + rope + kv store", lambda: compare_qk_rope(model_cfg, 8, dev, torch.bfloat16)),
+        ("sampling", lambda: compare_sampling(8, model_cfg.vocab_size, dev)),
     ):
         start = time.perf_counter()
         fn()
@@ -145,14 +145,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="dummy:qwen3-0.6b")
     args = parser.parse_args(argv)
-    cfg = ModelConfig.from_dir(resolve(args.model))
+    model_cfg = ModelConfig.from_dir(resolve(args.model))
     dev, dtype = torch.device("cuda"), torch.bfloat16
-    h, d = cfg.hidden_size, cfg.head_dim
+    h, d = model_cfg.hidden_size, model_cfg.head_dim
     with torch.device(dev):
-        norm = RMSNorm(h, cfg.rms_norm_eps).to(dtype)
-        mlp = GatedMLP(h, cfg.intermediate_size).to(dtype)
-        rope = Rotary(d, 8192, cfg.rope_theta, cfg.rope_scaling)
-    first_calls(cfg, dev)
+        norm = RMSNorm(h, model_cfg.rms_norm_eps).to(dtype)
+        mlp = GatedMLP(h, model_cfg.intermediate_size).to(dtype)
+        rope = Rotary(d, 8192, model_cfg.rope_theta, model_cfg.rope_scaling)
+    first_calls(model_cfg, dev)
     print(
         f"{'op':<28} {'tokens':>6} {'torch us':>9} {'fused us':>9} {'speedup':>8} {'max diff':>9}"
     )
@@ -169,17 +169,17 @@ def main(argv: list[str] | None = None) -> None:
             compare(
                 "rope (q and k)",
                 rope,
-                (positions, x(n, cfg.num_heads, d), x(n, cfg.num_kv_heads, d)),
+                (positions, x(n, model_cfg.num_heads, d), x(n, model_cfg.num_kv_heads, d)),
                 True,
             ),
         ]
-        rows.append(compare_qk_rope(cfg, n, dev, dtype))
+        rows.append(compare_qk_rope(model_cfg, n, dev, dtype))
         if n == 256:
-            rows.append(compare_sampling(n, cfg.vocab_size, dev))
+            rows.append(compare_sampling(n, model_cfg.vocab_size, dev))
         for name, slow, fast, diff in rows:
             speedup = slow / fast
             print(f"{name:<28} {n:>6} {slow:>9.1f} {fast:>9.1f} {speedup:>7.2f}x {diff:>9.4f}")
-    tune_sampling(256, cfg.vocab_size, dev)
+    tune_sampling(256, model_cfg.vocab_size, dev)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ class WorkloadBound:
 
 
 def workload_bound(
-    cfg: ModelConfig,
+    model_cfg: ModelConfig,
     prompt_lens: list[int],
     output_lens: list[int],
     device: DeviceSpec,
@@ -50,7 +50,7 @@ def workload_bound(
     step t the requests with more than t tokens left run, each reading prompt + t tokens of KV.
     With `max_batch`, at most that many run per step (the rest follow in arrival order)."""
     pending = list(zip(prompt_lens, output_lens))
-    prefill = prefill_bound(cfg, prompt_lens, device)
+    prefill = prefill_bound(model_cfg, prompt_lens, device)
     decode, steps = 0.0, 0
     cap = max_batch or len(pending)
     active = [[p, o - 1] for p, o in pending[:cap]]  # [context, decode steps left]
@@ -59,7 +59,7 @@ def workload_bound(
         running = [a for a in active if a[1] > 0]
         if running:
             kv = sum(a[0] for a in running)
-            decode += decode_step_bound(cfg, len(running), kv, device, dtype_bytes)
+            decode += decode_step_bound(model_cfg, len(running), kv, device, dtype_bytes)
             steps += 1
             for a in running:
                 a[0] += 1

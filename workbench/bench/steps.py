@@ -77,8 +77,8 @@ class DecodeStep(NamedTuple):
     host: HostTime  # over every decode step of that size; NaN when none
 
 
-def decode_step(steps: list[StepTime], cfg: ModelConfig, spec: DeviceSpec) -> DecodeStep:
-    """The decode step at the largest batch, and its bound for `cfg` on `spec`."""
+def decode_step(steps: list[StepTime], model_cfg: ModelConfig, spec: DeviceSpec) -> DecodeStep:
+    """The decode step at the largest batch, and its bound for `model_cfg` on `spec`."""
     nan = float("nan")
     top = max((s.batch_size for s in steps if s.phase == "decode"), default=0)
     at_top = [s.host for s in steps if s.phase == "decode" and s.batch_size == top]
@@ -96,5 +96,5 @@ def decode_step(steps: list[StepTime], cfg: ModelConfig, spec: DeviceSpec) -> De
         return DecodeStep(top, nan, 0, 0, host)
     step_ms = statistics.median(b.end - a.end for a, b in pairs) * 1e3
     kv_tokens = int(statistics.median(b.kv_tokens for _, b in pairs))
-    bound_ms = decode_step_bound(cfg, top, kv_tokens, spec) * 1e3
+    bound_ms = decode_step_bound(model_cfg, top, kv_tokens, spec) * 1e3
     return DecodeStep(top, step_ms, kv_tokens, bound_ms, host)

@@ -129,10 +129,10 @@ def _generate(
 def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -> dict:
     """The result: what ran, then what it measured (the JSON fields, in their order)."""
     spec = DEVICES[args.device_spec].times(llm.engine.num_devices)  # the step split over GPUs
-    cfg = llm.engine.model_config
-    bound = workload_bound(cfg, work.prompt_lens, work.output_lens, spec)
+    model_cfg = llm.engine.model_config
+    bound = workload_bound(model_cfg, work.prompt_lens, work.output_lens, spec)
     split = split_time(run.steps, run.start)
-    top = decode_step(run.steps, cfg, spec)
+    top = decode_step(run.steps, model_cfg, spec)
     return dict(
         **settings(llm, args),
         output_tokens=run.output_tokens,

@@ -33,8 +33,8 @@ class Engine:
         it); None: this is rank 0 (which starts the others, `ranks.py`), or the only one."""
         self.config, self.dtype = config, config.torch_dtype
         self.model_dir = resolve(config.model)
-        self.model_config = cfg = ModelConfig.from_dir(self.model_dir)
-        check_tp_size(cfg, config.tp_size)  # before any process or memory is taken
+        self.model_config = model_cfg = ModelConfig.from_dir(self.model_dir)
+        check_tp_size(model_cfg, config.tp_size)  # before any process or memory is taken
         # rank 0 of several: the others (`OneRank` for an engine alone, or a rank above 0)
         self.ranks: Ranks | OneRank = OneRank()
         self.launches = 0  # steps run (each rank counts the same)
@@ -45,29 +45,35 @@ class Engine:
         self.device = rank_device(config, self.tp.rank) if self.tp.size > 1 else config.torch_device
         self.num_devices = num_devices(config)  # GPUs the ranks run on (gloo's may share)
         try:
-            self._build(config, cfg)
+            self._build(config, model_cfg)
         except BaseException:
             self.close()  # the other ranks too: a failed engine leaves nothing running
             raise
 
-    def _build(self, config: EngineConfig, cfg: ModelConfig) -> None:
+    def _build(self, config: EngineConfig, model_cfg: ModelConfig) -> None:
         """The model, KV pool, request table, attention backend, sampler and CUDA graphs."""
         self.max_seq_len = config.max_seq_len or min(
-            cfg.max_position_embeddings, config.max_seq_len_cap
+            model_cfg.max_position_embeddings, config.max_seq_len_cap
         )
         self._check_fits()
         self.model = build_model(
-            cfg, self.max_seq_len, self.device, self.dtype, self.model_dir, config.seed, self.tp
+            model_cfg,
+            self.max_seq_len,
+            self.device,
+            self.dtype,
+            self.model_dir,
+            config.seed,
+            self.tp,
         )
         self.model.use_fused_kernels(config.fused_kernels_enabled, config.fused_rope_enabled)
         # NOTE: every rank must have the same slots: rank 0 allocates them for all
         self.num_pages = config.num_pages or self.tp.min_int(self._pages_from_memory(), self.device)
         self.pool = KVPool(
-            cfg.num_layers,
+            model_cfg.num_layers,
             self.num_pages,
             config.page_size,
-            cfg.num_kv_heads // self.tp.size,  # this rank's KV heads
-            cfg.head_dim,
+            model_cfg.num_kv_heads // self.tp.size,  # this rank's KV heads
+            model_cfg.head_dim,
             self.dtype,
             self.device,
         )
@@ -80,8 +86,8 @@ class Engine:
             config.attention_backend,
             pool=self.pool,
             table=self.table,
-            num_heads=cfg.num_heads // self.tp.size,
-            head_dim=cfg.head_dim,
+            num_heads=model_cfg.num_heads // self.tp.size,
+            head_dim=model_cfg.head_dim,
             decode_tensor_cores=config.decode_tensor_cores,
         )
         # padded (dummy) requests read the dummy slot, never a live request's KV
@@ -90,7 +96,7 @@ class Engine:
         )
         self.ctx = ForwardContext(self.backend)
         self.sampler = Sampler(
-            cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling_enabled
+            model_cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling_enabled
         )
         if self.device.type == "cuda":
             self._token_host = [

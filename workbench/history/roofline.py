@@ -40,35 +40,42 @@ H100 = DeviceSpec("H100", 3.35e12, 989e12)
 DEVICES = {"h200": H200, "h100": H100}
 
 
-def streamed_weights(cfg: ModelConfig) -> int:
+def streamed_weights(model_cfg: ModelConfig) -> int:
     """Parameters read in full by one forward (the embedding is only gathered, unless tied)."""
-    embed = cfg.vocab_size * cfg.hidden_size
-    return cfg.num_params() - (0 if cfg.tie_word_embeddings else embed)
+    embed = model_cfg.vocab_size * model_cfg.hidden_size
+    return model_cfg.num_params() - (0 if model_cfg.tie_word_embeddings else embed)
 
 
-def attention_flops_per_pair(cfg: ModelConfig) -> int:
+def attention_flops_per_pair(model_cfg: ModelConfig) -> int:
     """FLOPs of one (query token, key token) pair over all layers: QK^T and PV, 2 each."""
-    return 4 * cfg.num_heads * cfg.head_dim * cfg.num_layers
+    return 4 * model_cfg.num_heads * model_cfg.head_dim * model_cfg.num_layers
 
 
 def decode_step_bound(
-    cfg: ModelConfig, batch_size: int, kv_tokens: int, device: DeviceSpec, dtype_bytes: int = 2
+    model_cfg: ModelConfig,
+    batch_size: int,
+    kv_tokens: int,
+    device: DeviceSpec,
+    dtype_bytes: int = 2,
 ) -> float:
     """Seconds for one decode step of `batch_size` requests whose attention reads `kv_tokens`
     tokens of KV in all (each request's context, its new token included); each writes the KV of
     its one new token."""
-    weights = streamed_weights(cfg)
+    weights = streamed_weights(model_cfg)
     kv_moved = kv_tokens + batch_size
-    memory = weights * dtype_bytes + kv_moved * cfg.kv_bytes_per_token(dtype_bytes)
-    compute = 2 * weights * batch_size + kv_tokens * attention_flops_per_pair(cfg)
+    memory = weights * dtype_bytes + kv_moved * model_cfg.kv_bytes_per_token(dtype_bytes)
+    compute = 2 * weights * batch_size + kv_tokens * attention_flops_per_pair(model_cfg)
     return max(memory / device.bandwidth, compute / device.flops)
 
 
-def prefill_bound(cfg: ModelConfig, prompt_lens: list[int], device: DeviceSpec) -> float:
+def prefill_bound(model_cfg: ModelConfig, prompt_lens: list[int], device: DeviceSpec) -> float:
     """Seconds of the FLOPs of prefilling `prompt_lens` (the whole square of attention)."""
-    weights = streamed_weights(cfg)
+    weights = streamed_weights(model_cfg)
     tokens = sum(prompt_lens)
-    attn = sum(2 * n * n * cfg.num_heads * cfg.head_dim * cfg.num_layers for n in prompt_lens)
+    attn = sum(
+        2 * n * n * model_cfg.num_heads * model_cfg.head_dim * model_cfg.num_layers
+        for n in prompt_lens
+    )
     return (2 * weights * tokens + attn) / device.flops
 
 
@@ -113,15 +120,16 @@ class StepCost:
 
     @classmethod
     def for_model(
-        cls, cfg: ModelConfig, dtype_bytes: int, device: DeviceSpec | None = None
+        cls, model_cfg: ModelConfig, dtype_bytes: int, device: DeviceSpec | None = None
     ) -> StepCost:
-        """The cost of `cfg`'s steps with weights and KV of `dtype_bytes` each, on `device`."""
-        weights = streamed_weights(cfg)
+        """The cost of the model's steps with weights and KV of `dtype_bytes` each, on
+        `device`."""
+        weights = streamed_weights(model_cfg)
         return cls(
             weight_bytes=weights * dtype_bytes,
-            kv_bytes_per_token=cfg.kv_bytes_per_token(dtype_bytes),
+            kv_bytes_per_token=model_cfg.kv_bytes_per_token(dtype_bytes),
             flops_per_token=2 * weights,
-            flops_per_pair=attention_flops_per_pair(cfg),
+            flops_per_pair=attention_flops_per_pair(model_cfg),
             device=device,
         )
 

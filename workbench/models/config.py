@@ -69,14 +69,14 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, path: Path) -> ModelConfig:
         raw = json.loads((Path(path) / "config.json").read_text())
-        cfg = cls.from_dict(raw)
+        model_cfg = cls.from_dict(raw)
         gen = Path(path) / "generation_config.json"
         if gen.exists():  # generate() stops on generation_config's eos ids when present
             eos = json.loads(gen.read_text()).get("eos_token_id")
             if eos is not None:
                 ids = tuple(eos) if isinstance(eos, list) else (eos,)
-                cfg = cls(**{**cfg.__dict__, "eos_token_ids": ids})
-        return cfg
+                model_cfg = cls(**{**model_cfg.__dict__, "eos_token_ids": ids})
+        return model_cfg
 
     def num_params(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size

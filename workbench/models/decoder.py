@@ -26,34 +26,34 @@ if TYPE_CHECKING:
     from ..attention.context import ForwardContext
 
 
-def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
+def check_tp_size(model_cfg: ModelConfig, tp_size: int) -> None:
     """Refuse a TP size that would split a head, a GQA group or the MLP unevenly."""
-    allowed = cfg.tp_sizes
+    allowed, m = model_cfg.tp_sizes, model_cfg
     if tp_size not in allowed:
         raise ValueError(
-            f"tp_size={tp_size} does not divide the model's heads: num_heads={cfg.num_heads}, "
-            f"num_kv_heads={cfg.num_kv_heads}, intermediate_size={cfg.intermediate_size}; "
+            f"tp_size={tp_size} does not divide the model's heads: num_heads={m.num_heads}, "
+            f"num_kv_heads={m.num_kv_heads}, intermediate_size={m.intermediate_size}; "
             f"allowed tp_size values: {allowed}"
         )
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: Rotary, tp: TPGroup) -> None:
+    def __init__(self, model_cfg: ModelConfig, layer_id: int, rotary: Rotary, tp: TPGroup) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(model_cfg.hidden_size, model_cfg.rms_norm_eps)
         self.self_attn = AttentionLayer(
             layer_id,
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
+            model_cfg.hidden_size,
+            model_cfg.num_heads,
+            model_cfg.num_kv_heads,
+            model_cfg.head_dim,
             rotary,
-            qkv_bias=cfg.qkv_bias,
-            qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
+            qkv_bias=model_cfg.qkv_bias,
+            qk_norm_eps=model_cfg.rms_norm_eps if model_cfg.qk_norm else None,
             tp=tp,
         )
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, tp=tp)
+        self.post_attention_layernorm = RMSNorm(model_cfg.hidden_size, model_cfg.rms_norm_eps)
+        self.mlp = GatedMLP(model_cfg.hidden_size, model_cfg.intermediate_size, tp=tp)
 
     def forward(
         self,
@@ -74,16 +74,20 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPGroup = SINGLE) -> None:
+    def __init__(self, model_cfg: ModelConfig, max_positions: int, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        check_tp_size(cfg, tp.size)
-        self.cfg, self.tp = cfg, tp
-        rotary = Rotary(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary, tp) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        tied = self.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied, tp)
+        check_tp_size(model_cfg, tp.size)
+        self.model_cfg, self.tp = model_cfg, tp
+        rotary = Rotary(
+            model_cfg.head_dim, max_positions, model_cfg.rope_theta, model_cfg.rope_scaling
+        )
+        self.embed_tokens = VocabParallelEmbedding(model_cfg.vocab_size, model_cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(
+            DecoderLayer(model_cfg, i, rotary, tp) for i in range(model_cfg.num_layers)
+        )
+        self.norm = RMSNorm(model_cfg.hidden_size, model_cfg.rms_norm_eps)
+        tied = self.embed_tokens if model_cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(model_cfg.vocab_size, model_cfg.hidden_size, tied, tp)
 
     def forward(
         self,
@@ -100,7 +104,7 @@ class Decoder(nn.Module):
         if sample_idx.shape[0] == 0:
             # NOTE: a batch of prompt chunks alone samples nothing; fused kernels (FlashInfer's
             # add-norm) fail on zero rows, so the last norm and the LM head are skipped.
-            return x.new_empty((0, self.cfg.vocab_size))
+            return x.new_empty((0, self.model_cfg.vocab_size))
         # NOTE: the last add, norm and LM head only where a token is sampled (all per-position).
         x, _ = self.norm(x[sample_idx], residual[sample_idx])
         return self.lm_head(x)
@@ -109,7 +113,7 @@ class Decoder(nn.Module):
         """Switch norms, rope and SiLU-and-mul to FlashInfer's fused CUDA kernels (or back);
         `rope`: q/k norm, RoPE and the KV store in one Triton kernel instead (for head sizes
         that are a power of two)."""
-        d = self.cfg.head_dim
+        d = self.model_cfg.head_dim
         rope = rope and d >= 16 and d & (d - 1) == 0
         for module in self.modules():
             if hasattr(module, "fused"):
@@ -129,8 +133,8 @@ class Decoder(nn.Module):
             getattr(module, attr).copy_(full)
 
 
-def full_shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
+def full_shapes(model_cfg: ModelConfig) -> dict[str, torch.Size]:
     """Each parameter's shape on one rank (the whole model), without allocating it."""
     with torch.device("meta"):
-        model = Decoder(cfg, max_positions=1)
+        model = Decoder(model_cfg, max_positions=1)
     return {name: p.shape for name, p in model.named_parameters()}

@@ -59,20 +59,25 @@ def planted_layout(hidden: int, heads: int, kv_heads: int, head_dim: int) -> int
 def init_induction(model: Decoder, seed: int) -> None:
     """Fill `model` with the planted weights (built whole in float32 on the CPU, so the same
     seed gives the same model on any device, dtype and TP size: each rank keeps its share)."""
-    cfg = model.cfg
-    if cfg.architecture != "Qwen3ForCausalLM" or not cfg.tie_word_embeddings:
+    model_cfg = model.model_cfg
+    if model_cfg.architecture != "Qwen3ForCausalLM" or not model_cfg.tie_word_embeddings:
         raise ValueError("the induction init needs a Qwen3 model with tied embeddings")
-    if cfg.rope_scaling is not None:  # the planted scores assume RoPE's plain frequencies
+    if model_cfg.rope_scaling is not None:  # the planted scores assume RoPE's plain frequencies
         raise ValueError("the induction init needs RoPE without scaling")
-    d, hd, nh, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    if cfg.num_layers < 2:
+    d, hd, nh, nkv = (
+        model_cfg.hidden_size,
+        model_cfg.head_dim,
+        model_cfg.num_heads,
+        model_cfg.num_kv_heads,
+    )
+    if model_cfg.num_layers < 2:
         raise ValueError("the induction init needs at least 2 layers")
     m = planted_layout(d, nh, nkv, hd)
     group, half = nh // nkv, hd // 2
     # residual dimensions: the token's subspace, the previous token's, and a constant one
     main, prev, const = torch.arange(m), torch.arange(m, 2 * m), 2 * m
     gen = torch.Generator().manual_seed(seed)
-    params = {name: torch.zeros(shape) for name, shape in full_shapes(cfg).items()}
+    params = {name: torch.zeros(shape) for name, shape in full_shapes(model_cfg).items()}
 
     def noise(name: str) -> None:
         params[name].normal_(0.0, 0.02, generator=gen)
@@ -89,7 +94,7 @@ def init_induction(model: Decoder, seed: int) -> None:
         elif name != "embed_tokens.weight":
             noise(name)
 
-    inv_freq = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    inv_freq = model_cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
     fast = torch.arange(PREV_PAIRS)
     slow = torch.arange(half - MATCH_PAIRS, half)
     slow_dims = torch.cat([slow, slow + half])

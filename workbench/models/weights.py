@@ -38,7 +38,7 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def build_model(
-    cfg: ModelConfig,
+    model_cfg: ModelConfig,
     max_positions: int,
     device: torch.device,
     dtype: torch.dtype,
@@ -50,10 +50,10 @@ def build_model(
     with `tp`, this rank's share of the same weights."""
     # NOTE: the rotary tables are built in float32 whatever the default dtype (explicit dtypes).
     with torch.device(device), _default_dtype(dtype):
-        model = Decoder(cfg, max_positions, tp)
+        model = Decoder(model_cfg, max_positions, tp)
     if weights_dir is not None and any(Path(weights_dir).glob("*.safetensors")):
         load_safetensors(model, Path(weights_dir))
-    elif cfg.dummy_init == "induction":
+    elif model_cfg.dummy_init == "induction":
         from .induction import init_induction
 
         init_induction(model, seed)
@@ -64,7 +64,7 @@ def build_model(
 
 
 def _slices(model: Decoder, param: str, index: int) -> tuple[int, int]:
-    layer = model.cfg
+    layer = model.model_cfg
     if param == "qkv_proj":
         q, kv = layer.num_heads * layer.head_dim, layer.num_kv_heads * layer.head_dim
         return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)][index]
@@ -77,7 +77,7 @@ def _target(
 ) -> tuple[str, int | None] | None:
     """Our parameter name (and part, for merged projections) for a Hugging Face name."""
     name = hf_name.removeprefix("model.")
-    if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
+    if name == "lm_head.weight" and model.model_cfg.tie_word_embeddings:
         return None  # the embedding is the head
     m = re.match(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)_proj\.(weight|bias)$", name)
     part = None
@@ -85,7 +85,9 @@ def _target(
         merged, part = _MERGED[f"{m[3]}_proj"]
         name = f"layers.{m[1]}.{m[2]}.{merged}.{m[4]}"
     if name not in params:
-        raise KeyError(f"checkpoint tensor {hf_name!r} has no place in {model.cfg.architecture}")
+        raise KeyError(
+            f"checkpoint tensor {hf_name!r} has no place in {model.model_cfg.architecture}"
+        )
     return name, part
 
 
@@ -126,7 +128,7 @@ def init_dummy(model: Decoder, seed: int) -> None:
     """Seeded random weights (normal, std 0.02; norms 1): same seed and device, same model,
     whatever the TP size (each rank draws every full parameter, in order, and keeps its share)."""
     gen: dict[torch.device, torch.Generator] = {}
-    shapes = full_shapes(model.cfg) if model.tp.size > 1 else {}
+    shapes = full_shapes(model.model_cfg) if model.tp.size > 1 else {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.fill_(1.0)
@@ -149,7 +151,7 @@ def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():
         if name.startswith("lm_head."):
-            if not model.cfg.tie_word_embeddings:
+            if not model.model_cfg.tie_word_embeddings:
                 out["lm_head.weight"] = param.detach()
             continue
         m = re.match(

@@ -45,16 +45,16 @@ class Scheduler(EarlyEnds):
         scheduler's settings when they differ from those the engine was built with
         (`LLM.reconfigure`)."""
         probe = probe if probe is not None else Observer()
-        cfg = config if config is not None else engine.config
-        self.engine, self.config, self.probe = engine, cfg, probe
+        config = config if config is not None else engine.config
+        self.engine, self.config, self.probe = engine, config, probe
         self.table = engine.table
-        self.overlap = cfg.overlap_enabled
+        self.overlap = config.overlap_enabled
         self.cache = CacheManager(
-            engine.num_pages, cfg.page_size, create_prefix_cache(cfg.cache, cfg.page_size)
+            engine.num_pages, config.page_size, create_prefix_cache(config.cache, config.page_size)
         )
         self.cache.on_evict = lambda asked, freed: probe.cache_evict(self.step_index, asked, freed)
         self.prefill = PrefillManager()
-        self.decode = DecodeManager(cfg.page_size)
+        self.decode = DecodeManager(config.page_size)
         self.eos_ids = frozenset(engine.model_config.eos_token_ids)
         self.finished: dict[int, Req] = {}  # uid -> request, until the caller collects it
         self.in_flight: InFlight | None = None  # overlap: the batch launched but not collected
@@ -144,31 +144,26 @@ class Scheduler(EarlyEnds):
         )
 
     def launch(self) -> InFlight | None:
-        """Schedule a batch, prepare it, and enqueue its forward and sampling."""
+        """Schedule a batch, prepare it, and enqueue its forward and sampling: each stage of
+        the step's host work is timed by its clock and runs in the profiler range of the hook
+        point reported after it (`StageClock.during`)."""
         probe, step, started = self.probe, self.step_index, self.clock()
-        clock = StageClock("schedule")
-        with probe.range("schedule.end"):
+        clock = StageClock()
+        with clock.during("schedule", probe.range("schedule.end")):
             batch, admissions = self.schedule_next_batch()
-        clock.enter("record")
         probe.schedule_end(step, batch, admissions, started)
         if batch is None:
             self._check_not_stuck(admissions)
             return None
+        graph = self.engine.uses_graph(batch)  # a padded decode step (captured or eager)
         with self._all_or_nothing(batch, clock):
-            clock.enter("prepare")
-            with probe.range("batch.prepared"):
-                graph = self.engine.uses_graph(batch)  # it writes its new slots on the device
-                new_pages = prepare_batch(batch, self.cache, self.table, device_table=not graph)
-                self.engine.fill_inputs(batch)
-                clock.enter("plan")
-                self.engine.plan(batch)
-            clock.enter("record")
+            with clock.during("prepare", probe.range("batch.prepared")):
+                new_pages = self._prepare(batch, clock, graph)  # "prepare", then "plan"
             page_rows = probe.batch_prepared(step, batch, new_pages, self.table)
-            graph = graph and self.config.cuda_graph_enabled
-            probe.forward_begin(step, batch, graph)
-            with probe.range("forward.end"):
+            captured = graph and self.config.cuda_graph_enabled
+            probe.forward_begin(step, batch, captured)
+            with clock.during("forward", probe.range("forward.end")):
                 device = self.engine.run_batch(batch, clock)  # "forward", then "sample"
-            clock.enter("record")
             probe.forward_end(step, batch)
             clock.enter("share")
             self._share_prompts(batch)
@@ -177,9 +172,18 @@ class Scheduler(EarlyEnds):
         clock.enter(None)
         padded, launch_ms = self.engine.padded_size(batch), (self.clock() - started) * 1e3
         return InFlight(
-            step, batch, admissions, device, started, padded, graph, page_rows, launch_ms,
+            step, batch, admissions, device, started, padded, captured, page_rows, launch_ms,
             clock=clock,
         )  # fmt: skip
+
+    def _prepare(self, batch: Batch, clock: StageClock, graph: bool) -> int:
+        """The batch's KV pages and inputs, then its attention metadata; the pages allocated.
+        A CUDA-graph step writes its new page-table entries on the device itself."""
+        new_pages = prepare_batch(batch, self.cache, self.table, device_table=not graph)
+        self.engine.fill_inputs(batch)
+        clock.enter("plan")
+        self.engine.plan(batch)
+        return new_pages
 
     def _share_prompts(self, batch: Batch) -> None:
         # NOTE: safe before the forward has run: any batch that reads these pages is launched
@@ -191,11 +195,11 @@ class Scheduler(EarlyEnds):
 
     def schedule_next_batch(self) -> tuple[Batch | None, Admissions]:
         """The configured policy's batch and the admission decisions behind it."""
-        cfg = self.config
+        config = self.config
         state = SchedulerState(
-            self.prefill.queue, list(self.decode.running), cfg.max_extend_tokens, self._admit
+            self.prefill.queue, list(self.decode.running), config.max_extend_tokens, self._admit
         )
-        return policy(cfg.policy)(state)
+        return policy(config.policy)(state)
 
     def _admit(self, token_budget: int) -> tuple[list[Req], Admissions]:
         """Admission over the queue with this token budget (`PrefillAdder`'s five checks)."""
@@ -223,14 +227,12 @@ class Scheduler(EarlyEnds):
         """Wait for a launched batch's tokens; append them, finish, free what nothing uses."""
         probe, batch, step, clock = self.probe, launched.batch, launched.index, launched.clock
         start = self.clock()
-        clock.enter("wait")
         with self._all_or_nothing(batch, clock):
-            with probe.range("sample.end"):
+            with clock.during("wait", probe.range("sample.end")):
                 self.engine.wait(launched.device)
                 waited = self.clock() - start
                 clock.enter("collect")
                 raw = launched.device.tokens.tolist()
-            clock.enter("record")
             probe.sample_end(step, batch, raw, start)
             clock.enter("collect")
             tokens, finished = self._append_tokens(batch, raw, step)
