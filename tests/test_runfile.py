@@ -44,7 +44,7 @@ def assert_same_run(live: Workbench, run) -> None:
     assert list(run.tables()) == list(tables)
     for name, frame in tables.items():
         pd.testing.assert_frame_equal(run.tables()[name], frame, check_exact=True, obj=name)
-    assert run.meta == json.loads(json.dumps(live._meta()))
+    assert run.meta == json.loads(json.dumps(live.run_meta()))
 
 
 @pytest.mark.parametrize("kind", ["full", "light", "empty"])
@@ -77,7 +77,7 @@ def test_json_is_the_format_of_older_runs_and_still_loads(runs, tmp_path):
         wb = runs[kind]
         path = wb.save(tmp_path / f"{kind}.json")
         # what `save` wrote before Parquet, byte for byte
-        doc = {"format": "workbench-run/1", "meta": wb._meta()}
+        doc = {"format": "workbench-run/1", "meta": wb.run_meta()}
         for name, frame in wb.history.tables().items():
             doc[name] = json.loads(frame.to_json(orient="table", index=False, double_precision=15))
         assert path.read_text() == json.dumps(doc)

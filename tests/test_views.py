@@ -224,8 +224,10 @@ def test_dashboard_steps_and_redraws():
     assert state["spec"]["datasets"]  # the widget holds the data to draw
     dash.buttons["Reset"].click()
     assert len(wb.history) == 0 and "no steps yet" in dash.status.value
-    dash.close()
-    assert not wb._observers
+    dash.close()  # it no longer follows the workbench
+    wb.add_request(PROMPTS[0], greedy(2))
+    wb.step()
+    assert "no steps yet" in dash.status.value
 
 
 def test_dashboard_on_a_saved_run_has_no_engine_buttons(run):
@@ -307,7 +309,7 @@ def test_dashboard_step_n_shows_progress_and_redraws_are_throttled():
         wb.add_request(p, greedy(8))
     dash = wb.dashboard()
     seen, redraws = [], []
-    wb._observers.append(lambda final: seen.append(dash.status.value))
+    wb.observe(lambda final: seen.append(dash.status.value))
     original = dash._redraw
     dash._redraw = lambda: (redraws.append(wb.step_index), original())[1]
     dash.count.value = 6

@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--model", default="smollm2", help="model name or path")
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    from .bench.cli import add_arguments, add_schedule_arguments
+    from .bench.cli import add_arguments
+    from .flags import add_schedule_arguments
 
     add_schedule_arguments(demo, max_extend_tokens=48, max_running_reqs=4)
     demo.add_argument("--record", default="full", choices=RECORD_LEVELS, help="step records kept")

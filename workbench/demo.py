@@ -9,6 +9,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from .core import SamplingParams
+from .flags import llm_options
 from .history.record import StepRecord
 from .models.catalog import DATA_DIR
 from .workbench import Workbench
@@ -35,16 +36,7 @@ def run_demo(args: Namespace) -> None:
     spec = json.loads((DATA_DIR / "prompts" / "demo.json").read_text())
     out = Path(args.out)
     t0 = time.perf_counter()
-    wb = Workbench(
-        args.model,
-        device=args.device,
-        max_extend_tokens=args.max_extend_tokens,
-        page_size=args.page_size,
-        cache=args.cache,
-        max_running_reqs=args.max_running_reqs,
-        policy=args.policy,
-        record=args.record,
-    )
+    wb = Workbench(args.model, **llm_options(args))
     engine = wb.engine
     print(
         f"model {args.model} on {engine.device} ({engine.dtype}), {engine.num_pages} KV pages of "

@@ -152,6 +152,20 @@ class Workbench:
             self.scheduler.probe.read_events()
         self._notify(final=True)
 
+    def observe(self, fn: Callable[[bool], None]) -> Callable[[], None]:
+        """Call `fn(final)` whenever the workbench has stepped: `final` False during a `run`
+        (after each step), True when a call ends (step, run, reset, reconfigure). Returns the
+        function that stops it (the dashboard follows the engine this way)."""
+        if not callable(fn):
+            raise TypeError(f"observe takes a function of one argument (final), got {fn!r}")
+        self._observers.append(fn)
+
+        def stop() -> None:
+            if fn in self._observers:
+                self._observers.remove(fn)
+
+        return stop
+
     def _notify(self, final: bool) -> None:
         for observer in list(self._observers):
             observer(final)
@@ -281,7 +295,7 @@ class Workbench:
     def snapshot(self, **meta: Any) -> RunHistory:
         """The run so far as a `RunHistory` (what `load_run` gives for a saved run): its tables
         stay as they are when the workbench goes on or is reset. `meta` is added to its meta."""
-        return RunHistory(dict(self.history.tables()), {**self._meta(), **meta})
+        return RunHistory(dict(self.history.tables()), {**self.run_meta(), **meta})
 
     def close(self) -> None:
         """Give back what the engine holds (GPU memory: weights, KV pool, CUDA graphs); the
@@ -303,9 +317,11 @@ class Workbench:
 
     def save(self, path: str | Path) -> Path:
         """The run's tables, settings and each request's prompt and answer, in one file."""
-        return self.history.save(path, self._meta())
+        return self.history.save(path, self.run_meta())
 
-    def _meta(self) -> dict:
+    def run_meta(self) -> dict:
+        """What a saved run carries with its tables: the settings, and each request's prompt
+        and answer."""
         return {**self.llm.run_meta(), "texts": self.texts()}
 
     def texts(self) -> dict[str, list[str]]:
@@ -334,7 +350,7 @@ class Workbench:
         prompt and answer (no network)."""
         from .viz.report import write_report
 
-        return write_report(self.history, path, title=title, meta=self._meta())
+        return write_report(self.history, path, title=title, meta=self.run_meta())
 
     def __repr__(self) -> str:
         s = self.scheduler

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import ast
 
 import torch
 
-from ..config import CACHE_KINDS, RECORD_LEVELS, TP_BACKENDS
-from ..policies import POLICIES
+from ..config import RECORD_LEVELS, TP_BACKENDS
+from ..flags import add_schedule_arguments
 from .roofline import DEVICES
 
 
@@ -22,34 +21,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _engine_arguments(p)
     _run_arguments(p)
     _output_arguments(p)
-
-
-def add_schedule_arguments(
-    p: argparse.ArgumentParser, max_extend_tokens: int, max_running_reqs: int
-) -> None:
-    """The flags `demo` and `bench` share: policy, token budget, request slots, pages, cache;
-    under our names and under SGLang's."""
-    p.add_argument(
-        "--policy", default="prefill_first", choices=sorted(POLICIES), help="batch policy"
-    )
-    p.add_argument(
-        "--max-extend-tokens",
-        "--chunked-prefill-size",
-        dest="max_extend_tokens",
-        type=int,
-        default=max_extend_tokens,
-        help="the token budget of a batch: the prefill chunk size",
-    )
-    p.add_argument(
-        "--max-running-reqs",
-        "--max-running-requests",
-        dest="max_running_reqs",
-        type=int,
-        default=max_running_reqs,
-        help="request slots",
-    )
-    p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (16 is faster)")
-    p.add_argument("--cache", default="radix", choices=CACHE_KINDS, help="prefix cache")
 
 
 def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
@@ -208,20 +179,3 @@ def resolve_lengths(args: argparse.Namespace) -> None:
         n = getattr(args, f"random_{name}_len")
         if n is not None:
             setattr(args, f"{name}_len", [max(1, round(n * (1 - r))), max(1, round(n * (1 + r)))])
-
-
-def engine_options(pairs: list[str]) -> dict:
-    """`--option KEY=VALUE` pairs as EngineConfig keyword arguments."""
-    options = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        options[key] = parse_value(value)
-    return options
-
-
-def parse_value(text: str):
-    """A Python literal where the text is one (`True`, `8`, `0.5`), else the text itself."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text

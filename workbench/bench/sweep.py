@@ -13,7 +13,7 @@ import itertools
 
 import torch
 
-from .cli import parse_value
+from ..flags import parse_value
 from .report import print_result
 from .throughput import check_save, run_bench
 

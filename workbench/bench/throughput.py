@@ -19,8 +19,8 @@ from typing import NamedTuple
 import torch
 
 from ..core import SamplingParams
+from ..flags import llm_options
 from ..llm import LLM
-from .cli import engine_options
 from .host import host_splits, split_table
 from .online import latency_summary, poisson_arrivals, serve
 from .profile import profile_decode
@@ -49,20 +49,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 
 def build_llm(args: argparse.Namespace) -> LLM:
-    return LLM(
-        args.model,
-        page_size=args.page_size,
-        max_extend_tokens=args.max_extend_tokens,
-        max_running_reqs=args.max_running_reqs,
-        cache=args.cache,
-        overlap=args.overlap,
-        cuda_graph=args.cuda_graph,
-        fused_kernels=args.fused_kernels,
-        record=args.record,
-        tp_size=args.tp_size,
-        tp_backend=args.tp_backend,
-        **{"policy": args.policy, **engine_options(args.option)},
-    )
+    return LLM(args.model, **llm_options(args))
 
 
 def warm_up(llm: LLM, args: argparse.Namespace) -> None:

@@ -115,6 +115,13 @@ class StepRecord:
         )
 
     @property
+    def admission_parts(self) -> tuple[tuple[tuple, ...], tuple[int, ...], str]:
+        """The admissions as kept: the decisions made one by one (`Admission` fields, as plain
+        tuples), the uids refused as a group after them, and why they were (what the tables
+        read: a queue of thousands is not turned into thousands of named tuples)."""
+        return self._admissions, self._behind, self._behind_reason
+
+    @property
     def admissions(self) -> tuple[Admission, ...]:
         """The step's admission decisions: admitted, or why a request waits."""
         behind = (Admission(uid, False, self._behind_reason, 0, 0) for uid in self._behind)

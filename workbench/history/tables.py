@@ -146,8 +146,8 @@ class TableRows:
         rows = rec.rows  # built on access: once per record
         # NOTE: the decisions straight from the record's storage: a long queue gives a group
         # refusal per step (`_behind`), which goes in as whole columns, not one tuple per row.
-        decided, behind = rec._admissions, rec._behind
-        _add_admissions(self.admissions, rec.step, decided, behind, rec._behind_reason)
+        decided, behind, reason = rec.admission_parts
+        _add_admissions(self.admissions, rec.step, decided, behind, reason)
         reasons = {reason for _, admitted, reason, _, _ in decided if not admitted}
         if behind:
             reasons.add(rec._behind_reason)

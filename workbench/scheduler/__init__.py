@@ -1,1 +1,8 @@
-"""Scheduling: request slots and tables, cache manager, prefill admission, decode set, loop."""
+"""Scheduling: the loop (`Scheduler`), its observer, the cache manager, prefill admission, the
+decode set, batch preparation, early ends and step outcomes."""
+
+from .observer import Observer
+from .outcome import StepError, StepOutcome
+from .scheduler import Scheduler
+
+__all__ = ["Observer", "Scheduler", "StepError", "StepOutcome"]

@@ -68,7 +68,7 @@ class Dashboard(w.VBox):
             controls = [self.buttons["Step"], self.buttons["Step ×"], self.count]
             controls += [self.buttons["Run"], self.buttons["Reset"], self.buttons["Again"]]
             rows.append(w.HBox(controls))
-            self.workbench._observers.append(self._on_engine_step)
+            self._unobserve = self.workbench.observe(self._on_engine_step)
         picking = [self.slider, self.picker]
         if self.workbench is not None:
             abort = w.Button(description="Abort", disabled=True, layout=w.Layout(width="80px"))
@@ -267,8 +267,8 @@ class Dashboard(w.VBox):
         )
 
     def close(self) -> None:
-        if self.workbench is not None and self._on_engine_step in self.workbench._observers:
-            self.workbench._observers.remove(self._on_engine_step)
+        if self.workbench is not None:
+            self._unobserve()
         super().close()
 
 

@@ -1,0 +1,79 @@
+"""The command line's flags that `demo` and `bench` share, and the one way from flags to `LLM`
+keywords (`llm_options`)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+
+from .config import CACHE_KINDS
+from .policies import POLICIES
+
+# flags whose value is the `LLM` keyword of the same name, in the commands that have them
+LLM_FLAGS = (
+    "device",
+    "page_size",
+    "max_extend_tokens",
+    "max_running_reqs",
+    "cache",
+    "policy",
+    "overlap",
+    "cuda_graph",
+    "fused_kernels",
+    "record",
+    "tp_size",
+    "tp_backend",
+)
+
+
+def llm_options(args: argparse.Namespace) -> dict:
+    """The `LLM` / `Workbench` keywords the parsed flags give (`LLM_FLAGS` the command has,
+    then its ``--option KEY=VALUE`` pairs), the model apart: ``LLM(args.model,
+    **llm_options(args))``."""
+    options = {name: getattr(args, name) for name in LLM_FLAGS if hasattr(args, name)}
+    return {**options, **engine_options(getattr(args, "option", []))}
+
+
+def add_schedule_arguments(
+    p: argparse.ArgumentParser, max_extend_tokens: int, max_running_reqs: int
+) -> None:
+    """The flags `demo` and `bench` share: policy, token budget, request slots, pages, cache;
+    under our names and under SGLang's."""
+    p.add_argument(
+        "--policy", default="prefill_first", choices=sorted(POLICIES), help="batch policy"
+    )
+    p.add_argument(
+        "--max-extend-tokens",
+        "--chunked-prefill-size",
+        dest="max_extend_tokens",
+        type=int,
+        default=max_extend_tokens,
+        help="the token budget of a batch: the prefill chunk size",
+    )
+    p.add_argument(
+        "--max-running-reqs",
+        "--max-running-requests",
+        dest="max_running_reqs",
+        type=int,
+        default=max_running_reqs,
+        help="request slots",
+    )
+    p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (16 is faster)")
+    p.add_argument("--cache", default="radix", choices=CACHE_KINDS, help="prefix cache")
+
+
+def engine_options(pairs: list[str]) -> dict:
+    """`--option KEY=VALUE` pairs as EngineConfig keyword arguments."""
+    options = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        options[key] = parse_value(value)
+    return options
+
+
+def parse_value(text: str):
+    """A Python literal where the text is one (`True`, `8`, `0.5`), else the text itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
