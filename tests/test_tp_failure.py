@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from workbench import LLM
-from workbench.engine.ranks import num_devices, rank_device, ranks_on
+from workbench.engine.placement import num_devices, rank_device, ranks_on
 
 from .conftest import greedy, run
 from .test_tp import MODEL, PROMPTS

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import torch
 
 from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
-from .core import Req, SamplingParams, ceil_page
+from .core import Req, SamplingParams, ceil_page, sampling_batch
 from .engine.engine import Engine
 from .engine.ranks import torchrun_rank
 from .engine.worker import serve_under_torchrun
@@ -180,15 +180,11 @@ class LLM:
     def run_meta(self) -> dict:
         """The settings a saved run carries with it."""
         config, engine = self.config, self.engine
+        names = ("model", "page_size", "max_extend_tokens", "cache", "policy", "max_running_reqs")
         return {
-            "model": config.model,
+            **{name: getattr(config, name) for name in names},
             "device": str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."),
-            "page_size": config.page_size,
-            "max_extend_tokens": config.max_extend_tokens,
-            "cache": config.cache,
-            "policy": config.policy,
-            "max_running_reqs": config.max_running_reqs,
             "num_pages": engine.num_pages,
             "overlap": self.scheduler.overlap,
             "cuda_graph": config.cuda_graph_enabled,
@@ -200,13 +196,7 @@ class LLM:
         """Token ids of a prompt: a string, or token ids (a list, tuple or 1-d integer array)
         checked against the vocabulary."""
         if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError(f"prompt {index} is empty")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise ValueError(f"prompt {index} is not valid text: {exc}") from None
-            return self.tokenizer(prompt).input_ids
+            return self.tokenizer(V.text(f"prompt {index}", prompt)).input_ids
         return V.token_ids(f"prompt {index}", prompt, self.engine.model_config.vocab_size)
 
     def check_request(self, token_ids: list[int], sampling: SamplingParams, index: int = 0) -> None:
@@ -241,21 +231,7 @@ class LLM:
         """Validate every prompt, then queue them all (nothing is queued if one is bad)."""
         self.check_open()
         prompts = V.prompt_batch(prompts)
-        if sampling is None:
-            sampling = SamplingParams()
-        if isinstance(sampling, SamplingParams):
-            params = [sampling] * len(prompts)
-        elif isinstance(sampling, list | tuple) and all(
-            isinstance(p, SamplingParams) for p in sampling
-        ):
-            params = list(sampling)
-        else:
-            raise TypeError(
-                "sampling must be a SamplingParams, a list of them (one per prompt) or None, "
-                f"got {sampling!r}"
-            )
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        params = sampling_batch(sampling, len(prompts))
         requests = []
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             ids = self.encode(prompt, i)
@@ -315,20 +291,6 @@ class LLM:
         for uid in uids:
             sched.finished.pop(uid, None)
         self.hooks.clear_pending()
-
-    def texts(self, arriving: Iterable[tuple[int, list[int]]] = ()) -> dict[str, list[str]]:
-        """Each request's prompt and answer so far, as text, by uid (a string: JSON keys);
-        `arriving`: (uid, prompt ids) of requests not queued yet."""
-        sched, decode = self.scheduler, self.decode
-        reqs = {**{r.uid: r for r in sched.live_reqs}, **sched.finished}
-        out = {
-            uid: [decode(r.token_ids[: r.prompt_len]), decode(r.token_ids[r.prompt_len :])]
-            for uid, r in reqs.items()
-        }
-        # the queue's own copy of a prompt is whole (a chunk's ledger holds what it computed)
-        waiting = [(p.uid, p.token_ids) for p in sched.prefill.queue] + list(arriving)
-        out |= {uid: [decode(ids), ""] for uid, ids in waiting}
-        return {str(uid): out[uid] for uid in sorted(out)}
 
     def output(self, req: Req) -> dict:
         ids = req.token_ids[req.prompt_len :]

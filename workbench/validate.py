@@ -131,6 +131,17 @@ def token_ids(name: str, value: Any, vocab_size: int) -> list[int]:
     return ids
 
 
+def text(name: str, value: str) -> str:
+    """A string that is not empty and encodes as UTF-8 (no lone surrogates)."""
+    if not value:
+        raise ValueError(f"{name} is empty")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} is not valid text: {exc}") from None
+    return value
+
+
 def prompt_batch(value: Any) -> list[Any]:
     """The prompts of one call as a list: a string or token ids is one prompt; a list or tuple
     of them, or a 2-d integer array (a row per prompt), is a batch."""

@@ -14,21 +14,20 @@ launched after the previous one completed); turn it on to see what a serving eng
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from . import validate as V
 from .arrivals import Arrivals, Due
 from .compare_inputs import checked_requests, checked_settings
 from .core import SamplingParams
-from .history.record import StepRecord
+from .history.record import StepRecord, build_record
 from .instrument.hooks import HookRegistry
-from .instrument.probe import build_record
 from .llm import LLM, Prompt
+from .results import Results
 from .runs import RunHistory
 
 
-class Workbench:
+class Workbench(Results):
     def __init__(
         self,
         model: str = "smollm2",
@@ -292,11 +291,6 @@ class Workbench:
             runs[name] = self.snapshot(run=name, settings=options)
         return runs
 
-    def snapshot(self, **meta: Any) -> RunHistory:
-        """The run so far as a `RunHistory` (what `load_run` gives for a saved run): its tables
-        stay as they are when the workbench goes on or is reset. `meta` is added to its meta."""
-        return RunHistory(dict(self.history.tables()), {**self.run_meta(), **meta})
-
     def close(self) -> None:
         """Give back what the engine holds (GPU memory: weights, KV pool, CUDA graphs); the
         workbench cannot step after. ``with Workbench(...) as wb:`` closes it at the end."""
@@ -310,47 +304,8 @@ class Workbench:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- results ----------------------------------------------------------------------------
-    def outputs(self) -> list[dict]:
-        """The finished requests, as `LLM.generate` returns them, by uid."""
-        return [self.llm.output(req) for _, req in sorted(self.scheduler.finished.items())]
-
-    def save(self, path: str | Path) -> Path:
-        """The run's tables, settings and each request's prompt and answer, in one file."""
-        return self.history.save(path, self.run_meta())
-
-    def run_meta(self) -> dict:
-        """What a saved run carries with its tables: the settings, and each request's prompt
-        and answer."""
-        return {**self.llm.run_meta(), "texts": self.texts()}
-
-    def texts(self) -> dict[str, list[str]]:
-        """Each request's prompt and answer so far, as text, by uid (a string: JSON keys)."""
-        return self.llm.texts([(due.uid, due.ids) for due in self._arrivals])
-
-    def export_trace(self, path: str | Path) -> Path:
-        """Chrome trace JSON of the run (steps; profiler events with record="full")."""
-        from .history.trace import export_trace
-
-        return export_trace(self.history.steps, self.history.events, path)
-
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
-
-    # -- views ------------------------------------------------------------------------------
-    def dashboard(self):
-        """An ipywidgets layout: Step / Step x N / Run / Reset, a step slider, a request picker,
-        and charts that redraw after every step (also steps taken from other cells)."""
-        from .viz.dashboard import Dashboard
-
-        return Dashboard(self)
-
-    def report(self, path: str | Path, title: str | None = None) -> Path:
-        """One self-contained HTML file: summary, every chart, the request table with each
-        prompt and answer (no network)."""
-        from .viz.report import write_report
-
-        return write_report(self.history, path, title=title, meta=self.run_meta())
 
     def __repr__(self) -> str:
         s = self.scheduler
@@ -359,5 +314,6 @@ class Workbench:
         return (
             f"Workbench({self.config.model} on {self.engine.device}, step {s.step_index}, "
             f"{len(s.prefill.queue)} waiting, {len(s.decode.running)} running, "
-            f"{len(s.finished)} finished, policy={self.config.policy!r}, record={s.record!r})"
+            f"{len(s.finished)} finished, policy={self.config.policy!r}, "
+            f"record={self.llm.record!r})"
         )

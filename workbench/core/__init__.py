@@ -23,7 +23,7 @@ from .request import (
     floor_page,
     kv_tokens_needed,
 )
-from .sampling import FLOAT32_MAX, MIN_TEMPERATURE, SamplingParams
+from .sampling import FLOAT32_MAX, MIN_TEMPERATURE, SamplingParams, sampling_batch
 
 __all__ = [
     "DECODE_FIRST",
@@ -48,4 +48,5 @@ __all__ = [
     "ceil_page",
     "floor_page",
     "kv_tokens_needed",
+    "sampling_batch",
 ]

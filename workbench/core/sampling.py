@@ -60,3 +60,21 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+
+def sampling_batch(
+    sampling: SamplingParams | list | tuple | None, count: int
+) -> list[SamplingParams]:
+    """One SamplingParams per prompt: from one for all (None: the defaults) or a list."""
+    if sampling is None or isinstance(sampling, SamplingParams):
+        return [sampling or SamplingParams()] * count
+    if not isinstance(sampling, list | tuple) or not all(
+        isinstance(p, SamplingParams) for p in sampling
+    ):
+        raise TypeError(
+            "sampling must be a SamplingParams, a list of them (one per prompt) or None, "
+            f"got {sampling!r}"
+        )
+    if len(sampling) != count:
+        raise ValueError(f"{count} prompts but {len(sampling)} sampling params")
+    return list(sampling)

@@ -22,7 +22,8 @@ from ..models.weights import build_model
 from ..stages import StageClock
 from .graph import GraphRunner
 from .inputs import fill_inputs
-from .ranks import OneRank, Ranks, num_devices, rank_device, ranks_on
+from .placement import num_devices, rank_device, ranks_on
+from .ranks import OneRank, Ranks
 from .ranks import start as start_ranks
 from .sampler import Sampler
 
@@ -66,6 +67,24 @@ class Engine:
             self.tp,
         )
         self.model.use_fused_kernels(config.fused_kernels_enabled, config.fused_rope_enabled)
+        self._build_memory(config, model_cfg)
+        self.ctx = ForwardContext(self.backend)
+        self.sampler = Sampler(
+            model_cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling_enabled
+        )
+        if self.device.type == "cuda":
+            self._token_host = [
+                torch.empty(config.max_running_reqs, dtype=torch.int32, pin_memory=True)
+                for _ in range(4)
+            ]
+        self._build_graphs(config)
+        # NOTE: one full collection now makes the start-up objects (torch, transformers, the
+        # model) long-lived; otherwise the first full collection can fall inside a run (seen on
+        # the CPU with record="light": one pass of 0.19 s in a 300-step run).
+        gc.collect()
+
+    def _build_memory(self, config: EngineConfig, model_cfg: ModelConfig) -> None:
+        """The KV pool, the request table over it and the attention backend that reads them."""
         # NOTE: every rank must have the same slots: rank 0 allocates them for all
         self.num_pages = config.num_pages or self.tp.min_int(self._pages_from_memory(), self.device)
         self.pool = KVPool(
@@ -94,43 +113,34 @@ class Engine:
         self.table.write_row(
             self.table.dummy_row, 0, np.full(width, self.pool.dummy_slot, np.int32)
         )
-        self.ctx = ForwardContext(self.backend)
-        self.sampler = Sampler(
-            model_cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling_enabled
-        )
-        if self.device.type == "cuda":
-            self._token_host = [
-                torch.empty(config.max_running_reqs, dtype=torch.int32, pin_memory=True)
-                for _ in range(4)
-            ]
-        # NOTE: with cuda_graph=False, decode batches still run padded to the same sizes, only
-        # eagerly: the same kernels on the same shapes, so outputs are identical either way.
+
+    def _build_graphs(self, config: EngineConfig) -> None:
+        """The decode steps' CUDA graphs (on a GPU whose backend has them).
+
+        With cuda_graph=False, decode batches still run padded to the same sizes, only eagerly:
+        the same kernels on the same shapes, so outputs are identical either way."""
         self.graphs: GraphRunner | None = None
-        if self.device.type == "cuda" and self.backend.supports_cuda_graph:
-            max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
-            oom = None
-            try:
-                self.graphs = GraphRunner(
-                    self.model,
-                    self.ctx,
-                    self.backend,
-                    self.table,
-                    self.pool.dummy_slot,
-                    self.device,
-                    max_bs,
-                    capture=config.cuda_graph_enabled,
-                    sample=config.fused_sampling_enabled,
-                )
-            except torch.cuda.OutOfMemoryError as exc:
-                oom = str(exc).split("\n")[0]
-            # NOTE: raised outside the except block: the out-of-memory error's frames hold the
-            # half-captured graphs' memory, and a chained error (kept by a notebook) keeps them
-            if oom is not None:
-                self._out_of_memory(oom)
-        # NOTE: one full collection now makes the start-up objects (torch, transformers, the
-        # model) long-lived; otherwise the first full collection can fall inside a run (seen on
-        # the CPU with record="light": one pass of 0.19 s in a 300-step run).
-        gc.collect()
+        if self.device.type != "cuda" or not self.backend.supports_cuda_graph:
+            return
+        oom = None
+        try:
+            self.graphs = GraphRunner(
+                self.model,
+                self.ctx,
+                self.backend,
+                self.table,
+                self.pool.dummy_slot,
+                self.device,
+                min(config.cuda_graph_max_bs, config.max_running_reqs),
+                capture=config.cuda_graph_enabled,
+                sample=config.fused_sampling_enabled,
+            )
+        except torch.cuda.OutOfMemoryError as exc:
+            oom = str(exc).split("\n")[0]
+        # NOTE: raised outside the except block: the out-of-memory error's frames hold the
+        # half-captured graphs' memory, and a chained error (kept by a notebook) keeps them
+        if oom is not None:
+            self._out_of_memory(oom)
 
     def _out_of_memory(self, cause: str) -> None:
         """What ran out while the engine was built, and what to do: the KV pool took its share

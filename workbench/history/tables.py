@@ -141,16 +141,36 @@ class TableRows:
         return n <= len(records) and (n == 0 or records[n - 1] is self.last)
 
     def add(self, rec: StepRecord) -> None:
+        """One record's rows, in every table."""
         self.count, self.last = self.count + 1, rec
-        by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
         rows = rec.rows  # built on access: once per record
         # NOTE: the decisions straight from the record's storage: a long queue gives a group
-        # refusal per step (`_behind`), which goes in as whole columns, not one tuple per row.
+        # refusal per step (`behind`), which goes in as whole columns, not one tuple per row.
         decided, behind, reason = rec.admission_parts
         _add_admissions(self.admissions, rec.step, decided, behind, reason)
         reasons = {reason for _, admitted, reason, _, _ in decided if not admitted}
         if behind:
-            reasons.add(rec._behind_reason)
+            reasons.add(reason)
+        by_kind = self._add_ledger(rec, rows)
+        self._add_step(rec, rows, by_kind, decided, reasons)
+        if rec.rank_device_ms is not None:
+            self.rank_ms[rec.step] = rec.rank_device_ms
+        for name, category, track, start_us, duration_us in rec.events or ():
+            event = EventRow(
+                step=rec.step,
+                name=name,
+                category=category,
+                track=track,
+                start_us=start_us,
+                duration_us=duration_us,
+            )
+            self.events.append(tuple(event))
+        if rec.page_rows:
+            self._add_pages(rec, rows)
+
+    def _add_ledger(self, rec: StepRecord, rows) -> dict[str, int]:
+        """The batch's ledger rows; the tokens it computed by kind."""
+        by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
         for r in rows:
             by_kind[r.kind] += r.extend_len
             entry = LedgerEntry(
@@ -168,6 +188,9 @@ class TableRows:
                 finish=r.finish,
             )
             self.ledger.append(tuple(entry))
+        return by_kind
+
+    def _add_step(self, rec: StepRecord, rows, by_kind: dict, decided, reasons: set) -> None:
         bound = NO_COST if self.cost is None else self.cost.of_step(rows)
         device_ms = rec.device_ms
         split = rec.host_stage_ms or (math.nan,) * len(HOST_STAGES)
@@ -206,32 +229,22 @@ class TableRows:
             achieved_gbps=bound.bytes_read / device_ms / 1e6 if device_ms > 0 else math.nan,
         )
         self.steps.append(tuple(step))
-        if rec.rank_device_ms is not None:
-            self.rank_ms[rec.step] = rec.rank_device_ms
-        for name, category, track, start_us, duration_us in rec.events or ():
-            event = EventRow(
-                step=rec.step,
-                name=name,
-                category=category,
-                track=track,
-                start_us=start_us,
-                duration_us=duration_us,
-            )
-            self.events.append(tuple(event))
-        if rec.page_rows:
-            for r in rows:
-                since, runs = rec.page_rows[r.table_idx]
-                for pos_start, pos_end, slot_start in runs:
-                    page = PageRow(
-                        step=rec.step,
-                        uid=r.uid,
-                        table_idx=r.table_idx,
-                        pos_start=pos_start,
-                        pos_end=pos_end,
-                        slot_start=slot_start,
-                        since=since,
-                    )
-                    self.pages.append(tuple(page))
+
+    def _add_pages(self, rec: StepRecord, rows) -> None:
+        """What each row of the batch gained in the page table (record="full")."""
+        for r in rows:
+            since, runs = rec.page_rows[r.table_idx]
+            for pos_start, pos_end, slot_start in runs:
+                page = PageRow(
+                    step=rec.step,
+                    uid=r.uid,
+                    table_idx=r.table_idx,
+                    pos_start=pos_start,
+                    pos_end=pos_end,
+                    slot_start=slot_start,
+                    since=since,
+                )
+                self.pages.append(tuple(page))
 
     def frames(self, arrivals: dict, aborts: dict) -> dict[str, pd.DataFrame]:
         import pandas as pd

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -60,31 +61,64 @@ def init_induction(model: Decoder, seed: int) -> None:
     """Fill `model` with the planted weights (built whole in float32 on the CPU, so the same
     seed gives the same model on any device, dtype and TP size: each rank keeps its share)."""
     model_cfg = model.model_cfg
+    _check_induction(model_cfg)
+    shape = _Shape.of(model_cfg)
+    gen = torch.Generator().manual_seed(seed)
+    params = {name: torch.zeros(s) for name, s in full_shapes(model_cfg).items()}
+    _plant_base(params, shape, gen)
+    inv_freq = model_cfg.rope_theta ** (
+        -torch.arange(0, shape.hd, 2, dtype=torch.float64) / shape.hd
+    )
+    _plant_previous_token_heads(params, shape, inv_freq)
+    _plant_induction_heads(params, shape, gen)
+    for name, _ in model.named_parameters():
+        model.load_param(name, params[name])
+
+
+def _check_induction(model_cfg) -> None:
     if model_cfg.architecture != "Qwen3ForCausalLM" or not model_cfg.tie_word_embeddings:
         raise ValueError("the induction init needs a Qwen3 model with tied embeddings")
     if model_cfg.rope_scaling is not None:  # the planted scores assume RoPE's plain frequencies
         raise ValueError("the induction init needs RoPE without scaling")
-    d, hd, nh, nkv = (
-        model_cfg.hidden_size,
-        model_cfg.head_dim,
-        model_cfg.num_heads,
-        model_cfg.num_kv_heads,
-    )
     if model_cfg.num_layers < 2:
         raise ValueError("the induction init needs at least 2 layers")
-    m = planted_layout(d, nh, nkv, hd)
-    group, half = nh // nkv, hd // 2
-    # residual dimensions: the token's subspace, the previous token's, and a constant one
-    main, prev, const = torch.arange(m), torch.arange(m, 2 * m), 2 * m
-    gen = torch.Generator().manual_seed(seed)
-    params = {name: torch.zeros(shape) for name, shape in full_shapes(model_cfg).items()}
 
-    def noise(name: str) -> None:
-        params[name].normal_(0.0, 0.02, generator=gen)
 
+class _Shape(NamedTuple):
+    """The model's sizes and the planted residual layout: the token's subspace (`main`), the
+    previous token's (`prev`) and a constant dimension (`const`)."""
+
+    d: int  # hidden size
+    hd: int  # head size
+    nh: int  # query heads
+    nkv: int  # KV heads
+    m: int  # dimensions of each subspace
+    main: torch.Tensor
+    prev: torch.Tensor
+    const: int
+
+    @classmethod
+    def of(cls, model_cfg) -> _Shape:
+        d, hd = model_cfg.hidden_size, model_cfg.head_dim
+        nh, nkv = model_cfg.num_heads, model_cfg.num_kv_heads
+        m = planted_layout(d, nh, nkv, hd)
+        return cls(d, hd, nh, nkv, m, torch.arange(m), torch.arange(m, 2 * m), 2 * m)
+
+    @property
+    def group(self) -> int:
+        return self.nh // self.nkv
+
+    @property
+    def half(self) -> int:
+        return self.hd // 2
+
+
+def _plant_base(params: dict, shape: _Shape, gen: torch.Generator) -> None:
+    """Token embeddings in the token subspace (and the constant), unit norms, small noise
+    everywhere else but the two planted attention layers (zero but what is planted)."""
     emb = params["embed_tokens.weight"]
-    emb[:, main] = torch.randn(emb.shape[0], m, generator=gen)
-    emb[:, const] = 1.0
+    emb[:, shape.main] = torch.randn(emb.shape[0], shape.m, generator=gen)
+    emb[:, shape.const] = 1.0
     planted = ("layers.0.self_attn.", "layers.1.self_attn.")
     for name in params:
         if name.startswith(planted):
@@ -92,51 +126,54 @@ def init_induction(model: Decoder, seed: int) -> None:
         if name.endswith("norm.weight"):
             params[name].fill_(1.0)
         elif name != "embed_tokens.weight":
-            noise(name)
+            params[name].normal_(0.0, 0.02, generator=gen)
 
-    inv_freq = model_cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-    fast = torch.arange(PREV_PAIRS)
-    slow = torch.arange(half - MATCH_PAIRS, half)
-    slow_dims = torch.cat([slow, slow + half])
+
+def _plant_previous_token_heads(params: dict, shape: _Shape, inv_freq: torch.Tensor) -> None:
+    """Layer 0: previous-token heads; values copy the token subspace into the `prev`
+    subspace."""
+    hd, nh, nkv, m, half = shape.hd, shape.nh, shape.nkv, shape.m, shape.half
     q_rows, kv_rows = nh * hd, nkv * hd
-    # the residual's rms at each layer's input (the norms divide by it)
-    rms0 = math.sqrt((m + 1) / d)  # embedding: token subspace and the constant
-    rms1 = math.sqrt((2 * m + 1) / d)  # plus the previous token, copied by layer 0
-
-    # layer 0: previous-token heads; values copy the token subspace into the `prev` subspace
+    rms0 = math.sqrt((m + 1) / shape.d)  # the embedding's rms (token subspace and constant)
+    fast = torch.arange(PREV_PAIRS)
     a = "layers.0.self_attn."
     qkv, o = params[a + "qkv_proj.weight"], params[a + "o_proj.weight"]
     for h in range(nh):
-        qkv[h * hd + fast, const] = 1.0
+        qkv[h * hd + fast, shape.const] = 1.0
     angle = inv_freq[fast].float()
     for g in range(nkv):
         rows = q_rows + g * hd
-        qkv[rows + fast, const] = angle.cos()
-        qkv[rows + half + fast, const] = angle.sin()
+        qkv[rows + fast, shape.const] = angle.cos()
+        qkv[rows + half + fast, shape.const] = angle.sin()
     params[a + "q_norm.weight"][fast] = NORM_GAIN
     params[a + "k_norm.weight"][torch.cat([fast, fast + half])] = NORM_GAIN
     for g in range(m // hd):
         dims = torch.arange(g * hd, (g + 1) * hd)
         qkv[q_rows + kv_rows + dims, dims] = 1.0  # v: the token subspace, unscaled
-        o[prev[dims], g * group * hd + torch.arange(hd)] = rms0  # back to the embedding's scale
+        o[shape.prev[dims], g * shape.group * hd + torch.arange(hd)] = rms0  # embedding's scale
 
-    # layer 1: induction heads; q from the current token, k from the previous one, same map
+
+def _plant_induction_heads(params: dict, shape: _Shape, gen: torch.Generator) -> None:
+    """Layer 1: induction heads; q from the current token, k from the previous one, the same
+    random map for both."""
+    hd, nh, nkv, m, half, group = shape.hd, shape.nh, shape.nkv, shape.m, shape.half, shape.group
+    q_rows, kv_rows = nh * hd, nkv * hd
+    rms1 = math.sqrt((2 * m + 1) / shape.d)  # plus the previous token, copied by layer 0
+    slow = torch.arange(half - MATCH_PAIRS, half)
+    slow_dims = torch.cat([slow, slow + half])
     a = "layers.1.self_attn."
     qkv, o = params[a + "qkv_proj.weight"], params[a + "o_proj.weight"]
     for g in range(nkv):
         proj = torch.randn(2 * MATCH_PAIRS, m, generator=gen)
         for h in range(g * group, (g + 1) * group):
-            qkv[(h * hd + slow_dims)[:, None], main] = proj
-        qkv[(q_rows + g * hd + slow_dims)[:, None], prev] = proj
+            qkv[(h * hd + slow_dims)[:, None], shape.main] = proj
+        qkv[(q_rows + g * hd + slow_dims)[:, None], shape.prev] = proj
     params[a + "q_norm.weight"][slow_dims] = NORM_GAIN
     params[a + "k_norm.weight"][slow_dims] = NORM_GAIN
     for g in range(m // hd):
         dims = torch.arange(g * hd, (g + 1) * hd)
         qkv[q_rows + kv_rows + dims, dims] = 1.0
         o[dims, g * group * hd + torch.arange(hd)] = COPY_GAIN * rms1
-
-    for name, _ in model.named_parameters():
-        model.load_param(name, params[name])
 
 
 def pattern_continuation(prompt: list[int], n: int) -> list[int]:

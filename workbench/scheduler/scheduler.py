@@ -18,8 +18,6 @@ graphs; each profiler range is named after the hook point that fires at its end.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..config import EngineConfig
 from ..core import Admissions, Batch, PendingReq, Req, SamplingParams
 from ..engine.engine import Engine
@@ -27,6 +25,7 @@ from ..kvcache import create_prefix_cache
 from ..policies import SchedulerState, policy
 from ..stages import StageClock
 from .cache import CacheManager
+from .collect import append_tokens
 from .decode import DecodeManager
 from .ending import EarlyEnds
 from .integrity import check_integrity
@@ -235,52 +234,15 @@ class Scheduler(EarlyEnds):
                 raw = launched.device.tokens.tolist()
             probe.sample_end(step, batch, raw, start)
             clock.enter("collect")
-            tokens, finished = self._append_tokens(batch, raw, step)
+            tokens, finished = append_tokens(batch, raw, self.eos_ids)
+            for req in finished:
+                self._end(req)
+                probe.request_finish(step, req)
             self._free_finished(batch)
         clock.enter(None)
         end = self.clock()
         wait_ms, collect_ms = waited * 1e3, (end - start - waited) * 1e3
         return StepOutcome(launched, tokens, finished, end, wait_ms, collect_ms)
-
-    def _append_tokens(
-        self, batch: Batch, raw: list[int], step: int
-    ) -> tuple[list[int | None], list[Req]]:
-        """Each sampled request's token on the host; those that end with it are finished.
-
-        Only the requests that may end here are looked at one by one: those whose token is an
-        EOS token, or is their last (known from the ledger: a request launched with `device_len`
-        holds ``device_len + 1`` tokens once this one is appended)."""
-        reqs = batch.sampled_reqs
-        tokens: list[int | None] = raw
-        # overlap: a request that finished in the batch before is past its end here
-        past_end = [i for i, r in enumerate(reqs) if r.finish_reason is not None]
-        if past_end:
-            tokens = list(raw)
-            for i in past_end:
-                tokens[i] = None
-            for req, token in zip(reqs, tokens):
-                if token is not None:
-                    req.append_host(token)
-        else:
-            for req, token in zip(reqs, raw):
-                req.append_host(token)
-        last = batch.ledger[2] + 1 >= batch.max_lens
-        if batch.phase != "decode":
-            last = last[batch.sampled_mask()]
-        eos = self.eos_ids
-        may_end = set(np.flatnonzero(last).tolist())
-        may_end.update(i for i, token in enumerate(raw) if token in eos)
-        finished = []
-        for i in sorted(may_end):
-            req, token = reqs[i], tokens[i]
-            if token is None:
-                continue
-            req.finish_reason = req.end_reason(token, self.eos_ids)
-            if req.finish_reason is not None:
-                self._end(req)
-                finished.append(req)
-                self.probe.request_finish(step, req)
-        return tokens, finished
 
     def _free_finished(self, batch: Batch) -> None:
         # NOTE: a finished request in the batch launched after this one still uses its slot and

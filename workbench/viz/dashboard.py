@@ -51,23 +51,7 @@ class Dashboard(w.VBox):
         self.buttons: dict[str, w.Button] = {}
         rows: list[w.Widget] = []
         if self.workbench is not None:
-            self.count = w.BoundedIntText(
-                value=10, min=1, max=100_000, layout=w.Layout(width="80px")
-            )
-            for name, handler in (
-                ("Step", lambda _: self._drive(1)),
-                ("Step ×", lambda _: self._drive(self.count.value)),
-                ("Run", lambda _: self._drive(None)),
-                ("Reset", lambda _: self._reset(again=False)),
-                ("Again", lambda _: self._reset(again=True)),
-            ):
-                button = w.Button(description=name, layout=w.Layout(width="80px"))
-                button.on_click(handler)
-                self.buttons[name] = button
-            self.buttons["Reset"].tooltip = "drop every request and the history"
-            controls = [self.buttons["Step"], self.buttons["Step ×"], self.count]
-            controls += [self.buttons["Run"], self.buttons["Reset"], self.buttons["Again"]]
-            rows.append(w.HBox(controls))
+            rows.append(self._engine_buttons())
             self._unobserve = self.workbench.observe(self._on_engine_step)
         picking = [self.slider, self.picker]
         if self.workbench is not None:
@@ -92,6 +76,25 @@ class Dashboard(w.VBox):
         self.slider.observe(self._on_slider, "value")
         self.picker.observe(lambda _: self.refresh(), "value")
         self.refresh()
+
+    def _engine_buttons(self) -> w.HBox:
+        """Step / Step x N / Run / Reset / Again, for a live workbench."""
+        self.count = w.BoundedIntText(value=10, min=1, max=100_000, layout=w.Layout(width="80px"))
+        for name, handler in (
+            ("Step", lambda _: self._drive(1)),
+            ("Step ×", lambda _: self._drive(self.count.value)),
+            ("Run", lambda _: self._drive(None)),
+            ("Reset", lambda _: self._reset(again=False)),
+            ("Again", lambda _: self._reset(again=True)),
+        ):
+            button = w.Button(description=name, layout=w.Layout(width="80px"))
+            button.on_click(handler)
+            self.buttons[name] = button
+        self.buttons["Reset"].tooltip = "drop every request and the history"
+        controls = [self.buttons["Step"], self.buttons["Step ×"], self.count]
+        return w.HBox(
+            [*controls, self.buttons["Run"], self.buttons["Reset"], self.buttons["Again"]]
+        )
 
     @property
     def history(self):

@@ -1,0 +1,46 @@
+"""The host's hand of the ledger: a batch's sampled tokens reach their requests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core import Batch, Req
+
+
+def append_tokens(
+    batch: Batch, raw: list[int], eos_ids: frozenset[int]
+) -> tuple[list[int | None], list[Req]]:
+    """Each sampled request's token appended on the host; those that end with it get their
+    finish reason and are returned. A request that finished in the batch before (overlap) is
+    past its end here: its token is dropped (None).
+
+    Only the requests that may end here are looked at one by one: those whose token is an EOS
+    token, or is their last (known from the ledger: a request launched with `device_len` holds
+    ``device_len + 1`` tokens once this one is appended)."""
+    reqs = batch.sampled_reqs
+    tokens: list[int | None] = raw
+    past_end = [i for i, r in enumerate(reqs) if r.finish_reason is not None]
+    if past_end:
+        tokens = list(raw)
+        for i in past_end:
+            tokens[i] = None
+        for req, token in zip(reqs, tokens):
+            if token is not None:
+                req.append_host(token)
+    else:
+        for req, token in zip(reqs, raw):
+            req.append_host(token)
+    last = batch.ledger[2] + 1 >= batch.max_lens
+    if batch.phase != "decode":
+        last = last[batch.sampled_mask()]
+    may_end = set(np.flatnonzero(last).tolist())
+    may_end.update(i for i, token in enumerate(raw) if token in eos_ids)
+    finished = []
+    for i in sorted(may_end):
+        req, token = reqs[i], tokens[i]
+        if token is None:
+            continue
+        req.finish_reason = req.end_reason(token, eos_ids)
+        if req.finish_reason is not None:
+            finished.append(req)
+    return tokens, finished
