@@ -151,3 +151,37 @@ def test_profiled_runs_compare_by_kernel_family():
     # idle fills each step up to its wall time, so the families cover at least the wall time
     total = table[families].sum(axis=1)
     assert (total >= 0.99 * table["mean step wall (ms)"]).all()
+
+
+def shortest_first(state):
+    """A policy for the test below: prompts by length, shortest first; decodes otherwise."""
+    from workbench.core import Admissions, Batch
+
+    if state.queue and not state.running:
+        state.queue.sort(key=lambda p: p.prompt_len)  # the scheduler's own queue, reordered
+        reqs, admissions = state.admit(state.max_extend_tokens)
+        if reqs:
+            return Batch(reqs, "prefill"), admissions
+    if state.running:
+        return Batch(state.running, "decode"), Admissions()
+    return None, Admissions()
+
+
+def test_a_policy_added_in_one_line_is_accepted_and_run(monkeypatch):
+    """A new policy is its function and one line in POLICIES: the config accepts its name, the
+    scheduler runs it, and HF's greedy tokens still come out."""
+    from workbench import policies
+
+    monkeypatch.setitem(policies.POLICIES, "shortest_first", f"{__name__}:shortest_first")
+    with pytest.raises(ValueError, match="policy must be one of .*'shortest_first'"):
+        Workbench("tiny-qwen3", policy="longest_first")
+    wb = Workbench("tiny-qwen3", policy="shortest_first", max_extend_tokens=16)
+    ids = [wb.llm.encode(p) for p in (LONG, PROMPTS[0], PROMPTS[1])]
+    for p in ids:
+        wb.add_request(p, greedy(6))
+    records = wb.run(progress=False)
+    first = records[0].rows
+    assert [r.uid for r in first if r.kind != "decode"][0] == 1  # the shortest prompt first
+    outputs = {o["uid"]: o["token_ids"] for o in wb.outputs()}
+    assert [outputs[u] for u in range(3)] == hf_greedy("tiny-qwen3", ids, 6)
+    wb.check_integrity()

@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from .. import SamplingParams, Workbench
+from ..core import SamplingParams
+from ..workbench import Workbench
 
 QUESTIONS = {
     "What is the capital of France?": 16,

@@ -12,7 +12,8 @@ import argparse
 import random
 import time
 
-from .. import LLM, SamplingParams
+from ..core import SamplingParams
+from ..llm import LLM
 
 
 def workload(requests: int, prefix: int, suffix: tuple[int, int], seed: int = 0) -> list[list[int]]:

@@ -12,8 +12,9 @@ import argparse
 import statistics
 import time
 
-from .. import LLM, SamplingParams
 from ..config import RECORD_LEVELS
+from ..core import SamplingParams
+from ..llm import LLM
 from .vs_hf import PROMPTS
 
 LEVELS = RECORD_LEVELS

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def build_run(model: str, steps: int, record: str, path: Path) -> Path:
     """`steps` steps of a steady stream of requests (a new one every 4 steps, 48 tokens each)."""
-    from .. import SamplingParams, Workbench
+    from ..core import SamplingParams
+    from ..workbench import Workbench
 
     wb = Workbench(model, record=record, max_running_reqs=16)
     sampling = SamplingParams(max_tokens=48, ignore_eos=True)

@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from .. import LLM, SamplingParams
+from ..core import SamplingParams
+from ..llm import LLM
 from ..models import resolve
 
 PROMPTS = [
