@@ -29,7 +29,8 @@ test: $(STAMP) chromium
 	$(PY) -m ruff check workbench tests
 	$(PY) -m ruff format --check workbench tests
 	$(VENV)/bin/lint-imports --no-cache  # the layers of ARCHITECTURE.md (pyproject.toml)
-	$(PY) -m pytest -q
+	# two processes, one per core (each test takes one thread); the browser tests on one of them
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ""

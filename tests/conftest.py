@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
 
 import pytest
@@ -11,6 +12,11 @@ import torch
 from workbench import LLM, SamplingParams
 from workbench.models import resolve
 from workbench.scheduler.outcome import StepOutcome
+
+# NOTE: with the suite split over processes (pytest-xdist, `make test`), each takes one core's
+# worth of threads: torch's default (every core) in each would make them fight for the same two
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 # Different lengths on purpose: batches mix short and long prompts.
 PROMPTS = [
@@ -67,9 +73,30 @@ def prefill_logits(llm: LLM, prompts) -> torch.Tensor:
     return torch.cat(captured).float()
 
 
+_SHARED: dict[tuple, object] = {}
+
+
+def shared(factory, *key):
+    """One engine (LLM or Workbench) per key, kept while the tests that follow ask for the same
+    key: settings that belong to the scheduler are then `reconfigure`d on it instead of loading
+    the model again (a fresh engine and a reconfigured one schedule alike: empty prefix cache,
+    step 0). Only the last is kept: each holds its KV pool."""
+    if key not in _SHARED:
+        for old in _SHARED.values():
+            old.close()
+        _SHARED.clear()
+        _SHARED[key] = factory()
+    return _SHARED[key]
+
+
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, ignore_eos=True)
 
+
+# The planted induction model (its answers are known), per device: on the GPU Qwen3-0.6B's shapes
+# (the kernels' real head size), on the CPU the same planted heads at a quarter of the width and
+# half the layers, which answer the same patterns (float32) three to four times faster.
+INDUCTION = {"cpu": "dummy:tiny-induction", "cuda": "dummy:qwen3-induction"}
 
 # Tests that run on the CPU and, with `pytest -m gpu` on a CUDA machine, on the GPU too.
 CPU_AND_GPU = [

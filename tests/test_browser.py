@@ -1,7 +1,8 @@
 """Every notebook in a real JupyterLab, in a real (headless) Chromium, with no network: run all
-cells; every chart must draw (an SVG or a canvas), no script may fail to load, nothing may come
-from outside the local server, and no cell may show an error. In the quickstart, press Step in
-the dashboard and check that the step counter advanced and the charts redrew.
+cells (on tiny-llama, `WORKBENCH_MODEL`); every chart must draw (an SVG or a canvas), no script
+may fail to load, nothing may come from outside the local server, and no cell may show an error.
+In the quickstart, press Step in the dashboard and check that the step counter advanced and the
+charts redrew.
 
 Needs Debian's chromium (/usr/bin/chromium) and the Python package playwright; `make test` installs
 both (the browser is never downloaded by playwright). Screenshots go to out/test-artifacts/.
@@ -31,7 +32,8 @@ BROWSER_ARGS = [
     "--no-first-run",
 ]
 
-pytestmark = pytest.mark.browser
+# one browser and one JupyterLab at a time, on one worker of the parallel suite
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser")]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
@@ -74,7 +76,10 @@ def lab(tmp_path_factory):
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "JUPYTER_PLATFORM_DIRS": "1"},
+        # NOTE: the notebooks' kernels run tiny-llama (SmolLM2's tokenizer and architecture, two
+        # small layers): this test is of the views in a browser, which no model changes; the
+        # default model's path on the CPU is the demo's test (test_bench.py)
+        env={**os.environ, "JUPYTER_PLATFORM_DIRS": "1", "WORKBENCH_MODEL": "tiny-llama"},
     )
     base = f"http://127.0.0.1:{port}"
     for _ in range(120):

@@ -6,24 +6,20 @@ import pytest
 
 from workbench import LLM, SamplingParams
 
-from .conftest import PROMPTS, greedy, hf_greedy, run
+from .conftest import PROMPTS, greedy, hf_greedy, run, shared
 
 
 @pytest.mark.parametrize("cache", ["naive", "radix"])
-@pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("max_extend_tokens", [1, 3, 16, 8192])
+@pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "smollm2"])
-def test_greedy_matches_hf(model, max_extend_tokens, page_size, cache):
+def test_greedy_matches_hf(model, page_size, max_extend_tokens, cache):
     """Prompts of different lengths in one batch, two of them sharing a prefix; with the radix
-    cache the same prompts run a second time, now served mostly from the cache."""
+    cache the same prompts run a second time, now served mostly from the cache. One engine per
+    model and page size; the token budget and the cache are the scheduler's (`reconfigure`)."""
     max_new = 10 if model == "smollm2" else 16
-    llm = LLM(
-        model,
-        max_extend_tokens=max_extend_tokens,
-        page_size=page_size,
-        cache=cache,
-        max_running_reqs=8,
-    )
+    llm = shared(lambda: LLM(model, page_size=page_size, max_running_reqs=8), model, page_size)
+    llm.reconfigure(max_extend_tokens=max_extend_tokens, cache=cache)
     ids = [llm.encode(p) for p in PROMPTS]
     ids += [ids[3] + llm.encode(" and came back"), ids[3][:-2] + llm.encode(" at noon")]
     expected = hf_greedy(model, ids, max_new)

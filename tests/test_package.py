@@ -16,9 +16,9 @@ from workbench import LLM, SamplingParams
 from workbench.models import names
 from workbench.models.induction import pattern_continuation, pattern_prompts
 print("package:", workbench.__file__)
-assert "dummy:qwen3-0.6b" in names() and "dummy:qwen3-induction" in names(), names()
+assert {"dummy:qwen3-0.6b", "dummy:qwen3-induction", "dummy:tiny-induction"} <= set(names())
 prompt = pattern_prompts(random.Random(0), [30], period=7)[0]
-llm = LLM("dummy:qwen3-induction", device="cpu", num_pages=256, max_running_reqs=2)
+llm = LLM("dummy:tiny-induction", device="cpu", num_pages=256, max_running_reqs=2)
 out = llm.generate([prompt], SamplingParams(max_tokens=6))[0]["token_ids"]
 assert out == pattern_continuation(prompt, 6), out
 print("dummy model ok")

@@ -12,7 +12,7 @@ from workbench import Workbench
 from workbench.core import DECODE_FIRST
 from workbench.viz import compare_chart, compare_table, request_latencies
 
-from .conftest import PROMPTS, greedy, hf_greedy
+from .conftest import PROMPTS, greedy, hf_greedy, shared
 
 LONG = PROMPTS[3] * 3  # about 75 tokens: several chunks under a small budget
 
@@ -27,20 +27,16 @@ def staggered(wb: Workbench, max_new: int) -> list[list[int]]:
     return ids
 
 
-@pytest.mark.parametrize("page_size, overlap", [(1, False), (4, True)])
-@pytest.mark.parametrize("budget", [5, 24])
-@pytest.mark.parametrize("model", ["tiny-qwen3", "smollm2"])
 @pytest.mark.parametrize("policy", ["prefill_first", "decode_first", "mixed"])
-def test_every_policy_matches_hf(policy, model, budget, page_size, overlap):
+@pytest.mark.parametrize("budget", [5, 24])
+@pytest.mark.parametrize("page_size, overlap", [(1, False), (4, True)])
+@pytest.mark.parametrize("model", ["tiny-qwen3", "smollm2"])
+def test_every_policy_matches_hf(model, page_size, overlap, budget, policy):
+    """One engine per model and page size; policy, budget and overlap are the scheduler's."""
     max_new = 8 if model == "smollm2" else 12
-    wb = Workbench(
-        model,
-        policy=policy,
-        max_extend_tokens=budget,
-        page_size=page_size,
-        overlap=overlap,
-        max_running_reqs=4,
-    )
+    wb = shared(lambda: Workbench(model, page_size=page_size, max_running_reqs=4), model, page_size)
+    wb.reset()
+    wb.reconfigure(policy=policy, max_extend_tokens=budget, overlap=overlap)
     ids = staggered(wb, max_new)
     records = wb.run(progress=False)
     wb.check_integrity()

@@ -20,15 +20,19 @@ from workbench.instrument.pages import PageSnapshots
 from workbench.kvcache.table import TableManager
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
-from .conftest import CPU_AND_GPU
+from .conftest import CPU_AND_GPU, INDUCTION
 
-MODEL = "dummy:qwen3-induction"
 STEP_RANGES = ("schedule.end", "batch.prepared", "forward.end", "sample.end", "step.end")
 
 
 def workbench(device: str, **options) -> Workbench:
     return Workbench(
-        MODEL, device=device, num_pages=4096, max_running_reqs=8, cuda_graph_max_bs=8, **options
+        INDUCTION[device],
+        device=device,
+        num_pages=4096,
+        max_running_reqs=8,
+        cuda_graph_max_bs=8,
+        **options,
     )
 
 

@@ -15,9 +15,8 @@ from workbench import SamplingParams, StepError, Workbench
 from workbench.core import Req
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
-from .conftest import CPU_AND_GPU
+from .conftest import CPU_AND_GPU, INDUCTION
 
-MODEL = "dummy:qwen3-induction"
 DEVICES = CPU_AND_GPU
 _workbenches: dict[str, Workbench] = {}
 
@@ -35,7 +34,11 @@ def _free_workbenches():
 def workbench(device: str, **settings) -> Workbench:
     if device not in _workbenches:
         _workbenches[device] = Workbench(
-            MODEL, device=device, num_pages=4096, max_running_reqs=8, cuda_graph_max_bs=8
+            INDUCTION[device],
+            device=device,
+            num_pages=4096,
+            max_running_reqs=8,
+            cuda_graph_max_bs=8,
         )
     wb = _workbenches[device]
     wb.reset()

@@ -20,9 +20,7 @@ from workbench.core import ChunkedReq
 from workbench.engine.sampler import SamplingArgs
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
-from .conftest import CPU_AND_GPU
-
-MODEL = "dummy:qwen3-induction"
+from .conftest import CPU_AND_GPU, INDUCTION
 
 DEVICES = CPU_AND_GPU
 
@@ -41,7 +39,7 @@ def engine(device: str, page_size: int = 1, **settings) -> LLM:
     key = (device, page_size)
     if key not in _engines:
         _engines[key] = LLM(
-            MODEL,
+            INDUCTION[device],
             device=device,
             page_size=page_size,
             num_pages=8192 // page_size,
