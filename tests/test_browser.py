@@ -50,6 +50,7 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     for notebook in NOTEBOOKS:
         shutil.copy(notebook, root)
+    shutil.copytree(ROOT / "notebooks" / "data", root / "data")  # notebook 06's recorded runs
     # every cell drawn, also off screen (the default skips rendering what is out of view)
     settings = tmp_path_factory.mktemp("settings")
     tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
@@ -79,7 +80,13 @@ def lab(tmp_path_factory):
         # NOTE: the notebooks' kernels run tiny-llama (SmolLM2's tokenizer and architecture, two
         # small layers): this test is of the views in a browser, which no model changes; the
         # default model's path on the CPU is the demo's test (test_bench.py)
-        env={**os.environ, "JUPYTER_PLATFORM_DIRS": "1", "WORKBENCH_MODEL": "tiny-llama"},
+        # (notebook 06 simulates its recorded model on the CPU: WORKBENCH_QUICK, fewer settings)
+        env={
+            **os.environ,
+            "JUPYTER_PLATFORM_DIRS": "1",
+            "WORKBENCH_MODEL": "tiny-llama",
+            "WORKBENCH_QUICK": "1",
+        },
     )
     base = f"http://127.0.0.1:{port}"
     for _ in range(120):

@@ -4,7 +4,18 @@ from .core import SamplingParams
 from .llm import LLM
 from .runs import load_run
 from .scheduler.outcome import StepError
+from .twin import StepCosts, fit_step_costs, load_step_costs, validate_twin
 from .workbench import Workbench
 
-__all__ = ["LLM", "SamplingParams", "StepError", "Workbench", "load_run"]
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "StepCosts",
+    "StepError",
+    "Workbench",
+    "fit_step_costs",
+    "load_step_costs",
+    "load_run",
+    "validate_twin",
+]
 __version__ = "0.1.0"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple
 
 from .core import SamplingParams
@@ -47,12 +46,12 @@ class Arrivals:
     def release(self, scheduler) -> None:
         """Queue on `scheduler` those that arrive now; an idle one waits for the next that is
         due at a time (nothing to run until then)."""
-        clock = scheduler.probe.clock
-        for due in self.due(scheduler.step_index, clock(), scheduler.is_idle):
+        probe = scheduler.probe
+        for due in self.due(scheduler.step_index, probe.clock(), scheduler.is_idle):
             scheduler.add_request(due.ids, due.sampling, uid=due.uid)
         if scheduler.is_idle and self.next_time is not None:
-            time.sleep(max(0.0, self.next_time - clock()))
-            for due in self.due(scheduler.step_index, clock(), idle=False):
+            probe.wait_until(self.next_time)  # (a twin's clock jumps there)
+            for due in self.due(scheduler.step_index, probe.clock(), idle=False):
                 scheduler.add_request(due.ids, due.sampling, uid=due.uid)
 
     @property

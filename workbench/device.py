@@ -161,6 +161,11 @@ def to_device_many(arrays, device: torch.device) -> list[torch.Tensor]:
     return [whole[start : start + n] for start, n in zip(starts.tolist(), sizes)]
 
 
+def device_name(device: torch.device) -> str:
+    """The GPU's name ("NVIDIA H200"), or "cpu"."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 class DeviceTimer:
     """Time spent on the device between start() and stop(): CUDA events on a GPU (read without
     forcing a sync before the work is done anyway), wall time on the CPU.

@@ -11,7 +11,8 @@ import torch
 
 from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
-from .core import Req, SamplingParams, ceil_page, sampling_batch
+from .core import Req, SamplingParams, check_fits, sampling_batch
+from .device import device_name
 from .engine.engine import Engine
 from .engine.ranks import torchrun_rank
 from .engine.worker import serve_under_torchrun
@@ -21,6 +22,8 @@ from .instrument.hooks import HookRegistry
 from .instrument.probe import Probe
 from .scheduler.outcome import StepOutcome
 from .scheduler.scheduler import Scheduler
+from .twin.build import build_twin, twin_meta, twin_settings
+from .twin.costs import StepCosts
 
 Prompt = str | Sequence[int]
 _KEEP = object()  # reconfigure: keep the current value
@@ -30,8 +33,10 @@ class LLM:
     """A model behind the scheduler, for offline batch generation.
 
     `overlap` (default: on for CUDA) launches each batch before the previous one is processed;
-    `record` ("off", "light", "full") keeps step records in `llm.history`; any other
-    keyword is an `EngineConfig` field (`cuda_graph`, `max_seq_len`, `share_threshold`, ...).
+    `record` ("off", "light", "full") keeps step records in `llm.history`; `step_costs`
+    (`fit_step_costs`): a twin of the engine they were recorded on, which loads no weights and
+    predicts each step's time (`workbench.twin`); any other keyword is an `EngineConfig`
+    field (`cuda_graph`, `max_seq_len`, `share_threshold`, ...).
 
     ``LLM("smollm2").generate(["Hello"], SamplingParams(max_tokens=8))`` returns one dict per
     prompt, in input order, with ``token_ids``, ``text``, ``finish_reason``, ``prompt_tokens``,
@@ -51,35 +56,52 @@ class LLM:
         overlap: bool | None = None,
         record: str = "off",
         profile_steps: Container[int] | None = None,
+        step_costs: StepCosts | None = None,
         **engine_options: Any,
     ) -> None:
         # checks the record level and profile_steps before anything is loaded
         probe = Probe(record, profile_steps=profile_steps)
+        options = dict(
+            device=device, dtype=dtype, overlap=overlap, num_pages=num_pages, **engine_options
+        )
+        if step_costs is not None:
+            options = twin_settings(step_costs, model, options)
         self.config = EngineConfig(
             model=model,
-            device=device,
-            dtype=dtype,
             page_size=page_size,
             max_extend_tokens=max_extend_tokens,
             cache=cache,
             max_running_reqs=max_running_reqs,
-            num_pages=num_pages,
-            overlap=overlap,
-            **engine_options,
+            **options,
         )
         self.config.torch_dtype  # noqa: B018 (validates the dtype before anything is loaded)
-        if (torchrun_rank(self.config) or 0) > 0:  # under torchrun, ranks 1.. serve rank 0
-            serve_under_torchrun(self.config)  # and exit when it closes
-        self.engine = Engine(self.config)
+        self.step_costs = step_costs
+        if step_costs is None:
+            self.engine = self._build_engine(probe)
+        else:
+            self.engine, probe = build_twin(self.config, step_costs, record, profile_steps)
         self.tokenizer = _load_tokenizer(self.engine.model_dir)
-        probe.device = self.engine.device
-        engine = self.engine
+        probe.restart()  # a history that knows the cost
+        self.scheduler = Scheduler(self.engine, probe)
+        self._stamp()
+
+    def _build_engine(self, probe: Probe) -> Engine:
+        """The engine (torchrun's ranks 1.. serve here, then exit); the probe knows its costs."""
+        if (torchrun_rank(self.config) or 0) > 0:
+            serve_under_torchrun(self.config)
+        engine = Engine(self.config)
+        probe.device = engine.device
         probe.cost = StepCost.for_engine(
             engine.model_config, engine.dtype, engine.device, engine.num_devices
         )
         probe.rank_times = engine.rank_device_ms  # tensor parallelism: ranks 1..'s timers
-        probe.restart()  # a history that knows the cost
-        self.scheduler = Scheduler(self.engine, probe)
+        return engine
+
+    def _stamp(self) -> None:
+        """The run's setup, in every history of it (what `fit_step_costs` checks)."""
+        probe = self.scheduler.probe
+        probe.meta = self.run_meta()
+        probe.history.meta.update(probe.meta)
 
     def reconfigure(
         self, record: str | None = None, profile_steps: Any = _KEEP, **settings: Any
@@ -100,6 +122,7 @@ class LLM:
         old.abort_all()  # lets go of the prefix cache's pages
         self.scheduler = Scheduler(self.engine, probe, config=config)
         self.config = config
+        self._stamp()
 
     def check_settings(self, **settings: Any) -> None:
         """Raise TypeError or ValueError if `reconfigure(**settings)` would; changes nothing."""
@@ -118,8 +141,7 @@ class LLM:
         record = old.record if record is None else record
         if profile_steps is _KEEP:
             profile_steps = old.profile_steps
-        probe = Probe(record, old.hooks, self.engine.device, profile_steps, cost=old.cost)
-        probe.rank_times = old.rank_times
+        probe = old.like(record, profile_steps)
         config = self.config.with_(**settings)  # validates
         built = self.engine.config.max_running_reqs
         if config.max_running_reqs > built:
@@ -181,15 +203,21 @@ class LLM:
         """The settings a saved run carries with it."""
         config, engine = self.config, self.engine
         names = ("model", "page_size", "max_extend_tokens", "cache", "policy", "max_running_reqs")
-        return {
+        meta = {
             **{name: getattr(config, name) for name in names},
             "device": str(engine.device),
+            "device_name": device_name(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."),
+            "tp_size": config.tp_size,
             "num_pages": engine.num_pages,
             "overlap": self.scheduler.overlap,
             "cuda_graph": config.cuda_graph_enabled,
+            "cuda_graph_max_bs": config.cuda_graph_max_bs,
             "record": self.record,
         }
+        if self.step_costs is not None:  # a twin: what it stands for, and on what costs
+            meta.update(twin_meta(self.step_costs, engine))
+        return meta
 
     # -- requests ---------------------------------------------------------------------------
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
@@ -201,27 +229,10 @@ class LLM:
 
     def check_request(self, token_ids: list[int], sampling: SamplingParams, index: int = 0) -> None:
         """Raise TypeError or ValueError if this request could never run; takes nothing."""
-        if not isinstance(sampling, SamplingParams):
-            raise TypeError(
-                f"sampling for prompt {index} must be a SamplingParams, got {sampling!r}"
-            )
-        if not token_ids:
-            raise ValueError(f"prompt {index} is empty")
-        total = len(token_ids) + sampling.max_tokens
-        if total > self.engine.max_seq_len:
-            raise ValueError(
-                f"prompt {index} has {len(token_ids)} tokens; with "
-                f"max_tokens={sampling.max_tokens} that is {total}, longer than the context "
-                f"of {self.engine.max_seq_len} tokens"
-            )
-        need = ceil_page(total, self.config.page_size)
         capacity = self.scheduler.cache.total_size
-        if need > capacity:
-            raise ValueError(
-                f"prompt {index} needs {need} KV slots (prompt {len(token_ids)} + max_tokens "
-                f"{sampling.max_tokens}), more than the KV pool can ever hold ({capacity}); "
-                "raise num_pages or lower max_tokens"
-            )
+        check_fits(
+            token_ids, sampling, index, self.engine.max_seq_len, self.config.page_size, capacity
+        )
 
     def add_requests(
         self,

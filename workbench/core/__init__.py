@@ -20,6 +20,7 @@ from .request import (
     Req,
     ReqView,
     ceil_page,
+    check_fits,
     floor_page,
     kv_tokens_needed,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "ReqView",
     "SamplingParams",
     "ceil_page",
+    "check_fits",
     "floor_page",
     "kv_tokens_needed",
     "sampling_batch",

@@ -16,6 +16,36 @@ def ceil_page(n: int, page_size: int) -> int:
     return -(-n // page_size) * page_size
 
 
+def check_fits(
+    token_ids: list[int],
+    sampling: SamplingParams,
+    index: int,
+    max_seq_len: int,
+    page_size: int,
+    capacity: int,
+) -> None:
+    """Raise TypeError or ValueError if request `index` could never run: no SamplingParams, an
+    empty prompt, longer than the context, more KV slots than the pool has (`capacity`)."""
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling for prompt {index} must be a SamplingParams, got {sampling!r}")
+    if not token_ids:
+        raise ValueError(f"prompt {index} is empty")
+    total = len(token_ids) + sampling.max_tokens
+    if total > max_seq_len:
+        raise ValueError(
+            f"prompt {index} has {len(token_ids)} tokens; with "
+            f"max_tokens={sampling.max_tokens} that is {total}, longer than the context "
+            f"of {max_seq_len} tokens"
+        )
+    need = ceil_page(total, page_size)
+    if need > capacity:
+        raise ValueError(
+            f"prompt {index} needs {need} KV slots (prompt {len(token_ids)} + max_tokens "
+            f"{sampling.max_tokens}), more than the KV pool can ever hold ({capacity}); "
+            "raise num_pages or lower max_tokens"
+        )
+
+
 def floor_page(n: int, page_size: int) -> int:
     return n // page_size * page_size
 

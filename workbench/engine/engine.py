@@ -200,6 +200,11 @@ class Engine:
         """Whether this batch runs through the padded decode path (captured or eager)."""
         return self.graphs is not None and self.graphs.can_run(batch)
 
+    @property
+    def captures_graphs(self) -> bool:
+        """Whether the padded decode steps replay captured CUDA graphs (not run eagerly)."""
+        return self.graphs is not None and self.graphs.capture
+
     def padded_size(self, batch: Batch) -> int:
         return self.graphs.padded_size(batch.size) if self.uses_graph(batch) else batch.size
 

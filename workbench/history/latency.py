@@ -43,3 +43,35 @@ def inter_token_latencies(steps: pd.DataFrame, ledger: pd.DataFrame) -> pd.Serie
     gaps = tokens.groupby("uid", sort=False).at.diff()
     itl = pd.Series(gaps.to_numpy(), index=tokens.uid.to_numpy(), name="itl_s", dtype="float64")
     return itl[gaps.notna().to_numpy()].rename_axis("uid")
+
+
+# a run's headline latency figures (`run_figures`), in ms except throughput
+FIGURES = (
+    "p50 TTFT (ms)",
+    "p95 TTFT (ms)",
+    "median ITL (ms)",
+    "p95 ITL (ms)",
+    "TPOT (ms)",
+    "E2E (ms)",
+    "throughput (tok/s)",
+)
+
+
+def run_figures(history) -> dict[str, float]:
+    """A run's `FIGURES`: TTFT percentiles over requests, ITL's over every gap, the median
+    TPOT and end-to-end latency over requests, and output tokens per second from the first
+    arrival to the last finish."""
+    r, steps = history.requests, history.steps
+    itl_ms = inter_token_latencies(steps, history.ledger) * 1e3
+    ttft_ms, e2e_ms = r.ttft_s * 1e3, (r.finish_s - r.arrival_s) * 1e3
+    span = float(r.finish_s.max() - r.arrival_s.min())
+    values = (
+        ttft_ms.quantile(0.5),
+        ttft_ms.quantile(0.95),
+        itl_ms.median(),
+        itl_ms.quantile(0.95),
+        (r.tpot_s * 1e3).median(),
+        e2e_ms.median(),
+        r.completion_tokens.sum() / span if span > 0 else float("nan"),
+    )
+    return {name: float(v) for name, v in zip(FIGURES, values)}

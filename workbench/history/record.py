@@ -81,6 +81,7 @@ class StepRecord:
     # host_ms by stage, in `stages.HOST_STAGES` order (schedule, prepare, plan, forward, ...)
     host_stage_ms: tuple[float, ...] = ()
     tp_size: int = 1  # processes the step's forward ran on (tensor parallelism)
+    simulated: bool = False  # timed by a twin's step costs (`workbench.twin`), not measured
     # tensor parallelism: device_ms of ranks 1.. (rank 0's is device_ms), filled when the
     # history is read (`Probe.read_events`)
     rank_device_ms: list[float] | None = field(default=None, repr=False)
@@ -228,10 +229,13 @@ def build_record(
     rank_device_ms: list | None = None,
     began: float | None = None,
     last: Batch | None = None,
+    predicted_host_ms: tuple[float, ...] | None = None,
 ) -> StepRecord:
     """The step's record. `began`: when recording it began (`time.perf_counter()`); the host
     time counts until the record is built, its stages by the batch's clock. `last`: the
-    batch recorded before (its columns are shared where they are the same)."""
+    batch recorded before (its columns are shared where they are the same).
+    `predicted_host_ms`: a simulated step's host stages as a twin predicted them (in
+    `HOST_STAGES` order); its record says it was simulated."""
     launched, o = outcome.launched, occupancy
     in_use = o.kv_total - o.kv_free - o.kv_evictable
     columns = outcome.batch.launched_columns(like=last)
@@ -239,6 +243,10 @@ def build_record(
     device_ms = launched.device.timer.elapsed_ms()
     launched.clock.enter(None)  # what is left (the frozen record itself) is a few microseconds
     record_ms = 0.0 if began is None else (time.perf_counter() - began) * 1e3
+    host_ms = launched.launch_ms + outcome.collect_ms + record_ms
+    host_stage_ms = launched.clock.host_ms()
+    if predicted_host_ms is not None:
+        host_ms, host_stage_ms = sum(predicted_host_ms), predicted_host_ms
     return StepRecord(
         step=outcome.index,
         phase=outcome.batch.phase,
@@ -258,10 +266,11 @@ def build_record(
         launched_at=launched.launched_at,
         completed_at=outcome.completed_at,
         device_ms=device_ms,
-        host_ms=launched.launch_ms + outcome.collect_ms + record_ms,
+        host_ms=host_ms,
         wait_ms=outcome.wait_ms,
-        host_stage_ms=launched.clock.host_ms(),
+        host_stage_ms=host_stage_ms,
         tp_size=launched.device.tp_size,
+        simulated=predicted_host_ms is not None,
         page_rows=launched.page_rows,
         events=events,
         rank_device_ms=rank_device_ms,

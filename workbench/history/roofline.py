@@ -86,8 +86,12 @@ def device_spec(device: torch.device | str) -> DeviceSpec | None:
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name(device).upper()
-    return next((spec for spec in (H200, H100) if spec.name in name), None)
+    return spec_named(torch.cuda.get_device_name(device))
+
+
+def spec_named(name: str) -> DeviceSpec | None:
+    """The spec of a GPU by its name ("NVIDIA H200"); None for a CPU or another GPU."""
+    return next((spec for spec in (H200, H100) if spec.name in name.upper()), None)
 
 
 class StepBound(NamedTuple):

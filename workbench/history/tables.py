@@ -9,6 +9,7 @@ import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..stages import HOST_STAGES
+from .frames import add_rank_columns, rounded, text_as_string
 from .request_table import requests_table
 from .roofline import NO_COST
 
@@ -32,6 +33,11 @@ class StepRow(NamedTuple):
     chunk_tokens: int
     decode_tokens: int
     padding_tokens: int
+    sampled: int  # requests that got a token (all but prompt chunks)
+    # what the attention read: KV tokens of the decoding requests' contexts (each one's new
+    # token included), and the causal (query, key) pairs of the prompt tokens computed
+    decode_context: int
+    prefill_pairs: int
     admitted: int
     waiting_reasons: str  # comma-separated, sorted
     queue_len: int
@@ -63,6 +69,7 @@ class StepRow(NamedTuple):
     flops: float
     bound_ms: float  # the roofline's time for the step; NaN without a device spec
     achieved_gbps: float  # bytes_read / device_ms; NaN where device_ms is 0
+    simulated: bool  # timed by a twin's step costs (`workbench.twin`), not measured
 
 
 class LedgerEntry(NamedTuple):
@@ -169,10 +176,18 @@ class TableRows:
             self._add_pages(rec, rows)
 
     def _add_ledger(self, rec: StepRecord, rows) -> dict[str, int]:
-        """The batch's ledger rows; the tokens it computed by kind."""
+        """The batch's ledger rows; the tokens it computed by kind, the rows that got a token
+        ("sampled") and what the attention read ("decode_context", "prefill_pairs")."""
         by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
+        sampled = context = pairs = 0
         for r in rows:
-            by_kind[r.kind] += r.extend_len
+            new = r.extend_len
+            by_kind[r.kind] += new
+            if r.kind == "decode":
+                context += r.cached_len  # after the step: the context it read, new token too
+            else:
+                pairs += new * (r.cached_len - new) + new * (new + 1) // 2
+            sampled += r.kind != "chunk"
             entry = LedgerEntry(
                 step=rec.step,
                 uid=r.uid,
@@ -188,6 +203,7 @@ class TableRows:
                 finish=r.finish,
             )
             self.ledger.append(tuple(entry))
+        by_kind.update(sampled=sampled, decode_context=context, prefill_pairs=pairs)
         return by_kind
 
     def _add_step(self, rec: StepRecord, rows, by_kind: dict, decided, reasons: set) -> None:
@@ -204,6 +220,9 @@ class TableRows:
             chunk_tokens=by_kind["chunk"],
             decode_tokens=by_kind["decode"],
             padding_tokens=rec.padded_size - rec.size,
+            sampled=by_kind["sampled"],
+            decode_context=by_kind["decode_context"],
+            prefill_pairs=by_kind["prefill_pairs"],
             admitted=sum(admitted for _, admitted, _, _, _ in decided),
             waiting_reasons=",".join(sorted(reasons)),
             queue_len=rec.queue_len,
@@ -227,6 +246,7 @@ class TableRows:
             flops=bound.flops,
             bound_ms=bound.bound_ms,
             achieved_gbps=bound.bytes_read / device_ms / 1e6 if device_ms > 0 else math.nan,
+            simulated=rec.simulated,
         )
         self.steps.append(tuple(step))
 
@@ -262,9 +282,9 @@ class TableRows:
             "events": pd.DataFrame(self.events, columns=EventRow._fields),
             "pages": pd.DataFrame(self.pages, columns=PageRow._fields),
         }
-        _add_rank_columns(frames["steps"], self.rank_ms)
+        add_rank_columns(frames["steps"], self.rank_ms)
         frames["requests"] = requests_table(frames["steps"], frames["ledger"], arrivals, aborts)
-        return {name: _text_as_string(_rounded(frame)) for name, frame in frames.items()}
+        return {name: text_as_string(rounded(frame)) for name, frame in frames.items()}
 
 
 def _add_admissions(
@@ -290,27 +310,3 @@ def _add_admissions(
         columns["reason"].extend([behind_reason] * n)
         columns["extend_len"].extend([0] * n)
         columns["cached_len"].extend([0] * n)
-
-
-def _add_rank_columns(steps: pd.DataFrame, rank_ms: dict[int, list[float]]) -> None:
-    """Tensor parallelism: `device_ms_rank1`.. beside rank 0's `device_ms` (NaN until read)."""
-    if not rank_ms:
-        return
-    for r in range(int(steps.tp_size.max()) - 1):
-        steps[f"device_ms_rank{r + 1}"] = [
-            v[r] if len(v := rank_ms.get(s, ())) > r else math.nan for s in steps.step
-        ]
-
-
-def _rounded(frame: pd.DataFrame) -> pd.DataFrame:
-    """Times to the nanosecond: beyond that the digits are noise, and they would not survive a
-    save (JSON keeps 15 significant digits), so a loaded run would differ from the live one."""
-    decimals = {c: 9 if c.endswith("_s") or c.endswith("_at") else 6 for c in frame.columns}
-    floats = [c for c in frame.columns if frame[c].dtype.kind == "f"]
-    return frame.round({c: (3 if c.endswith("_us") else decimals[c]) for c in floats})
-
-
-def _text_as_string(frame: pd.DataFrame) -> pd.DataFrame:
-    """Text columns as pandas' "string" dtype (missing = <NA>), which survives save and load."""
-    text = [c for c in frame.columns if frame[c].dtype == object or str(frame[c].dtype) == "str"]
-    return frame.astype({c: "string" for c in text}) if text else frame

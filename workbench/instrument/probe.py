@@ -73,6 +73,14 @@ class Probe(Observer):
         self._rank_lists: dict[int, list[float]] = {}
         self._rank_early: dict[int, list[float]] = {}  # times of steps not recorded yet
         self._last_batch: Batch | None = None  # the batch recorded last (`build_record`)
+        self.meta: dict = {}  # what each history says of the run's setup (`LLM.run_meta`)
+
+    def like(self, record: str, profile_steps) -> Probe:
+        """A probe for the same engine with another record level and profiled steps (the same
+        hooks, device and roofline; `LLM.reconfigure`)."""
+        probe = Probe(record, self.hooks, self.device, profile_steps, cost=self.cost)
+        probe.rank_times, probe.meta = self.rank_times, self.meta
+        return probe
 
     def restart(self) -> None:
         """A new run: an empty history and the clock from zero; the hooks stay."""
@@ -83,6 +91,7 @@ class Probe(Observer):
         self._rank_early, self._last_batch = {}, None
         self._pages = PageSnapshots()
         self.history = History(self.cost, before_tables=self.read_events)
+        self.history.meta.update(self.meta)
         self._t0 = time.perf_counter()
 
     def range(self, name: str):
@@ -267,7 +276,7 @@ class Probe(Observer):
             ranks = None
             if device.tp_size > 1 and self.rank_times is not None:
                 ranks = self._rank_early.pop(device.launch, [])
-            record = build_record(outcome, occupancy(), events, ranks, began, self._last_batch)
+            record = self.build_record(outcome, occupancy(), events, ranks, began)
             self._last_batch = outcome.batch
             if ranks == []:  # filled when the history is read
                 self._rank_lists[device.launch] = ranks
@@ -278,6 +287,10 @@ class Probe(Observer):
         if profiled:
             self._pending[outcome.index] = events
         return record
+
+    def build_record(self, outcome, occupancy, events, ranks, began: float) -> StepRecord:
+        """The step's record (`history.record.build_record`)."""
+        return build_record(outcome, occupancy, events, ranks, began, self._last_batch)
 
 
 def check_profile_steps(steps) -> Container[int] | None:

@@ -36,6 +36,10 @@ class Observer:
         """A new run: the clock from zero."""
         self._t0 = time.perf_counter()
 
+    def wait_until(self, seconds: float) -> None:
+        """Let the clock reach `seconds` (an idle engine waiting for a request to arrive)."""
+        time.sleep(max(0.0, seconds - self.clock()))
+
     def range(self, name: str) -> contextlib.AbstractContextManager:
         """Around the work that ends at hook point `name` (a profiler range, when profiled)."""
         return _NULL

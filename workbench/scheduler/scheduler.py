@@ -159,7 +159,7 @@ class Scheduler(EarlyEnds):
             with clock.during("prepare", probe.range("batch.prepared")):
                 new_pages = self._prepare(batch, clock, graph)  # "prepare", then "plan"
             page_rows = probe.batch_prepared(step, batch, new_pages, self.table)
-            captured = graph and self.config.cuda_graph_enabled
+            captured = graph and self.engine.captures_graphs
             probe.forward_begin(step, batch, captured)
             with clock.during("forward", probe.range("forward.end")):
                 device = self.engine.run_batch(batch, clock)  # "forward", then "sample"

@@ -7,7 +7,7 @@ ipywidgets)."""
 
 from . import charts
 from .charts import CHARTS, Chart
-from .compare import compare_chart, compare_table, request_latencies
+from .compare import compare_chart, compare_table, request_latencies, sweep_chart
 from .report import write_report
 
 
@@ -36,6 +36,7 @@ __all__ = [
     "Dashboard",
     "compare_chart",
     "compare_table",
+    "sweep_chart",
     "request_latencies",
     "write_report",
 ]

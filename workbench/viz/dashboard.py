@@ -267,6 +267,7 @@ class Dashboard(w.VBox):
             f"KV free {int(row.kv_free)}/{int(row.kv_total)}{waiting} · "
             f"{row.wall_ms:.1f} ms"
             + (f" (host {row.host_ms:.1f} ms)" if "host_ms" in row.index else "")
+            + (" · <i>simulated: predicted times</i>" if row.get("simulated", False) else "")
         )
 
     def close(self) -> None:

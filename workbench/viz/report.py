@@ -59,6 +59,13 @@ def write_report(
     ]
     meta = {**getattr(history, "meta", {}), **(meta or {})}
     texts = meta.pop("texts", None) or {}  # uid -> [prompt, answer], from Workbench.save
+    if meta.get("simulated"):  # a twin's run: say so, and on what it was calibrated
+        title = title or f"workbench twin (simulated): {meta.get('model', '')} on " + str(
+            meta.get("device_name", "")
+        )
+        costs = meta.pop("step_costs", None) or {}
+        calibrated = costs.get("meta", {}).get("runs", [])
+        meta["step costs fitted on"] = ", ".join(map(str, calibrated)) or "?"
     title = title or f"workbench run: {meta.get('model', '')}"
     figure_html, scripts = [], []
     for i, (name, chart) in enumerate(figures):

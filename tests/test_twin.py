@@ -1,0 +1,274 @@
+"""The twin: the real scheduler, cache and page table on predicted step times.
+
+Schedule exactness against the real engine (every policy, chunk and page sizes, radix and naive
+caches, arrivals, aborts, overlap), a known cost function fitted back and reproduced, costs
+saved and loaded, other models refused, the virtual clock (arrivals by time, overlap against
+host-bound steps), and the twin's own error against real runs."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from workbench import SamplingParams, Workbench, fit_step_costs, load_run, load_step_costs
+from workbench.runs import RunHistory
+from workbench.stages import HOST_STAGES
+from workbench.twin.costs import Linear, StepCosts
+from workbench.twin.features import DEVICE_FEATURES, HOST_FEATURES, step_features
+from workbench.twin.replay import replay_requests
+from workbench.twin.validate import validate_twin, validation_summary
+
+from .conftest import shared
+
+MODEL = "tiny-llama"
+NUM_PAGES = 1200  # KV tokens: small enough that the pool refuses some admissions
+
+
+def workload(seed: int = 0, n: int = 10):
+    """Prompts of 20-200 tokens, a few sharing a prefix of 64 with an earlier one; 3-20 output
+    tokens each (EOS ignored); arriving at steps 0.."""
+    rng = random.Random(seed)
+    common = [rng.randrange(1000, 9000) for _ in range(64)]
+    out = []
+    for i in range(n):
+        ids = [rng.randrange(1000, 9000) for _ in range(rng.randint(20, 200))]
+        if i % 3 == 2:
+            ids = common + ids
+        sampling = SamplingParams(max_tokens=rng.randint(3, 20), ignore_eos=True)
+        out.append((ids, sampling, rng.randint(0, 3)))
+    return out
+
+
+def synthetic_costs(model: str = MODEL, device: str = "cpu", host_ms: float = 0.05, **meta):
+    """Step costs of known coefficients (no run needed)."""
+    eager = DEVICE_FEATURES["eager"]
+    graph = DEVICE_FEATURES["graph"]
+    return StepCosts(
+        meta={
+            "model": model,
+            "device": device,
+            "device_name": "cpu" if device == "cpu" else "NVIDIA H200",
+            "dtype": "float32" if device == "cpu" else "bfloat16",
+            "tp_size": 1,
+            "num_pages": NUM_PAGES,
+            "page_size": 1,
+            "runs": ["synthetic"],
+            "steps": 0,
+            **meta,
+        },
+        device={
+            "eager": Linear(eager, (3.0, 1.0, 4.0, 2.0, 0.5, 0.3, 0.01)),
+            "graph": Linear(graph, (0.8, 0.004, 0.02)),
+        },
+        host={
+            path: {
+                s: Linear(HOST_FEATURES[s], (host_ms, 0.002, 0.01)[: len(HOST_FEATURES[s])])
+                for s in HOST_STAGES
+            }
+            for path in ("eager", "graph")
+        },
+        between_ms=0.02,
+    )
+
+
+def run_workload(wb, requests, abort_at: tuple[int, int] | None = None):
+    for ids, sampling, step in requests:
+        wb.add_request(ids, sampling, arrival_step=step)
+    if abort_at is not None:
+        step, uid = abort_at
+        while wb.step_index < step and wb.step() is not None:
+            pass
+        wb.abort(uid)
+    wb.run(progress=False)
+    wb.check_integrity()
+    return wb.history
+
+
+SCHEDULE = [
+    "step", "phase", "batch_size", "padded_size", "num_tokens", "prefill_tokens",
+    "chunk_tokens", "decode_tokens", "sampled", "decode_context", "prefill_pairs", "admitted",
+    "waiting_reasons", "queue_len", "running", "kv_free", "kv_evictable", "kv_in_use",
+    "free_slots",
+]  # fmt: skip
+# (not `table_idx`: which free row a request gets depends on what the engine ran before)
+LEDGER = ["step", "uid", "kind", "cached_len", "device_len", "extend_len", "cached_tokens",
+          "finish"]  # fmt: skip
+
+
+def assert_same_schedule(real, twin):
+    for table, columns in (("steps", SCHEDULE), ("ledger", LEDGER)):
+        a = getattr(real, table)[columns].reset_index(drop=True)
+        b = getattr(twin, table)[columns].reset_index(drop=True)
+        assert len(a) == len(b), f"{table}: {len(a)} rows real, {len(b)} twin"
+        diff = (a != b) & ~(a.isna() & b.isna())
+        assert not diff.any().any(), f"{table} differs:\n{a[diff.any(axis=1)].head()}"
+    adm = ["step", "uid", "admitted", "reason"]
+    assert real.admissions[adm].equals(twin.admissions[adm])
+    r, t = real.requests, twin.requests
+    assert r.completion_tokens.equals(t.completion_tokens)
+    assert r.finish_reason.equals(t.finish_reason)
+
+
+@pytest.mark.parametrize(
+    "policy, chunk, page, cache, overlap",
+    [
+        ("prefill_first", 16, 1, "radix", False),
+        ("decode_first", 64, 4, "naive", True),
+        ("mixed", 32, 2, "radix", False),
+        ("prefill_first", 256, 4, "radix", True),
+        ("decode_first", 24, 1, "radix", False),
+        ("mixed", 64, 1, "naive", True),
+    ],
+)
+def test_the_twin_schedules_step_for_step_as_the_real_engine(policy, chunk, page, cache, overlap):
+    settings = dict(max_extend_tokens=chunk, policy=policy, cache=cache, overlap=overlap)
+    real = shared(
+        lambda: Workbench(MODEL, page_size=page, num_pages=NUM_PAGES // page), "twin", page
+    )
+    real.reset()
+    real.reconfigure(**settings)
+    requests = workload(seed=chunk + page)
+    abort = (5, 3)  # request 3 aborted at step 5 (waiting, chunked or decoding by then)
+    real_history = run_workload(real, requests, abort)
+    twin = Workbench(
+        MODEL, step_costs=synthetic_costs(), page_size=page, num_pages=NUM_PAGES // page,
+        **settings,
+    )  # fmt: skip
+    twin_history = run_workload(twin, requests, abort)
+    assert_same_schedule(real_history, twin_history)
+    steps = twin_history.steps
+    assert steps.simulated.all() and not real_history.steps.simulated.any()
+    assert twin_history.meta["simulated"] and twin.run_meta()["simulated"]
+    reasons = set(",".join(real_history.steps.waiting_reasons).split(","))
+    assert reasons - {""}, "the workload should make some requests wait"
+
+
+def test_a_fitted_cost_model_recovers_a_known_cost_function_and_the_twin_reproduces_it():
+    """Two real runs (prefill first, whole prompts batched up to 1,024 tokens; mixed, chunks
+    of 256) timed by a known function: the fit finds its coefficients."""
+    truth, runs = synthetic_costs(), {}
+    for policy, chunk, seed in (("prefill_first", 1024, 3), ("mixed", 256, 4)):
+        wb = shared(lambda: Workbench(MODEL, num_pages=20000), "twin", "large")
+        wb.reset()
+        wb.reconfigure(max_extend_tokens=chunk, policy=policy)
+        at_once = [(ids, sampling, 0) for ids, sampling, _ in workload(seed=seed, n=14)]
+        run_workload(wb, at_once)
+        run = wb.snapshot()
+        steps = run.steps.copy()
+        steps["device_ms"] = truth.predict_steps(steps)[0]
+        f = step_features(steps)
+        for stage in HOST_STAGES:
+            steps[f"host_{stage}_ms"] = truth.host["eager"][stage]({c: f[c] for c in f})
+        steps["host_ms"] = steps[[f"host_{s}_ms" for s in HOST_STAGES]].sum(axis=1)
+        runs[policy] = RunHistory({**run.tables(), "steps": steps}, run.meta)
+    fitted = fit_step_costs(runs)
+    assert np.allclose(fitted.device["eager"].coef, truth.device["eager"].coef, rtol=1e-6)
+    for stage in HOST_STAGES:
+        assert np.allclose(fitted.host["eager"][stage].coef, truth.host["eager"][stage].coef)
+    assert all(e["device_error_pct"] < 1e-6 for e in fitted.errors)
+    # a twin on the fitted costs times its own steps by the function
+    twin = Workbench(MODEL, step_costs=fitted, max_extend_tokens=512, policy="mixed")
+    history = run_workload(twin, workload(seed=5, n=14))
+    expected, expected_host = truth.predict_steps(history.steps)
+    assert np.allclose(history.steps.device_ms, expected, rtol=0, atol=1e-6)  # (rounded to ns)
+    assert np.allclose(history.steps.host_ms, expected_host, rtol=0, atol=1e-5)
+    assert "prefill" in str(fitted) and "decode" in fitted.summary()
+
+
+def test_saved_costs_round_trip_and_other_models_are_refused(tmp_path):
+    costs = synthetic_costs()
+    path = costs.save(tmp_path / "costs.json")
+    loaded = load_step_costs(path)
+    assert loaded.to_dict() == costs.to_dict()
+    histories = []
+    for c in (costs, loaded):
+        twin = Workbench(MODEL, step_costs=c, max_extend_tokens=32)
+        histories.append(run_workload(twin, workload(seed=5)).steps)
+    assert histories[0].equals(histories[1])
+    with pytest.raises(ValueError, match="fitted on runs of 'tiny-llama', not 'smollm2'"):
+        Workbench("smollm2", step_costs=costs)
+    with pytest.raises(ValueError, match="device='cuda'"):
+        Workbench(MODEL, step_costs=costs, device="cuda")
+    with pytest.raises(TypeError, match="step_costs must be StepCosts"):
+        Workbench(MODEL, step_costs={"eager": 1})
+    real = shared(lambda: Workbench(MODEL, page_size=1, num_pages=NUM_PAGES), "twin", 1)
+    real.reset()
+    run_workload(real, workload(seed=6, n=4))
+    mine = real.snapshot()
+    other = type(mine)(mine.tables(), {**mine.meta, "model": "smollm2"})
+    with pytest.raises(ValueError, match="one model on one device.*smollm2"):
+        fit_step_costs({"mine": mine, "other": other})
+
+
+def test_requests_arrive_on_the_virtual_clock_and_an_idle_twin_jumps_to_them():
+    twin = Workbench(MODEL, step_costs=synthetic_costs(), max_extend_tokens=64)
+    for i, (ids, sampling, _) in enumerate(workload(seed=7, n=6)):
+        twin.add_request(ids, sampling, arrival_time=100.0 * i)  # minutes apart
+    started = time.perf_counter()
+    twin.run(progress=False)
+    assert time.perf_counter() - started < 30  # no sleeping through 500 virtual seconds
+    r = twin.history.requests
+    assert np.allclose(r.arrival_s, [100.0 * i for i in range(6)])
+    assert (r.first_scheduled_s >= r.arrival_s).all()
+    assert (r.first_scheduled_s - r.arrival_s < 0.01).all()  # each finds an idle engine
+    assert (twin.history.steps.launched_at.diff().dropna() >= 0).all()
+
+
+@pytest.mark.parametrize("host_ms", [0.05, 5.0])
+def test_with_overlap_a_step_takes_the_longer_of_its_host_and_its_device(host_ms):
+    """Decode steps of a GPU's twin, overlap on: each step's period is the device's time when
+    the host keeps ahead of it, and the host's own time per step when it does not."""
+    costs = synthetic_costs(device="cuda", host_ms=host_ms, cuda_graph=True)
+    twin = Workbench("tiny-llama", step_costs=costs, overlap=True, cuda_graph=True)
+    ids = [[7] * 10 for _ in range(8)]
+    twin.llm.generate(ids, SamplingParams(max_tokens=40, ignore_eos=True))
+    steps = twin.history.steps
+    decode = steps[(steps.phase == "decode") & steps.cuda_graph].iloc[5:-5]
+    period_ms = decode.completed_at.diff().dropna() * 1e3
+    host = decode.host_ms.iloc[1:] + costs.between_ms
+    expected = np.maximum(decode.device_ms.iloc[1:], host)
+    assert np.allclose(period_ms, expected, rtol=1e-6)
+    assert (decode.padded_size == 8).all()
+    if host_ms > 1:
+        assert (decode.wait_ms < 1e-9).all()  # host-bound: the tokens are always ready
+    else:
+        assert (decode.wait_ms > 0).all()
+
+
+def test_the_twins_error_is_shown_beside_the_real_runs_noise():
+    real = shared(lambda: Workbench(MODEL, page_size=1, num_pages=NUM_PAGES), "twin", 1)
+    runs = {}
+    for repeat in (1, 2):
+        real.reset()
+        real.reconfigure(max_extend_tokens=64, policy="prefill_first", cache="radix")
+        run_workload(real, workload(seed=8, n=8))
+        runs[f"chunk 64 #{repeat}"] = real.snapshot(run=f"chunk 64 #{repeat}")
+    costs = fit_step_costs(runs)
+    twin = Workbench(MODEL, step_costs=costs, max_extend_tokens=64)
+    twins = twin.compare({"chunk 64": {}}, replay_requests(runs["chunk 64 #1"]), arrival="time")
+    table = validate_twin(runs, twins)
+    assert set(table.setting) == {"chunk 64"}
+    assert {"p95 TTFT (ms)", "median ITL (ms)", "E2E (ms)", "step device time"} <= set(table.figure)
+    timed = table[table.figure != "step device time"]
+    assert timed.real.notna().all() and timed.predicted.notna().all()
+    assert timed.noise_pct.notna().all()  # two real runs of the setting
+    summary = validation_summary(table)
+    assert "median_error_pct" in summary and len(summary) == len(set(table.figure))
+    with pytest.raises(ValueError, match="no real run of setting 'other'"):
+        validate_twin(runs, {"other": twins["chunk 64"]})
+
+
+def test_views_and_saved_runs_say_a_twins_run_was_simulated(tmp_path):
+    twin = Workbench(MODEL, step_costs=synthetic_costs(), max_extend_tokens=32)
+    run_workload(twin, workload(seed=9, n=4))
+    report = twin.report(tmp_path / "twin.html").read_text()
+    assert "workbench twin (simulated)" in report and "step costs fitted on" in report
+    loaded = load_run(twin.save(tmp_path / "twin.parquet"))
+    assert loaded.meta["simulated"] and loaded.steps.simulated.all()
+    assert StepCosts.from_dict(loaded.meta["step_costs"]).to_dict() == twin.llm.step_costs.to_dict()
+    board = twin.dashboard()
+    board.slider.value = 1
+    assert "simulated" in board.status.value

@@ -1,0 +1,34 @@
+"""The finishing touches of a history's tables: the other ranks' device times as columns,
+times rounded to what survives a save, text as pandas' string dtype."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def add_rank_columns(steps: pd.DataFrame, rank_ms: dict[int, list[float]]) -> None:
+    """Tensor parallelism: `device_ms_rank1`.. beside rank 0's `device_ms` (NaN until read)."""
+    if not rank_ms:
+        return
+    for r in range(int(steps.tp_size.max()) - 1):
+        steps[f"device_ms_rank{r + 1}"] = [
+            v[r] if len(v := rank_ms.get(s, ())) > r else math.nan for s in steps.step
+        ]
+
+
+def rounded(frame: pd.DataFrame) -> pd.DataFrame:
+    """Times to the nanosecond: beyond that the digits are noise, and they would not survive a
+    save (JSON keeps 15 significant digits), so a loaded run would differ from the live one."""
+    decimals = {c: 9 if c.endswith("_s") or c.endswith("_at") else 6 for c in frame.columns}
+    floats = [c for c in frame.columns if frame[c].dtype.kind == "f"]
+    return frame.round({c: (3 if c.endswith("_us") else decimals[c]) for c in floats})
+
+
+def text_as_string(frame: pd.DataFrame) -> pd.DataFrame:
+    """Text columns as pandas' "string" dtype (missing = <NA>), which survives save and load."""
+    text = [c for c in frame.columns if frame[c].dtype == object or str(frame[c].dtype) == "str"]
+    return frame.astype({c: "string" for c in text}) if text else frame

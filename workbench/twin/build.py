@@ -1,0 +1,74 @@
+"""A twin for `LLM(model, step_costs=costs, ...)`: its settings checked against what the costs
+were recorded on, then its engine and probe on one timeline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import EngineConfig
+from ..history.roofline import StepCost, spec_named
+from .costs import StepCosts
+from .engine import TwinEngine
+from .probe import TwinProbe
+from .timeline import Timeline
+
+
+def twin_settings(costs: StepCosts, model: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`LLM`'s keywords for a twin of `costs` (`device`, `dtype`, `overlap`, `tp_size` filled in
+    from the recording); a ValueError for a model or setting the costs cannot stand for."""
+    if not isinstance(costs, StepCosts):
+        raise TypeError(
+            f"step_costs must be StepCosts (fit_step_costs, load_step_costs), got {costs!r}"
+        )
+    meta = costs.meta
+    if str(model) != str(meta["model"]):
+        raise ValueError(
+            f"step_costs were fitted on runs of {meta['model']!r}, not {model!r}: fit them on "
+            f"runs of {model!r}, or give model={meta['model']!r}"
+        )
+    if options.get("device") not in (None, "cpu"):
+        raise ValueError(
+            f"device={options['device']!r}: a twin runs on the CPU and stands for the recorded "
+            f"{meta['device_name']}; leave device out"
+        )
+    for name in ("dtype", "tp_size"):
+        given, recorded = options.get(name), meta[name]
+        if given is not None and str(given).removeprefix("torch.") != str(recorded):
+            raise ValueError(
+                f"{name}={given!r}: the step costs were recorded with {name}={recorded!r}, "
+                "the only one they can predict"
+            )
+    overlap = options.get("overlap")
+    return {
+        **options,
+        "device": "cpu",
+        "dtype": meta["dtype"],
+        "overlap": str(meta["device"]).startswith("cuda") if overlap is None else overlap,
+    }
+
+
+def twin_meta(costs: StepCosts, engine: TwinEngine) -> dict[str, Any]:
+    """What a twin's run says of itself beside its settings: simulated, of which recorded
+    device, on which costs."""
+    recorded = costs.meta
+    return {
+        "simulated": True,
+        "device": recorded["device"],
+        "device_name": recorded["device_name"],
+        "tp_size": recorded["tp_size"],
+        "cuda_graph": bool(engine.captures_graphs),
+        "step_costs": costs.to_dict(),
+    }
+
+
+def build_twin(config: EngineConfig, costs: StepCosts, record: str, profile_steps):
+    """The twin's engine and probe, on one timeline; the probe knows the recorded device's
+    roofline."""
+    timeline = Timeline()
+    engine = TwinEngine(config, costs, timeline)
+    probe = TwinProbe(timeline, costs, record, profile_steps=profile_steps)
+    spec = spec_named(str(costs.meta["device_name"]))
+    probe.cost = StepCost.for_model(
+        engine.model_config, engine.dtype.itemsize, spec and spec.times(engine.num_devices)
+    )
+    return engine, probe

@@ -1,0 +1,246 @@
+"""Step costs: what one step of a model costs on a device, fitted from recorded runs.
+
+`fit_step_costs(runs)` reads the steps tables of runs of one model on one device and fits, per
+path (`features.PATHS`), the device time and each host stage's time as a sum of non-negative
+costs per feature (`features.py`: a constant per phase, per request, per thousand tokens, per
+million prompt attention pairs, per thousand KV tokens read, ...), plus the host's time between
+two scheduler steps. It says what it learnt (`summary()`, or print it) and how far each phase's
+steps are from it; `save(path)` and `load_step_costs(path)` keep it as JSON. A twin
+(`Workbench(model, step_costs=costs)`) runs on it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..stages import HOST_STAGES
+from .features import DEVICE_FEATURES, HOST_FEATURES, PATHS, UNITS, step_features
+from .fit import robust_nnls
+from .runs import check_same_setup, named_runs, steps_of
+
+VERSION = 1
+_FORWARD, _SAMPLE = HOST_STAGES.index("forward"), HOST_STAGES.index("sample")
+# what a twin takes from the runs it was fitted on (the recorded engine's setup)
+SETUP = ("model", "device", "device_name", "dtype", "tp_size")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A time (ms) as a sum of non-negative costs, one per feature."""
+
+    features: tuple[str, ...]
+    coef: tuple[float, ...]
+
+    def __call__(self, f: Mapping[str, float]) -> float:
+        return sum(c * f[name] for name, c in zip(self.features, self.coef))
+
+    def describe(self) -> str:
+        terms = [f"{c:.4g} per {UNITS[n]}" for n, c in zip(self.features, self.coef) if c > 0]
+        return " + ".join(terms) or "0"
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """A model of one step's device and host time (ms), per path; see the module."""
+
+    meta: dict[str, Any]  # the recorded setup (`SETUP`), the KV pool, the runs it came from
+    device: dict[str, Linear]  # path -> device ms
+    host: dict[str, dict[str, Linear]]  # path -> host stage -> ms
+    between_ms: float  # host time between two scheduler steps (the loop around them)
+    errors: list[dict] = field(default_factory=list)  # per phase: how far its steps are
+
+    def predict(self, f: Mapping[str, float]) -> tuple[float, tuple[float, ...]]:
+        """A step's device ms and host ms per stage (`HOST_STAGES` order) from its features
+        (`features.batch_features`)."""
+        path = self._path("graph" if f["graph"] else "eager")
+        host = tuple(self.host[path][s](f) for s in HOST_STAGES)
+        return max(self.device[path](f), host[_FORWARD] + host[_SAMPLE]), host
+
+    def _path(self, path: str) -> str:
+        return path if path in self.device else next(iter(self.device))
+
+    def predict_steps(self, steps) -> tuple[np.ndarray, np.ndarray]:
+        """Device ms and host ms of each step of a steps table (its recorded composition)."""
+        features = step_features(steps)
+        device, host = np.zeros(len(steps)), np.zeros(len(steps))
+        for path in PATHS:
+            rows = (features.path == path).to_numpy()
+            if rows.any():
+                f = {c: features[c].to_numpy()[rows] for c in features.columns}
+                fit = self._path(path)
+                stages = {s: self.host[fit][s](f) for s in HOST_STAGES}
+                floor = stages["forward"] + stages["sample"]
+                device[rows] = np.maximum(self.device[fit](f), floor)
+                host[rows] = sum(stages.values())
+        return device, host
+
+    # -- what it says ---------------------------------------------------------------------
+    def summary(self) -> str:
+        m = self.meta
+        lines = [
+            f"step costs of {m['model']} on {m['device_name']} ({m['dtype']}, tp {m['tp_size']}), "
+            f"fitted on {m['steps']} steps of {len(m['runs'])} runs: {', '.join(m['runs'])}",
+        ]
+        for path in self.device:
+            lines.append(f"  device, {path}: {self.device[path].describe()} (ms)")
+            host = " + ".join(
+                f"{s} [{self.host[path][s].describe()}]"
+                for s in HOST_STAGES
+                if any(self.host[path][s].coef)
+            )
+            lines.append(f"  host, {path}: {host} (ms)")
+        lines.append(f"  host between steps: {self.between_ms:.4g} ms")
+        for e in self.errors:
+            lines.append(
+                f"  {e['phase']:>7}: {e['steps']} steps, device error median "
+                f"{e['device_error_pct']:.1f}% (p90 {e['device_error_p90_pct']:.1f}%), host "
+                f"median {e['host_error_pct']:.1f}%"
+            )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    # -- saved and loaded -----------------------------------------------------------------
+    def to_dict(self) -> dict:
+        def linear(f: Linear) -> dict:
+            return dict(zip(f.features, f.coef))
+
+        return {
+            "version": VERSION,
+            "meta": self.meta,
+            "device": {p: linear(f) for p, f in self.device.items()},
+            "host": {p: {s: linear(f) for s, f in st.items()} for p, st in self.host.items()},
+            "between_ms": self.between_ms,
+            "errors": self.errors,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StepCosts:
+        if data.get("version") != VERSION:
+            raise ValueError(f"step costs of version {data.get('version')}; this reads {VERSION}")
+
+        def linear(d: dict) -> Linear:
+            return Linear(tuple(d), tuple(float(v) for v in d.values()))
+
+        return cls(
+            meta=data["meta"],
+            device={p: linear(d) for p, d in data["device"].items()},
+            host={p: {s: linear(d) for s, d in st.items()} for p, st in data["host"].items()},
+            between_ms=float(data["between_ms"]),
+            errors=list(data["errors"]),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+
+def load_step_costs(path: str | Path) -> StepCosts:
+    """Step costs saved with `StepCosts.save`."""
+    return StepCosts.from_dict(json.loads(Path(path).read_text()))
+
+
+def fit_step_costs(runs) -> StepCosts:
+    """Fit step costs on recorded runs of one model on one device: a history (live, or loaded
+    with `load_run`), a list of them, or a mapping name -> history. Runs of another model,
+    device, dtype or tensor-parallel size are refused."""
+    named = named_runs(runs)
+    setup = check_same_setup(named, SETUP)
+    steps = steps_of(named)
+    if len(steps) < 8:
+        raise ValueError(f"step costs need at least 8 recorded steps, the runs have {len(steps)}")
+    features = step_features(steps)
+    device, host = {}, {}
+    for path in PATHS:
+        rows = (features.path == path).to_numpy()
+        if rows.sum() < len(DEVICE_FEATURES[path]):
+            continue
+        device[path], host[path] = _fit_path(features[rows], steps[rows], path)
+    first = next(iter(named.values())).meta
+    meta = {
+        **setup,
+        "num_pages": first.get("num_pages"),
+        "page_size": first.get("page_size"),
+        "max_running_reqs": first.get("max_running_reqs"),
+        "cuda_graph": bool(first.get("cuda_graph", False)),
+        "cuda_graph_max_bs": first.get("cuda_graph_max_bs", 256),
+        "runs": list(named),
+        "steps": int(len(steps)),
+    }
+    costs = StepCosts(meta, device, host, _between_ms(named))
+    return StepCosts(meta, device, host, costs.between_ms, _errors(costs, steps))
+
+
+def _fit_path(features, steps, path: str) -> tuple[Linear, dict[str, Linear]]:
+    """The device time and each host stage's time (absolute errors) of one path's steps.
+
+    A step's device time is the longer of the device's work and the host's enqueueing of it
+    (its forward and sample stages: the timer runs from the first kernel's launch to the
+    last's end, and an eager forward of small batches launches its kernels slower than the
+    device runs them). The device's work is fitted on relative errors (a decode step of 2 ms
+    counts as much as a prefill of 200), on the steps whose device time is well beyond their
+    enqueueing (the others show the host's time, not the device's), or all when too few."""
+    names = DEVICE_FEATURES[path]
+    a = features[list(names)].to_numpy()
+    y = steps.device_ms.to_numpy(dtype=float)
+    enqueue = (steps.host_forward_ms + steps.host_sample_ms).to_numpy(dtype=float)
+    bound = y > 1.2 * np.nan_to_num(enqueue)
+    if bound.sum() < 4 * len(names):
+        bound[:] = True
+    coef, _ = robust_nnls(a[bound], y[bound], 1.0 / np.maximum(y[bound], 1e-3))
+    device = Linear(names, tuple(float(c) for c in coef))
+    host = {}
+    for stage in HOST_STAGES:
+        names = HOST_FEATURES[stage]
+        y = steps[f"host_{stage}_ms"].to_numpy(dtype=float)
+        coef, _ = robust_nnls(features[list(names)].to_numpy(), np.nan_to_num(y))
+        host[stage] = Linear(names, tuple(float(c) for c in coef))
+    return device, host
+
+
+def _between_ms(named: dict) -> float:
+    """The median host time from the end of one scheduler step (its record built) to the
+    launch of the next, over steps after which work was left (not an engine idle until the
+    next arrival)."""
+    gaps = []
+    for history in named.values():
+        s = history.steps.sort_values("launched_at")
+        ended = (s.completed_at + s.host_record_ms.fillna(0) / 1e3).to_numpy()
+        launches = s.launched_at.to_numpy()
+        following = np.searchsorted(launches, ended, side="left")
+        busy = ((s.running > 0) | (s.queue_len > 0)).to_numpy() & (following < len(s))
+        at = following[busy]
+        gaps.extend(((launches[at] - ended[busy]) * 1e3).tolist())
+    return float(max(np.median(gaps), 0.0)) if gaps else 0.0
+
+
+def _errors(costs: StepCosts, steps) -> list[dict]:
+    """Per phase: the steps' relative errors against the costs fitted on them."""
+    device, host = costs.predict_steps(steps)
+    real_device = steps.device_ms.to_numpy(dtype=float)
+    real_host = steps.host_ms.to_numpy(dtype=float)
+    out = []
+    for phase in ("prefill", "mixed", "decode"):
+        rows = (steps.phase == phase).to_numpy()
+        if not rows.any():
+            continue
+        d = np.abs(device[rows] - real_device[rows]) / np.maximum(real_device[rows], 1e-9)
+        h = np.abs(host[rows] - real_host[rows]) / np.maximum(real_host[rows], 1e-9)
+        out.append(
+            {
+                "phase": phase,
+                "steps": int(rows.sum()),
+                "device_error_pct": round(float(np.median(d)) * 100, 2),
+                "device_error_p90_pct": round(float(np.quantile(d, 0.9)) * 100, 2),
+                "host_error_pct": round(float(np.median(h)) * 100, 2),
+            }
+        )
+    return out

@@ -1,0 +1,76 @@
+"""The recorded runs a twin learns from and is checked against: named, of one setup."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def named_runs(runs) -> dict[str, Any]:
+    """`runs` as name -> history: one history (live or loaded), a list of them (named by their
+    meta's "run", else "run N"), or a mapping; a `Workbench` or `LLM` stands for its history."""
+    if isinstance(runs, Mapping):
+        named = dict(runs)
+    elif hasattr(runs, "steps") or hasattr(runs, "history"):
+        named = {_name(runs, 0): runs}
+    else:
+        named = {}
+        for i, run in enumerate(runs):
+            named.setdefault(_name(run, i), run)
+    if not named:
+        raise ValueError("no runs given")
+    return {name: _history(run, name) for name, run in named.items()}
+
+
+def _name(run, i: int) -> str:
+    meta = getattr(_history(run, str(i)), "meta", {}) or {}
+    return str(meta.get("run", f"run {i}"))
+
+
+def _history(run, name: str):
+    history = getattr(run, "history", run)  # a Workbench or an LLM
+    if not hasattr(history, "steps") or not hasattr(history, "meta"):
+        raise TypeError(f"run {name!r} is not a run history (live, or from load_run): {run!r}")
+    return history
+
+
+def setup_of(history, keys: tuple[str, ...], name: str = "the run") -> dict[str, Any]:
+    """The run's recorded setup: `keys` of its meta (`device_name` falls back to `device`)."""
+    meta = dict(history.meta)
+    meta.setdefault("device_name", meta.get("device"))
+    missing = [k for k in keys if meta.get(k) is None]
+    if missing:
+        raise ValueError(
+            f"{name} does not say its {missing} (its meta has {sorted(history.meta)}): record "
+            "it with this workbench (a Workbench's history, or a run it saved)"
+        )
+    return {k: meta[k] for k in keys}
+
+
+def check_same_setup(named: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The setup the runs share; a ValueError naming the first run that differs and how."""
+    first_name, *others = named
+    setup = setup_of(named[first_name], keys, f"run {first_name!r}")
+    for name in others:
+        other = setup_of(named[name], keys, f"run {name!r}")
+        differ = {k: other[k] for k in keys if other[k] != setup[k]}
+        if differ:
+            raise ValueError(
+                f"step costs are fitted on runs of one model on one device: run {name!r} has "
+                f"{differ}, run {first_name!r} has { {k: setup[k] for k in differ} }"
+            )
+    return setup
+
+
+def steps_of(named: dict[str, Any]):
+    """The measured steps of every run, in one table (a `run` column says whose)."""
+    import pandas as pd
+
+    frames = []
+    for name, history in named.items():
+        steps = history.steps
+        if "simulated" in steps and steps.simulated.any():
+            raise ValueError(f"run {name!r} was simulated: fit step costs on measured runs")
+        frames.append(steps.assign(run=name))
+    steps = pd.concat(frames, ignore_index=True)
+    return steps[steps.device_ms.notna() & (steps.device_ms > 0)].reset_index(drop=True)

@@ -1,0 +1,105 @@
+"""The twin's own error: its runs against real runs of the same settings, beside the real runs'
+run-to-run noise (two runs of one setting differ too: a twin cannot be asked to be closer).
+
+`validate_twin(real_runs, twin_runs)` gives one row per setting and figure: the real value (the
+mean of the setting's real runs), the twin's, the relative error, and the noise (the spread of
+the real runs, as a share of their mean). A setting's real runs are named like its twin run, or
+like it with " #1", " #2", ... after it. The last figure of each setting is the median
+per-step device-time error of the step costs on the real runs' own steps.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..history.latency import FIGURES, run_figures
+from .costs import StepCosts
+from .runs import named_runs
+
+STEP_ERROR = "step device time"  # the per-step figure (its error only)
+_REPEAT = re.compile(r"\s*#\d+$")
+
+
+def validate_twin(real_runs, twin_runs, costs: StepCosts | None = None):
+    """A table (pandas): setting, figure, real, predicted, error_pct, noise_pct. `costs`: the
+    step costs for the per-step error (None: those the twin runs say they ran on)."""
+    import pandas as pd
+
+    real = _by_setting(named_runs(real_runs))
+    rows = []
+    for name, twin in named_runs(twin_runs).items():
+        reals = real.get(_REPEAT.sub("", name))
+        if reals is None:
+            raise ValueError(
+                f"no real run of setting {name!r} (real runs: {sorted(real)}); name each twin "
+                "run as its real runs are (without their ' #N')"
+            )
+        measured = [run_figures(h) for h in reals]
+        predicted = run_figures(twin)
+        for figure in FIGURES:
+            values = np.array([m[figure] for m in measured], dtype=float)
+            rows.append(_row(name, figure, values, predicted[figure]))
+        step_costs = costs if costs is not None else _costs_of(twin, name)
+        errors = [_step_error(step_costs, h) for h in reals]
+        rows.append(
+            {
+                "setting": name,
+                "figure": STEP_ERROR,
+                "real": np.nan,
+                "predicted": np.nan,
+                "error_pct": float(np.median(errors)),
+                "noise_pct": np.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def validation_summary(table):
+    """Per figure, over the settings: the median and largest |error| and the median noise (%)."""
+    table = table.assign(abs_error_pct=table.error_pct.abs())
+    grouped = table.groupby("figure", sort=False)
+    return grouped.agg(
+        median_error_pct=("abs_error_pct", "median"),
+        max_error_pct=("abs_error_pct", "max"),
+        median_noise_pct=("noise_pct", "median"),
+        settings=("setting", "nunique"),
+    ).round(2)
+
+
+def _row(name: str, figure: str, values: np.ndarray, predicted: float) -> dict:
+    real = float(values.mean())
+    spread = float(values.max() - values.min()) if len(values) > 1 else np.nan
+    return {
+        "setting": name,
+        "figure": figure,
+        "real": real,
+        "predicted": float(predicted),
+        "error_pct": (predicted - real) / real * 100 if real else np.nan,
+        "noise_pct": spread / real * 100 if real else np.nan,
+    }
+
+
+def _by_setting(named: dict) -> dict[str, list]:
+    """Real runs grouped by setting: their names without a trailing " #N"."""
+    groups: dict[str, list] = {}
+    for name, history in named.items():
+        groups.setdefault(_REPEAT.sub("", name), []).append(history)
+    return groups
+
+
+def _costs_of(twin, name: str) -> StepCosts:
+    saved = twin.meta.get("step_costs")
+    if saved is None:
+        raise ValueError(f"twin run {name!r} does not say its step costs: give costs=")
+    return StepCosts.from_dict(saved)
+
+
+def _step_error(costs: StepCosts, history) -> float:
+    """The median relative error (%) of the costs' device time on the run's measured steps."""
+    steps = history.steps
+    device, _ = costs.predict_steps(steps)
+    real = steps.device_ms.to_numpy(dtype=float)
+    keep = real > 0
+    return float(np.median(np.abs(device[keep] - real[keep]) / real[keep]) * 100)
