@@ -272,3 +272,24 @@ def test_views_and_saved_runs_say_a_twins_run_was_simulated(tmp_path):
     board = twin.dashboard()
     board.slider.value = 1
     assert "simulated" in board.status.value
+
+
+def test_comparisons_overlay_a_twins_runs_on_real_ones():
+    from workbench.viz import compare_chart, compare_table, sweep_chart
+
+    real = shared(lambda: Workbench(MODEL, page_size=1, num_pages=NUM_PAGES), "twin", 1)
+    real.reset()
+    real.reconfigure(max_extend_tokens=32, policy="prefill_first", cache="radix", overlap=False)
+    requests = [(ids, s, 0.01 * i) for i, (ids, s, _) in enumerate(workload(seed=10, n=5))]
+    runs = real.compare({"chunk 32": {}}, requests, progress=False, arrival="time")
+    twin = Workbench(MODEL, step_costs=synthetic_costs(), max_extend_tokens=32)
+    settings = {f"chunk {c} (twin)": dict(max_extend_tokens=c) for c in (16, 32, 64)}
+    runs |= twin.compare(settings, requests, progress=False, arrival="time")
+    table = compare_table(runs)
+    assert list(table.index) == list(runs) and table.loc["chunk 32 (twin)", "steps"] > 0
+    spec = compare_chart(runs).to_dict()
+    assert "simulated" in str(spec) and "real" in str(spec)
+    sweep = sweep_chart(runs, figures=("p95 TTFT (ms)",)).to_dict()
+    values = next(iter(sweep["datasets"].values()))
+    assert {v["source"] for v in values} == {"real", "simulated"}
+    assert sorted(v["max_extend_tokens"] for v in values) == [16, 32, 32, 64]

@@ -54,3 +54,29 @@ def test_reset_leaves_a_clean_engine():
     assert wb.scheduler.cache.free_size == wb.scheduler.cache.total_size
     wb.add_request(PROMPTS[0], greedy(3))
     assert len(wb.run(progress=False)) == 3
+
+
+def test_a_cpu_engine_takes_half_the_cores_unless_told(monkeypatch):
+    """README, "The CPU path under load": one thread per two cores (at least one), or
+    `cpu_threads`, or what OMP_NUM_THREADS says."""
+    import os
+
+    import torch
+
+    from workbench import LLM
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        LLM("tiny-llama", max_running_reqs=1, num_pages=64).close()
+        assert torch.get_num_threads() == max(1, (os.cpu_count() or 1) // 2)
+        LLM("tiny-llama", max_running_reqs=1, num_pages=64, cpu_threads=3).close()
+        assert torch.get_num_threads() == 3
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        LLM("tiny-llama", max_running_reqs=1, num_pages=64).close()
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError, match="cpu_threads must be"):
+            LLM("tiny-llama", cpu_threads=0)
+    finally:
+        torch.set_num_threads(before)

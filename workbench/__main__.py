@@ -35,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", default="out/demo", help="where the run and the report go")
     bench = sub.add_parser("bench", help="offline throughput benchmark", formatter_class=helpful)
     add_arguments(bench)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's
+        {"demo": demo, "bench": bench}[args.command].error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     if args.command == "demo":
         from .demo import run_demo
 

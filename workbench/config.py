@@ -66,6 +66,9 @@ class EngineConfig:
     # NOTE: a cap, so a 40k-context model does not get a 40k-wide page table on a laptop.
     max_seq_len_cap: int = 8192
     kv_memory_gb: float = 1.0  # KV budget on cpu when num_pages is None
+    # torch's threads for a CPU engine; None: half the cores (at least one), unless
+    # OMP_NUM_THREADS says otherwise (README, "The CPU path under load")
+    cpu_threads: int | None = None
     # A waiting request that shares at least this many uncached prompt tokens with a request
     # admitted in the same batch waits for that request's prefix to be cached (0: never waits).
     share_threshold: int = 32
@@ -106,6 +109,7 @@ class EngineConfig:
             memory_ratio=V.real("memory_ratio", self.memory_ratio, 0.0, 1.0, low_open=True),
             max_seq_len_cap=V.integer("max_seq_len_cap", self.max_seq_len_cap, 1),
             kv_memory_gb=V.real("kv_memory_gb", self.kv_memory_gb, 0.0, low_open=True),
+            cpu_threads=V.optional_integer("cpu_threads", self.cpu_threads, 1, 4096),
             share_threshold=V.integer("share_threshold", self.share_threshold, 0),
             tp_size=V.integer("tp_size", self.tp_size, 1, 64),
         )

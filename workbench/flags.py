@@ -45,20 +45,35 @@ def add_schedule_arguments(
     p.add_argument(
         "--max-extend-tokens",
         "--chunked-prefill-size",
+        "--max-num-batched-tokens",
         dest="max_extend_tokens",
         type=int,
         default=max_extend_tokens,
-        help="the token budget of a batch: the prefill chunk size",
+        help="the token budget of a batch: the prefill chunk size (SGLang's "
+        "--chunked-prefill-size, vLLM's --max-num-batched-tokens)",
     )
     p.add_argument(
         "--max-running-reqs",
         "--max-running-requests",
+        "--max-num-seqs",
         dest="max_running_reqs",
         type=int,
         default=max_running_reqs,
-        help="request slots",
+        help="request slots (SGLang's --max-running-requests, vLLM's --max-num-seqs)",
     )
-    p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (16 is faster)")
+    p.add_argument(
+        "--page-size",
+        "--block-size",
+        dest="page_size",
+        type=int,
+        default=1,
+        help="tokens per KV page (vLLM's --block-size; 16 is faster)",
+    )
+    p.add_argument(
+        "--enable-chunked-prefill",
+        action="store_true",
+        help="accepted for vLLM's sake: prompts are always chunked here, by --max-extend-tokens",
+    )
     p.add_argument("--cache", default="radix", choices=CACHE_KINDS, help="prefix cache")
 
 

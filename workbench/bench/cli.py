@@ -27,8 +27,16 @@ def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
     here = "this machine has a GPU" if gpu else "this machine has no GPU"
     p.add_argument(
         "--model",
+        "--model-path",
+        dest="model",
         default="dummy:qwen3-0.6b" if gpu else "tiny-qwen3",
         help=f"model name or path (dummy:qwen3-0.6b on a GPU, tiny-qwen3 on a CPU; {here})",
+    )
+    p.add_argument(
+        "--dataset-name",
+        type=_dataset,
+        default="random",
+        help="the prompts: 'random' (random token ids, the only one built in)",
     )
     p.add_argument(
         "--num-requests",
@@ -50,20 +58,23 @@ def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
 
 
 def _length_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
-    lens = "%s lengths, uniform in [MIN, MAX] ([100, 1024] on a GPU, %s on a CPU)"
+    lens = (
+        "%s lengths: N (each, as vLLM takes it), or MIN MAX (uniform in [MIN, MAX]); "
+        "[100, 1024] on a GPU, %s on a CPU"
+    )
     p.add_argument(
         "--input-len",
         type=int,
-        nargs=2,
-        metavar=("MIN", "MAX"),
+        nargs="+",
+        metavar="N",
         default=[100, 1024] if gpu else [16, 128],
         help=lens % ("prompt", "[16, 128]"),
     )
     p.add_argument(
         "--output-len",
         type=int,
-        nargs=2,
-        metavar=("MIN", "MAX"),
+        nargs="+",
+        metavar="N",
         default=[100, 1024] if gpu else [16, 64],
         help=lens % ("output", "[16, 64]"),
     )
@@ -91,6 +102,8 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", default="off", choices=RECORD_LEVELS, help="step records kept")
     p.add_argument(
         "--tp-size",
+        "--tensor-parallel-size",
+        dest="tp_size",
         type=int,
         default=1,
         help="tensor parallelism: GPUs (CPU processes) the model is split across; the engine "
@@ -132,7 +145,15 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
 
 def _output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.add_argument("--output-file", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument(
+        "--output-file",
+        "--output-json",
+        "--result-filename",
+        dest="output_file",
+        metavar="FILE",
+        help="also write the results as JSON to FILE (vLLM's --output-json, SGLang's "
+        "--result-filename)",
+    )
     p.add_argument(
         "--profile",
         action="store_true",
@@ -152,6 +173,15 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
         help="with --profile: cProfile's busiest functions over the largest batch's steps",
     )
     p.add_argument("--profile-trace", metavar="FILE", help="with --profile: Chrome trace JSON")
+
+
+def _dataset(name: str) -> str:
+    if name != "random":
+        raise argparse.ArgumentTypeError(
+            f"{name!r} is not built in: only 'random' (prompts of random token ids, lengths from "
+            "--input-len / --random-input-len); for your own prompts use LLM.generate"
+        )
+    return name
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -176,6 +206,12 @@ def resolve_lengths(args: argparse.Namespace) -> None:
     if not 0.0 <= r < 1.0:
         raise ValueError(f"--random-range-ratio must be in [0, 1), got {r}")
     for name in ("input", "output"):
+        lens = getattr(args, f"{name}_len")
+        if len(lens) == 1:  # one length for every request, as vLLM's --input-len
+            lens = lens * 2
+        if len(lens) != 2 or not 1 <= lens[0] <= lens[1]:
+            raise ValueError(f"--{name}-len takes N or MIN MAX with 1 <= MIN <= MAX, got {lens}")
+        setattr(args, f"{name}_len", lens)
         n = getattr(args, f"random_{name}_len")
         if n is not None:
             setattr(args, f"{name}_len", [max(1, round(n * (1 - r))), max(1, round(n * (1 + r)))])

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import gc
 import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from tqdm.auto import tqdm
 
 from ..core import SamplingParams
 from ..flags import llm_options
@@ -78,16 +80,28 @@ def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
         for n in work.output_lens
     ]
     steps: list[StepTime] = []
+    # on a terminal: requests finished and tokens so far (tqdm redraws a few times a second)
+    bar = tqdm(total=len(work.prompts), unit="req", desc="bench", leave=False,
+               disable=not sys.stderr.isatty())  # fmt: skip
+    tokens = 0
 
     def on_step(outcome) -> None:
+        nonlocal tokens
         steps.append(step_time(outcome))
+        if not bar.disable:
+            tokens += sum(t is not None for t in outcome.tokens)
+            bar.set_postfix(tokens=tokens, refresh=False)
+            bar.update(len(outcome.finished))
 
     sync = torch.cuda.synchronize if llm.engine.device.type == "cuda" else (lambda: None)
     gc.collect()
     collections = GcWatch()
     sync()
     start = time.perf_counter()
-    output_tokens, latency = _generate(llm, work.prompts, params, args, on_step)
+    try:
+        output_tokens, latency = _generate(llm, work.prompts, params, args, on_step)
+    finally:
+        bar.close()
     sync()
     seconds = time.perf_counter() - start
     collections.stop()
@@ -120,6 +134,7 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
     bound = workload_bound(model_cfg, work.prompt_lens, work.output_lens, spec)
     split = split_time(run.steps, run.start)
     top = decode_step(run.steps, model_cfg, spec)
+    gpu = llm.engine.device.type == "cuda"  # (the roofline models a GPU: none on the CPU)
     return dict(
         **settings(llm, args),
         output_tokens=run.output_tokens,
@@ -127,8 +142,8 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
         events_read_seconds=round(run.read_seconds, 3) if args.record == "full" else None,
         output_tokens_per_s=round(run.output_tokens / run.seconds, 1),
         steps=len(run.steps),
-        roofline_tokens_per_s=round(bound.tokens_per_second, 1),
-        roofline_fraction=round(bound.seconds / run.seconds, 3),
+        roofline_tokens_per_s=round(bound.tokens_per_second, 1) if gpu else None,
+        roofline_fraction=round(bound.seconds / run.seconds, 3) if gpu else None,
         phase_seconds={p: round(sum(v), 3) for p, v in split.by_phase.items()},
         phase_steps={p: len(v) for p, v in split.by_phase.items()},
         decode_by_batch={k: (len(v), round(sum(v), 3)) for k, v in split.by_batch.items()},
@@ -138,7 +153,7 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
         decode_batch=top.batch_size,
         decode_step_ms=round(top.step_ms, 3),
         decode_step_kv_tokens=top.kv_tokens,
-        decode_step_bound_ms=round(top.bound_ms, 3),
+        decode_step_bound_ms=round(top.bound_ms, 3) if gpu else None,
         decode_launch_ms=round(top.host.launch_ms, 3),
         decode_wait_ms=round(top.host.wait_ms, 3),
         decode_collect_ms=round(top.host.collect_ms, 3),

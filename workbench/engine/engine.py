@@ -22,7 +22,7 @@ from ..models.weights import build_model
 from ..stages import StageClock
 from .graph import GraphRunner
 from .inputs import fill_inputs
-from .placement import num_devices, rank_device, ranks_on
+from .placement import check_gpus, num_devices, rank_device, ranks_on, use_cpu_threads
 from .ranks import OneRank, Ranks
 from .ranks import start as start_ranks
 from .sampler import Sampler
@@ -36,11 +36,12 @@ class Engine:
         self.model_dir = resolve(config.model)
         self.model_config = model_cfg = ModelConfig.from_dir(self.model_dir)
         check_tp_size(model_cfg, config.tp_size)  # before any process or memory is taken
+        use_cpu_threads(config)
         # rank 0 of several: the others (`OneRank` for an engine alone, or a rank above 0)
         self.ranks: Ranks | OneRank = OneRank()
         self.launches = 0  # steps run (each rank counts the same)
         if tp is None and config.tp_size > 1:
-            _check_gpus(config)
+            check_gpus(config)
             tp, self.ranks = start_ranks(config)
         self.tp = tp or SINGLE
         self.device = rank_device(config, self.tp.rank) if self.tp.size > 1 else config.torch_device
@@ -315,16 +316,3 @@ class DeviceStep(NamedTuple):
     timer: DeviceTimer  # the step's device time
     tp_size: int = 1  # processes the step ran on (tensor parallelism)
     launch: int = 0  # the engine's count of steps before this one (the same on every rank)
-
-
-def _check_gpus(config: EngineConfig) -> None:
-    device = config.torch_device
-    if device.type != "cuda" or config.tp_collectives == "gloo":  # gloo's ranks share GPUs
-        return
-    have = torch.cuda.device_count() - (device.index or 0)
-    if have < config.tp_size:
-        raise ValueError(
-            f"tp_size={config.tp_size} needs {config.tp_size} GPUs from {device}; "
-            f"{have} found (allowed: 1 to {have}; or tp_backend='gloo', whose ranks share "
-            "GPUs, to study tensor parallelism on fewer)"
-        )

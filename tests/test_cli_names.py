@@ -1,0 +1,82 @@
+"""The flags vLLM's and SGLang's users type: each is accepted with its meaning, or refused with
+a message that names our equivalent; errors print the command's own usage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from workbench.bench.cli import add_arguments, resolve_lengths
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="workbench bench")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    resolve_lengths(args)
+    return args
+
+
+@pytest.mark.parametrize(
+    "flag, value, field, expected",
+    [
+        ("--max-num-seqs", "12", "max_running_reqs", 12),  # vLLM
+        ("--max-running-requests", "12", "max_running_reqs", 12),  # SGLang
+        ("--max-num-batched-tokens", "384", "max_extend_tokens", 384),  # vLLM
+        ("--chunked-prefill-size", "384", "max_extend_tokens", 384),  # SGLang
+        ("--tensor-parallel-size", "2", "tp_size", 2),  # vLLM
+        ("--block-size", "16", "page_size", 16),  # vLLM
+        ("--model-path", "tiny-llama", "model", "tiny-llama"),  # SGLang
+        ("--output-json", "out.json", "output_file", "out.json"),  # vLLM
+        ("--result-filename", "out.json", "output_file", "out.json"),  # SGLang
+        ("--dataset-name", "random", "dataset_name", "random"),
+        ("--num-prompts", "7", "num_requests", 7),
+        ("--input-len", "128", "input_len", [128, 128]),  # vLLM: one length for all
+        ("--output-len", "32", "output_len", [32, 32]),
+        ("--input-len", "64 256", "input_len", [64, 256]),  # ours: a range
+        ("--random-input-len", "100", "input_len", [100, 100]),
+    ],
+)
+def test_a_vllm_or_sglang_flag_means_what_it_means_there(flag, value, field, expected):
+    assert getattr(parse(flag, *value.split()), field) == expected
+
+
+def test_flags_without_a_value_are_accepted():
+    assert parse("--enable-chunked-prefill").enable_chunked_prefill
+    assert parse("--disable-radix-cache").cache == "naive"
+    assert parse("--disable-overlap-schedule").overlap is False
+    assert parse("--disable-cuda-graph").cuda_graph is False
+
+
+def test_an_unknown_dataset_is_refused_naming_what_is_built_in(capsys):
+    with pytest.raises(SystemExit):
+        parse("--dataset-name", "sharegpt")
+    assert "only 'random'" in capsys.readouterr().err
+
+
+def test_bad_lengths_are_refused():
+    with pytest.raises(ValueError, match="--input-len takes N or MIN MAX"):
+        parse("--input-len", "9", "3")
+    with pytest.raises(ValueError, match="--output-len takes N or MIN MAX"):
+        parse("--output-len", "1", "2", "3")
+
+
+def test_a_run_under_vllm_names_and_errors_in_the_bench_usage(tmp_path):
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "workbench", "bench", "--model-path", "tiny-qwen3"]
+    flags = ["--num-prompts", "4", "--input-len", "24", "--output-len", "6", "--max-num-seqs",
+             "2", "--max-num-batched-tokens", "16", "--block-size", "4",
+             "--enable-chunked-prefill", "--output-json", str(out)]  # fmt: skip
+    subprocess.run(cmd + flags, check=True, capture_output=True, text=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["max_running_reqs"] == 2 and result["page_size"] == 4
+    assert result["max_extend_tokens"] == 16 and result["output_tokens"] == 24
+    assert result["roofline_tokens_per_s"] is None  # the text says so too: no roofline on a CPU
+    bad = subprocess.run(cmd + ["--max-num-seqs", "2", "--bogus"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "workbench bench: error: unrecognized arguments: --bogus" in bad.stderr
+    assert bad.stderr.startswith("usage: workbench bench")
