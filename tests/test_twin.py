@@ -268,6 +268,8 @@ def test_views_and_saved_runs_say_a_twins_run_was_simulated(tmp_path):
     assert "workbench twin (simulated)" in report and "step costs fitted on" in report
     loaded = load_run(twin.save(tmp_path / "twin.parquet"))
     assert loaded.meta["simulated"] and loaded.steps.simulated.all()
+    shown = repr(loaded)  # one line: what tells runs apart, not the whole meta
+    assert "\n" not in shown and "simulated" in shown and "step_costs" not in shown
     assert StepCosts.from_dict(loaded.meta["step_costs"]).to_dict() == twin.llm.step_costs.to_dict()
     board = twin.dashboard()
     board.slider.value = 1

@@ -347,3 +347,26 @@ def test_a_button_whose_step_fails_says_so_in_the_status():
     assert wb.is_done and "step" in dash.status.value
     wb.check_integrity()
     dash.close()
+
+
+def test_each_admission_decision_keeps_its_colour_in_every_view(run):
+    """A refusal reason has one colour whichever reasons a run has, and whether its admissions
+    are drawn per request or aggregated over thousands of rows."""
+    from workbench.palette import DECISION_COLORS
+    from workbench.runs import RunHistory
+
+    live, _ = run
+
+    def scale(history):
+        spec = viz.admissions(history).to_dict()
+        layer = spec.get("encoding") or spec["layer"][0]["encoding"]
+        return dict(zip(layer["color"]["scale"]["domain"], layer["color"]["scale"]["range"]))
+
+    small = scale(live.history)
+    tables = dict(live.history.tables())
+    many = tables["admissions"].sample(n=4001, replace=True, random_state=0)
+    aggregated = scale(RunHistory({**tables, "admissions": many}, {}))
+    assert small == aggregated == DECISION_COLORS
+    from workbench.core.admission import REASONS
+
+    assert set(REASONS) | {"admitted"} == set(DECISION_COLORS)

@@ -31,5 +31,17 @@ STAGE_COLORS = {
     "record": "#9a8c98",
 }
 DEVICE_COLOR = "#111111"
+# an admission decision: admitted, or the reason a request waited (`core.admission.REASONS`);
+# the same colour in every view, whichever reasons a run happens to have
+DECISION_COLORS = {
+    "admitted": "#2a9d8f",
+    "no_token_budget": "#e76f51",
+    "no_slot": "#8338ec",
+    "kv_full": "#d62828",
+    "kv_full_after_lock": "#9d0208",
+    "queued_behind": "#bdbdbd",
+    "wait_for_prefix": "#e9c46a",
+    "decode_first": "#457b9d",
+}
 LEDGER_PART_COLORS = {"cached": "#8d99ae", "extend": "#e63946", "remain": "#edf2f4"}
 PAGE_OWNER_COLORS = {"own": "#457b9d", "shared": "#e76f51", "prefix cache": "#e9c46a"}

@@ -163,8 +163,13 @@ class RunTables(_Tables):
         return len(self._frames["steps"])
 
     def __repr__(self) -> str:
+        """One line: its size and the settings that tell runs apart (all of them: `meta`)."""
+        m = self.meta
+        keys = ("run", "model", "device_name", "policy", "max_extend_tokens", "page_size")
+        facts = [f"{k}={m[k]!r}" for k in keys if m.get(k) is not None]
+        facts += ["simulated"] if m.get("simulated") else []
         name = type(self).__name__
-        return f"{name}({len(self)} steps, {len(self.requests)} requests, meta={self.meta})"
+        return f"{name}({len(self)} steps, {len(self.requests)} requests, {', '.join(facts)})"
 
 
 def _build_tables(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..palette import LEDGER_PART_COLORS, PAGE_OWNER_COLORS
+from ..palette import DECISION_COLORS, LEDGER_PART_COLORS, PAGE_OWNER_COLORS
 from .common import (
     LABELLED_ROWS,
     MAX_LINES,
@@ -147,7 +147,11 @@ def admissions(history, highlight_uid: int | None = None):
         return (
             alt.Chart(frame)
             .mark_bar()
-            .encode(x=step_x(alt), y=alt.Y("size:Q", title="requests"), color="decision:N")
+            .encode(
+                x=step_x(alt),
+                y=alt.Y("size:Q", title="requests"),
+                color=color_scale(alt, "decision", DECISION_COLORS),
+            )
             .properties(width=WIDTH, height=140, title="Admission decisions")
         )
     return (
@@ -157,7 +161,7 @@ def admissions(history, highlight_uid: int | None = None):
             x=step_x(alt),
             x2="step_end:Q",
             y=alt.Y("uid:O", title="request", axis=request_axis(alt, frame.uid.nunique())),
-            color=alt.Color("decision:N", scale=alt.Scale(scheme="tableau10")),
+            color=color_scale(alt, "decision", DECISION_COLORS),
             opacity=highlight(alt, highlight_uid),
             tooltip=["step:O", "uid:O", "decision:N", "extend_len:Q", "cached_len:Q"],
         )
