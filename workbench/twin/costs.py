@@ -2,7 +2,7 @@
 
 `fit_step_costs(runs)` reads the steps tables of runs of one model on one device and fits, per
 path (`features.PATHS`), the device time and each host stage's time as a sum of non-negative
-costs per feature (`features.py`: a constant per phase, per request, per thousand tokens, per
+costs per feature (`features.py`: a constant per kind of step, per request, per thousand tokens, per
 million prompt attention pairs, per thousand KV tokens read, ...), plus the host's time between
 two scheduler steps. It says what it learnt (`summary()`, or print it) and how far each phase's
 steps are from it; `save(path)` and `load_step_costs(path)` keep it as JSON. A twin
