@@ -1,0 +1,63 @@
+"""The twin against a directory of recorded runs (`record_twin_runs.py`): the closing figures.
+
+    python notebooks/data/validate_twin_runs.py RECORDED_DIR
+
+Fits step costs on the calibration runs, simulates every held-out setting at each load with the
+same requests the GPU served, and prints `validation_summary` (median and worst |error| per
+figure, the real runs' median noise) and, per figure, policy and load, whether the twin picks
+the real runs' best chunk size.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from workbench import Workbench, fit_step_costs, load_run, validate_twin
+from workbench.twin import validation_summary
+
+sys.path.insert(0, str(Path(__file__).parent))
+from record_twin_runs import HELD_OUT, twin_requests  # noqa: E402
+
+
+def main(directory: Path) -> None:
+    index = json.loads((directory / "index.json").read_text())
+    runs = {name: load_run(directory / r["file"]) for name, r in index["runs"].items()}
+    costs = fit_step_costs({n: r for n, r in runs.items() if n.startswith("calib")})
+    print(costs)
+    real = {n: r for n, r in runs.items() if not n.startswith("calib")}
+    recorded = {re.sub(r"\s*#\d+$", "", n) for n in real}
+    twin = Workbench(index["model"], step_costs=costs, overlap=True)
+    twins, started = {}, time.perf_counter()
+    for load in sorted({r["load"] for r in index["runs"].values() if r["load"] != 0.7}):
+        settings = {f"{name} load {load:.0%}": s for name, s in HELD_OUT.items()}
+        settings = {name: s for name, s in settings.items() if name in recorded}
+        requests = twin_requests(index["requests"], load * index["capacity_rps"])
+        twins |= twin.compare(settings, requests, progress=False, arrival="time")
+    print(f"{len(twins)} settings simulated in {time.perf_counter() - started:.1f} s")
+    table = validate_twin(real, twins)
+    with pd.option_context("display.width", 200):
+        print(validation_summary(table))
+        print(best_chunks(table))
+
+
+def best_chunks(table: pd.DataFrame) -> pd.DataFrame:
+    """Per figure, policy and load: the chunk size with the lowest real and predicted value."""
+    t = table[table.figure.isin(["p95 TTFT (ms)", "median ITL (ms)", "E2E (ms)"])].copy()
+    parts = t.setting.str.extract(r"chunk (\d+) (\w+) load (\d+%)")
+    t["chunk"], t["policy"], t["load"] = parts[0].astype(int), parts[1], parts[2]
+    rows = []
+    for (figure, policy, load), g in t.groupby(["figure", "policy", "load"]):
+        real, twin = g.loc[g.real.idxmin(), "chunk"], g.loc[g.predicted.idxmin(), "chunk"]
+        rows.append((figure, policy, load, real, twin, real == twin))
+    columns = ["figure", "policy", "load", "real best", "twin best", "same"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
