@@ -65,18 +65,26 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each held-out setting")
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no run after this")
+    parser.add_argument(
+        "--capacity", type=float, help="requests/s of an earlier recording (no offline run)"
+    )
+    parser.add_argument(
+        "--only", metavar="TEXT", help="record only the held-out runs whose name holds TEXT"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     begun = time.perf_counter()
     wb = Workbench(args.model, record="light", overlap=True)
     n = args.requests
     wb.compare({"warm-up": {}}, twin_requests(32, float("inf"), 1), progress=False, arrival="time")
-    every = twin_requests(n, float("inf"))
-    offline = wb.compare({"offline": {}}, every, progress=False, arrival="time")["offline"]
-    capacity = n / float(offline.requests.finish_s.max())
-    save(offline, args.out / "offline.parquet")
+    capacity = args.capacity
+    if capacity is None:
+        every = twin_requests(n, float("inf"))
+        offline = wb.compare({"offline": {}}, every, progress=False, arrival="time")["offline"]
+        capacity = n / float(offline.requests.finish_s.max())
+        save(offline, args.out / "offline.parquet")
     # the held-out settings' first runs before any repeat: a budget cut leaves whole sweeps
-    plan = [(CALIBRATION, 0.7, 1)]
+    plan = [] if args.only else [(CALIBRATION, 0.7, 1)]
     plan += [(HELD_OUT, load, r) for r in range(1, args.repeats + 1) for load in (0.5, 0.9)]
     index = {"model": args.model, "requests": n, "capacity_rps": capacity, "runs": {}}
     for settings, load, repeat in plan:
@@ -86,6 +94,8 @@ def main(argv: list[str]) -> None:
             if time.perf_counter() - begun > args.budget_s:
                 break
             name = f"{name} load {load:.0%} #{repeat}"
+            if args.only and args.only not in name:
+                continue
             run = wb.compare({name: options}, requests, progress=False, arrival="time")[name]
             path = args.out / (
                 name.replace(" ", "_").replace("%", "pct").replace("#", "") + ".parquet"
