@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +58,8 @@ class StepCosts:
     def predict(self, f: Mapping[str, float]) -> tuple[float, tuple[float, ...]]:
         """A step's device ms and host ms per stage (`HOST_STAGES` order) from its features
         (`features.batch_features`)."""
-        path = self._path("graph" if f["graph"] else "eager")
-        host = tuple(self.host[path][s](f) for s in HOST_STAGES)
-        return max(self.device[path](f), host[_FORWARD] + host[_SAMPLE]), host
-
-    def _path(self, path: str) -> str:
-        return path if path in self.device else next(iter(self.device))
+        device, host = self._times("graph" if f["graph"] else "eager", f)
+        return float(device), host
 
     def predict_steps(self, steps) -> tuple[np.ndarray, np.ndarray]:
         """Device ms and host ms of each step of a steps table (its recorded composition)."""
@@ -73,12 +69,17 @@ class StepCosts:
             rows = (features.path == path).to_numpy()
             if rows.any():
                 f = {c: features[c].to_numpy()[rows] for c in features.columns}
-                fit = self._path(path)
-                stages = {s: self.host[fit][s](f) for s in HOST_STAGES}
-                floor = stages["forward"] + stages["sample"]
-                device[rows] = np.maximum(self.device[fit](f), floor)
-                host[rows] = sum(stages.values())
+                device[rows], stages = self._times(path, f)
+                host[rows] = sum(stages)
         return device, host
+
+    def _times(self, path: str, f) -> tuple:
+        """Device ms (at least the host's enqueueing: its forward and sample stages) and host ms
+        per stage, of one step's features or of arrays of them; a path the runs never took
+        uses the other's costs."""
+        fit = path if path in self.device else next(iter(self.device))
+        host = tuple(self.host[fit][s](f) for s in HOST_STAGES)
+        return np.maximum(self.device[fit](f), host[_FORWARD] + host[_SAMPLE]), host
 
     # -- what it says ---------------------------------------------------------------------
     def summary(self) -> str:
@@ -176,7 +177,7 @@ def fit_step_costs(runs) -> StepCosts:
         "steps": int(len(steps)),
     }
     costs = StepCosts(meta, device, host, _between_ms(named))
-    return StepCosts(meta, device, host, costs.between_ms, _errors(costs, steps))
+    return replace(costs, errors=_errors(costs, steps))
 
 
 def _fit_path(features, steps, path: str) -> tuple[Linear, dict[str, Linear]]:
