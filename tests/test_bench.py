@@ -84,11 +84,14 @@ def test_save_without_recording_is_refused(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_demo_runs_and_writes_its_report(tmp_path):
+@pytest.mark.parametrize(
+    "model", ["tiny-llama", pytest.param("smollm2", marks=pytest.mark.slow)]
+)  # `make demo`'s own model, SmolLM2, takes a minute on the CPU: with -m slow
+def test_demo_runs_and_writes_its_report(tmp_path, model):
     """`make demo`'s command, with the mixed policy and light records to keep it short."""
     from workbench import load_run
 
-    cmd = [sys.executable, "-m", "workbench", "demo", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "workbench", "demo", "--out", str(tmp_path), "--model", model]
     cmd += ["--policy", "mixed", "--record", "light"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     assert "KV pool integrity ok" in out and " mixed " in out
@@ -200,7 +203,7 @@ def test_every_flag_says_its_default():
     out = subprocess.run(
         [sys.executable, "-m", "workbench", "bench", "--help"], capture_output=True, text=True
     ).stdout
-    for needle in ("(default: 8192)", "(default: prefill_first)", "(default: radix)",
+    for needle in ("(default: 16384)", "(default: prefill_first)", "(default: radix)",
                    "(default: 0.6)", "(default: on)", "uniform in [MIN, MAX]"):  # fmt: skip
         assert needle in out, needle
 

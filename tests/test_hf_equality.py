@@ -9,10 +9,20 @@ from workbench import LLM, SamplingParams
 from .conftest import PROMPTS, greedy, hf_greedy, run, shared
 
 
-@pytest.mark.parametrize("cache", ["naive", "radix"])
-@pytest.mark.parametrize("max_extend_tokens", [1, 3, 16, 8192])
-@pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "smollm2"])
+def _settings():
+    """Every model x page size x token budget x cache; SmolLM2's budgets of 1 and 3 tokens (a
+    step per token or three of every prompt: 15-25 s each on the CPU) only with `-m slow`, the
+    tiny models covering those budgets in `make test`."""
+    for model in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "smollm2"):
+        for page_size in (1, 4):
+            for budget in (1, 3, 16, 8192):
+                for cache in ("naive", "radix"):
+                    slow = model == "smollm2" and budget < 16
+                    marks = [pytest.mark.slow] if slow else []
+                    yield pytest.param(model, page_size, budget, cache, marks=marks)
+
+
+@pytest.mark.parametrize("model, page_size, max_extend_tokens, cache", list(_settings()))
 def test_greedy_matches_hf(model, page_size, max_extend_tokens, cache):
     """Prompts of different lengths in one batch, two of them sharing a prefix; with the radix
     cache the same prompts run a second time, now served mostly from the cache. One engine per

@@ -27,10 +27,18 @@ def staggered(wb: Workbench, max_new: int) -> list[list[int]]:
     return ids
 
 
-@pytest.mark.parametrize("policy", ["prefill_first", "decode_first", "mixed"])
-@pytest.mark.parametrize("budget", [5, 24])
-@pytest.mark.parametrize("page_size, overlap", [(1, False), (4, True)])
-@pytest.mark.parametrize("model", ["tiny-qwen3", "smollm2"])
+def _settings():
+    """Every model x (page size, overlap) x budget x policy; SmolLM2 under a budget of 5 tokens
+    (8-25 s each on the CPU) only with `-m slow`, the tiny model covering it in `make test`."""
+    for model in ("tiny-qwen3", "smollm2"):
+        for page_size, overlap in ((1, False), (4, True)):
+            for budget in (5, 24):
+                for policy in ("prefill_first", "decode_first", "mixed"):
+                    marks = [pytest.mark.slow] if model == "smollm2" and budget == 5 else []
+                    yield pytest.param(model, page_size, overlap, budget, policy, marks=marks)
+
+
+@pytest.mark.parametrize("model, page_size, overlap, budget, policy", list(_settings()))
 def test_every_policy_matches_hf(model, page_size, overlap, budget, policy):
     """One engine per model and page size; policy, budget and overlap are the scheduler's."""
     max_new = 8 if model == "smollm2" else 12

@@ -37,6 +37,11 @@ DTYPES = {
 }
 
 
+def default_page_size(device_type: str) -> int:
+    """`page_size=None`: 16 on cuda, 1 on the cpu (see `EngineConfig.page_size`)."""
+    return 16 if device_type == "cuda" else 1
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """What to run and how. Built once by `LLM` / `Workbench`; `resolved()` fills the `None`s."""
@@ -44,7 +49,11 @@ class EngineConfig:
     model: str = "smollm2"
     device: str | None = None  # None: cuda when present, else cpu
     dtype: str | torch.dtype | None = None  # None: float32 on cpu, bfloat16 on cuda
-    page_size: int = 1
+    # None: `default_page_size`, 16 on cuda and 1 on the cpu (token-grained pages to study).
+    # Measured on the H200 (dummy Qwen3-0.6B, nano-vllm's workload, Dec 2): 24,239 tok/s at page
+    # 16 against 23,733 at page 1 (chunk 8192), 24,793 against 23,996 (chunk 16384); the decode
+    # step at batch 256 6.30 against 6.53 ms (FlashInfer reads 16 tokens of KV per page, not 1).
+    page_size: int | None = None
     max_extend_tokens: int = 8192  # token budget of one batch (prefill; mixed: decodes too)
     cache: CacheKind = "radix"
     max_running_reqs: int = 256  # request slots (rows of the page table)
@@ -86,7 +95,10 @@ class EngineConfig:
 
         if not isinstance(self.model, str | os.PathLike):
             raise TypeError(f"model must be a name or a path, got {self.model!r}")
-        page_size = V.integer("page_size", self.page_size, 1, 2**16)
+        page_size = self.page_size
+        if page_size is None:
+            page_size = default_page_size(self.torch_device.type)
+        page_size = V.integer("page_size", page_size, 1, 2**16)
         if page_size & (page_size - 1):
             raise ValueError(f"page_size must be a power of two (1, 2, 4, ...), got {page_size}")
         checked = dict(

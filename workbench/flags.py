@@ -66,8 +66,8 @@ def add_schedule_arguments(
         "--block-size",
         dest="page_size",
         type=int,
-        default=1,
-        help="tokens per KV page (vLLM's --block-size; 16 is faster)",
+        default=None,
+        help="tokens per KV page (vLLM's --block-size; default: 16 on a GPU, 1 on a CPU)",
     )
     p.add_argument(
         "--enable-chunked-prefill",

@@ -48,7 +48,7 @@ class LLM:
         model: str = "smollm2",
         device: str | None = None,
         dtype: Any = None,
-        page_size: int = 1,
+        page_size: int | None = None,
         max_extend_tokens: int = 8192,
         cache: str = "radix",
         max_running_reqs: int = 256,
@@ -61,14 +61,12 @@ class LLM:
     ) -> None:
         # checks the record level and profile_steps before anything is loaded
         probe = Probe(record, profile_steps=profile_steps)
-        options = dict(
-            device=device, dtype=dtype, overlap=overlap, num_pages=num_pages, **engine_options
-        )
+        options = dict(device=device, dtype=dtype, page_size=page_size, overlap=overlap)
+        options.update(num_pages=num_pages, **engine_options)
         if step_costs is not None:
             options = twin_settings(step_costs, model, options)
         self.config = EngineConfig(
             model=model,
-            page_size=page_size,
             max_extend_tokens=max_extend_tokens,
             cache=cache,
             max_running_reqs=max_running_reqs,

@@ -176,7 +176,7 @@ def settings(llm: LLM, args: argparse.Namespace) -> dict:
         fused_kernels=engine.config.fused_kernels_enabled,
         fused_sampling=engine.config.fused_sampling_enabled,
         fused_rope=engine.config.fused_rope_enabled,
-        page_size=args.page_size,
+        page_size=engine.config.page_size,
         max_extend_tokens=args.max_extend_tokens,
         max_running_reqs=args.max_running_reqs,
         cache=args.cache,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import EngineConfig
+from ..config import EngineConfig, default_page_size
 from ..history.roofline import StepCost, spec_named
 from .costs import StepCosts
 from .engine import TwinEngine
@@ -38,12 +38,16 @@ def twin_settings(costs: StepCosts, model: str, options: dict[str, Any]) -> dict
                 f"{name}={given!r}: the step costs were recorded with {name}={recorded!r}, "
                 "the only one they can predict"
             )
-    overlap = options.get("overlap")
+    recorded_type = "cuda" if str(meta["device"]).startswith("cuda") else "cpu"
+    overlap, page_size = options.get("overlap"), options.get("page_size")
+    if page_size is None:  # the recorded runs' pages, else the recorded device's default
+        page_size = meta.get("page_size") or default_page_size(recorded_type)
     return {
         **options,
         "device": "cpu",
+        "page_size": page_size,
         "dtype": meta["dtype"],
-        "overlap": str(meta["device"]).startswith("cuda") if overlap is None else overlap,
+        "overlap": recorded_type == "cuda" if overlap is None else overlap,
     }
 
 
