@@ -113,6 +113,11 @@ def test_the_rank_times_chart_draws_every_ranks_device_time(wb2, tmp_path):
         "rank 0": pytest.approx(steps.device_ms.tolist()),
         "rank 1": pytest.approx(steps.device_ms_rank1.tolist()),
     }
+    # ranks whose lines coincide stay apart: a dash and a point shape per rank, the gap titled
+    (layer,) = [v for v in spec["layer"] if "strokeDash" in v.get("encoding", {})]
+    assert layer["encoding"]["strokeDash"]["field"] == layer["encoding"]["shape"]["field"] == "rank"
+    gap = (steps.device_ms - steps.device_ms_rank1).abs().max()
+    assert f"at most {gap:.3f} ms apart" in json.dumps(spec)
     loaded = load_run(wb2.save(tmp_path / "run.parquet"))
     assert viz.rank_times(loaded, highlight_step=1).to_dict() == spec
     one = Workbench(MODEL, device="cpu", max_running_reqs=2)

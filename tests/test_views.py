@@ -49,14 +49,15 @@ def test_charts_from_a_live_and_a_loaded_run_are_the_same(run):
     assert json.dumps(live, sort_keys=True, default=str) == json.dumps(
         again, sort_keys=True, default=str
     )
-    # the page table shows the prefix the second request shares with the first
+    # the page table shows the prefix the second request shares with the first (while both are
+    # in the batch: "shared", not "prefix cache", which is a prefix no other row holds)
     owners = set()
     for step in loaded.pages.step.unique():
         rows = loaded.pages_at(step)
         ledger = loaded.ledger[loaded.ledger.step == step]
         cached = dict(zip(ledger.uid, ledger.cached_tokens))
         owners |= set(viz.request_charts.sharing_segments(rows, cached).owner)
-    assert owners == {"own", "shared", "prefix cache"}
+    assert owners == {"own", "shared"}
 
 
 def test_the_page_table_tells_the_prefix_caches_pages_from_own():
@@ -370,3 +371,40 @@ def test_each_admission_decision_keeps_its_colour_in_every_view(run):
     from workbench.core.admission import REASONS
 
     assert set(REASONS) | {"admitted"} == set(DECISION_COLORS)
+
+
+def test_page_table_segments_say_shared_cached_and_own_slot_by_slot():
+    """Two rows reading the same slots are "shared"; a row's matched prefix that no other row
+    holds is the prefix cache's; the rest is its own; a run splits where its owner changes."""
+    import pandas as pd
+
+    rows = pd.DataFrame(
+        {"uid": [1, 2, 3], "table_idx": [0, 1, 2], "pos_start": [0, 0, 0],
+         "pos_end": [6, 8, 5], "slot_start": [100, 100, 200]}
+    )  # fmt: skip
+    segments = viz.request_charts.sharing_segments(rows, {2: 6, 3: 3})
+    got = [tuple(r) for r in segments[["uid", "pos_start", "pos_end", "slot_start", "owner"]]
+           .itertuples(index=False)]  # fmt: skip
+    assert got == [
+        (1, 0, 6, 100, "shared"),
+        (2, 0, 6, 100, "shared"),
+        (2, 6, 8, 106, "own"),
+        (3, 0, 3, 200, "prefix cache"),
+        (3, 3, 5, 203, "own"),
+    ]
+
+
+def test_the_timeline_keeps_hook_ranges_apart_from_kernel_families(run):
+    wb, _ = run
+    step = int(wb.history.events.step.max())
+    spec = viz.kernel_timeline(wb.history, step).to_dict()
+    layers = spec["layer"]
+    titles = [layer["encoding"]["color"]["title"] for layer in layers]
+    assert titles == ["hook range", "kernel family"]
+    assert spec["resolve"]["scale"]["color"] == "independent"
+    lanes = layers[0]["encoding"]["y"]["sort"]
+    hooks = [lane for lane in lanes if lane.startswith("hooks")]
+    assert hooks and lanes[: len(hooks)] == hooks  # the hook lanes on top
+    from workbench.palette import FAMILY_COLORS, HOOK_COLORS
+
+    assert not set(HOOK_COLORS.values()) & set(FAMILY_COLORS.values())

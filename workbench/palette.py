@@ -12,12 +12,13 @@ FAMILY_COLORS = {
     "other": "#b0b0b0",
     "idle": "#eeeeee",
 }
+# hook ranges: warm pinks and browns, apart from every kernel family's colour above
 HOOK_COLORS = {
-    "schedule.end": "#6d597a",
-    "batch.prepared": "#b56576",
-    "forward.end": "#355070",
-    "sample.end": "#eaac8b",
-    "step.end": "#9a8c98",
+    "schedule.end": "#ff8fab",
+    "batch.prepared": "#c9184a",
+    "forward.end": "#9c6644",
+    "sample.end": "#ffc8dd",
+    "step.end": "#590d22",
 }
 # a step's host time by stage (`stages.HOST_STAGES`), and the device time it is set against
 STAGE_COLORS = {

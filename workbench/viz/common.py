@@ -53,10 +53,11 @@ def binned_steps(steps: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame,
     return frame.assign(bin_end=frame.bin + width), f"step (mean of {width})"
 
 
-def color_scale(alt, field: str, colors: dict[str, str]):
-    return alt.Color(
-        f"{field}:N", scale=alt.Scale(domain=list(colors), range=list(colors.values())), title=field
-    )
+def color_scale(alt, field: str, colors: dict[str, str], title: str | None = None):
+    """`field` coloured as `colors` says, whichever values the data has; the legend titled
+    `title` (default: the field's name)."""
+    scale = alt.Scale(domain=list(colors), range=list(colors.values()))
+    return alt.Color(f"{field}:N", scale=scale, title=title or field)
 
 
 def order_expr(field: str, order: list[str]) -> str:

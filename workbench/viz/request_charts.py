@@ -3,6 +3,7 @@ batch, and the admission decisions."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from ..palette import DECISION_COLORS, LEDGER_PART_COLORS, PAGE_OWNER_COLORS
@@ -20,6 +21,8 @@ from .common import (
     step_x,
     with_rule,
 )
+
+OWNERS = tuple(PAGE_OWNER_COLORS)  # own, shared, prefix cache: sharing_segments' codes
 
 
 def ledger_bars(history, step: int, highlight_uid: int | None = None):
@@ -100,9 +103,9 @@ def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int 
 
 
 def page_table(history, step: int, highlight_uid: int | None = None):
-    """The page-table rows of one step's batch: token positions of each request, coloured by
-    whose KV slots they are: the prefix cache's (matched when the request was admitted), shared
-    with another request of the batch, or its own."""
+    """The page-table rows of one step's batch (the title says how many): token positions of
+    each request, coloured by whose KV slots they are: shared with another request of the
+    batch, the prefix cache's (matched when the request was admitted), or its own."""
     alt = altair()
     pages = getattr(history, "pages", None)
     rows = history.pages_at(step) if pages is not None and len(pages) else None
@@ -110,6 +113,8 @@ def page_table(history, step: int, highlight_uid: int | None = None):
         return empty_chart(alt, f"step {step}: page rows are recorded with record='full'")
     ledger = history.ledger[history.ledger.step == step]
     segments = sharing_segments(rows, dict(zip(ledger.uid, ledger.cached_tokens)))
+    shown = segments.uid.nunique()
+    title = f"Page table at step {step}: the {shown} requests of its batch, one row each"
     return (
         alt.Chart(segments)
         .mark_bar(stroke="white", strokeWidth=0.4)
@@ -129,7 +134,7 @@ def page_table(history, step: int, highlight_uid: int | None = None):
         .properties(
             width=WIDTH,
             height=rows_height(segments.uid.nunique()),
-            title=f"Page table at step {step} (slot runs)",
+            title=title,
         )
     )
 
@@ -170,39 +175,30 @@ def admissions(history, highlight_uid: int | None = None):
 
 
 def sharing_segments(rows: pd.DataFrame, cached: dict[int, int]) -> pd.DataFrame:
-    """Split each request's slot runs where their owner changes: the prefix cache (its first
-    `cached[uid]` positions, matched at admission), shared with another row, or its own."""
-    slot_count: dict[int, int] = {}
-    for r in rows.itertuples(index=False):
-        for s in range(r.slot_start, r.slot_start + r.pos_end - r.pos_start):
-            slot_count[s] = slot_count.get(s, 0) + 1
-    out = []
-    for r in rows.itertuples(index=False):
-        matched = cached.get(r.uid, 0)
-        owner = [
-            "prefix cache"
-            if r.pos_start + i < matched
-            else "shared"
-            if slot_count[s] > 1
-            else "own"
-            for i, s in enumerate(range(r.slot_start, r.slot_start + r.pos_end - r.pos_start))
-        ]
-        start = 0
-        for i in range(1, len(owner) + 1):
-            if i == len(owner) or owner[i] != owner[start]:
-                out.append(
-                    (
-                        r.uid,
-                        r.table_idx,
-                        r.pos_start + start,
-                        r.pos_start + i,
-                        r.slot_start + start,
-                        owner[start],
-                    )
-                )
-                start = i
+    """Split each slot run of the rows where its owner changes: "shared" where another row
+    shown holds the same slot (a prefix two requests of the batch read), else "prefix cache"
+    for a request's first `cached[uid]` positions (matched at admission), else "own"."""
+    lens = (rows.pos_end - rows.pos_start).to_numpy()
+    run = np.repeat(np.arange(len(rows)), lens)  # the slot run of each position
+    offset = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+    pos = rows.pos_start.to_numpy()[run] + offset
+    slot = rows.slot_start.to_numpy()[run] + offset
+    _, inverse, counts = np.unique(slot, return_inverse=True, return_counts=True)
+    matched = rows.uid.map(cached).fillna(0).to_numpy()[run]
+    owner = np.where(counts[inverse] > 1, 1, np.where(pos < matched, 2, 0))  # OWNERS' indices
+    first = np.ones(len(pos), dtype=bool)  # where a segment starts: a new run or a new owner
+    first[1:] = (run[1:] != run[:-1]) | (owner[1:] != owner[:-1])
+    starts = np.flatnonzero(first)
+    ends = np.append(starts[1:], len(pos))
     frame = pd.DataFrame(
-        out, columns=["uid", "table_idx", "pos_start", "pos_end", "slot_start", "owner"]
+        {
+            "uid": rows.uid.to_numpy()[run[starts]],
+            "table_idx": rows.table_idx.to_numpy()[run[starts]],
+            "pos_start": pos[starts],
+            "pos_end": pos[ends - 1] + 1,
+            "slot_start": slot[starts],
+            "owner": np.array(OWNERS, dtype=object)[owner[starts]],
+        }
     )
     frame["label"] = [f"#{u} (row {t})" for u, t in zip(frame.uid, frame.table_idx)]
     return frame

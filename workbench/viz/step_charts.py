@@ -147,32 +147,40 @@ def step_times(history, highlight_step: int | None = None):
 
 
 def kernel_timeline(history, step: int, max_events: int = 1500):
-    """A Gantt chart of one step: profiler ranges and kernels by track (record='full')."""
+    """A Gantt chart of one step (record='full'): the hook ranges on the host in lanes of their
+    own, coloured by hook; operators and kernels below, coloured by kernel family; one legend
+    for each."""
     alt = altair()
     events = history.events[history.events.step == step]
     if events.empty:
         return empty_chart(alt, f"step {step}: profiler events are recorded with record='full'")
-    # hook ranges are coloured by their name, operators and kernels by family
-    families = [n if c == "hook" else family(n, c) for n, c in zip(events.name, events.category)]
-    events = events.assign(family=families)
     if len(events) > max_events:  # keep the longest
         events = events.nlargest(max_events, "duration_us")
+    hook = (events.category == "hook").to_numpy()
     t0 = events.start_us.min()
     events = events.assign(
+        family=[n if h else family(n, c) for n, c, h in zip(events.name, events.category, hook)],
         start_ms=(events.start_us - t0) / 1e3,
         end_ms=(events.start_us - t0 + events.duration_us) / 1e3,
-        lane=events.track + " · " + events.category.astype(str),  # ranges apart from operators
+        lane=np.where(hook, "hooks · " + events.track, events.track + " · " + events.category),
+    )
+    lanes = sorted(events.lane.unique(), key=lambda lane: (not lane.startswith("hooks"), lane))
+    base = alt.Chart(events).mark_bar().encode(
+        y=alt.Y("lane:N", title=None, sort=lanes),
+        x=alt.X("start_ms:Q", title="ms since the step began",
+                axis=alt.Axis(labelOverlap=True, tickCount=8)),
+        x2="end_ms:Q",
+        tooltip=["name:N", "category:N", "family:N", "duration_us:Q"],
+    )  # fmt: skip
+    hooks = base.transform_filter("datum.category == 'hook'").encode(
+        color=color_scale(alt, "family", HOOK_COLORS, "hook range")
+    )
+    work = base.transform_filter("datum.category != 'hook'").encode(
+        color=color_scale(alt, "family", FAMILY_COLORS, "kernel family")
     )
     return (
-        alt.Chart(events)
-        .mark_bar()
-        .encode(
-            y=alt.Y("lane:N", title=None),
-            x=alt.X("start_ms:Q", title="ms since the step began"),
-            x2="end_ms:Q",
-            color=color_scale(alt, "family", {**FAMILY_COLORS, **HOOK_COLORS}),
-            tooltip=["name:N", "category:N", "family:N", "duration_us:Q"],
-        )
+        alt.layer(hooks, work)
+        .resolve_scale(color="independent")
         .properties(width=WIDTH, height=160, title=f"Timeline of step {step}")
     )
 
@@ -253,16 +261,21 @@ def rank_times(history, highlight_step: int | None = None):
     frame, x_title = binned_steps(steps, cols)
     long = frame.melt(id_vars=["bin"], value_vars=cols, var_name="rank", value_name="ms")
     long["rank"] = long["rank"].map(lambda c: "rank 0" if c == "device_ms" else f"rank {c[14:]}")
+    # NOTE: ranks doing the same work draw the same line: each rank has its own dash and point
+    # shape too, so every one stays visible where they coincide, and the title says how close
+    spread = float((frame[cols].max(axis=1) - frame[cols].min(axis=1)).max())
     chart = (
         alt.Chart(long)
-        .mark_line(point=True, interpolate="step-after")
+        .mark_line(point=True, interpolate="step-after", strokeWidth=1.5)
         .encode(
             x=step_x(alt, "bin", x_title),
             y=alt.Y("ms:Q", title="device ms"),
             color=alt.Color("rank:N", title="rank"),
+            strokeDash=alt.StrokeDash("rank:N", title="rank"),
+            shape=alt.Shape("rank:N", title="rank"),
             tooltip=["bin:Q", "rank:N", alt.Tooltip("ms:Q", format=".3f")],
         )
     )
-    return with_rule(alt, chart, highlight_step).properties(
-        width=WIDTH, height=150, title="device time of each rank per step"
-    )
+    title = f"Device time of each rank per step ({len(cols)} ranks, "
+    title += "no times yet)" if np.isnan(spread) else f"at most {spread:.3f} ms apart)"
+    return with_rule(alt, chart, highlight_step).properties(width=WIDTH, height=150, title=title)
