@@ -138,12 +138,15 @@ def test_charts_offline_and_png(run, tmp_path):
 
 
 def test_thousands_of_steps_are_aggregated():
-    wb = Workbench("tiny-llama", max_running_reqs=2)
-    wb.add_request([1, 2, 3], SamplingParams(max_tokens=2500, ignore_eos=True))
-    wb.add_request([4, 5, 6], SamplingParams(max_tokens=1200, ignore_eos=True))
+    """More steps than bars (MAX_BARS) and more request points than MAX_POINTS: binned and
+    thinned, under Altair's 5,000 rows."""
+    wb = Workbench("tiny-llama", max_running_reqs=4)
+    for i, n in enumerate((1300, 1250, 1200, 700)):
+        wb.add_request([1 + i, 2, 3], SamplingParams(max_tokens=n, ignore_eos=True))
     wb.run(progress=False)
     history = wb.history
-    assert len(history.steps) > 2000
+    assert len(history.steps) > 2 * viz.common.MAX_BARS
+    assert len(history.ledger) > viz.common.MAX_POINTS
     for name in ALL_CHARTS:
         spec = getattr(viz, name)(history).to_dict()  # would raise MaxRowsError above 5000 rows
         rows = sum(len(d) for d in spec.get("datasets", {}).values())
