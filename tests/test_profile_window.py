@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -15,6 +17,7 @@ import torch
 
 import workbench.llm
 from workbench import SamplingParams, Workbench, load_run
+from workbench.__main__ import main
 from workbench.instrument.hooks import HookError
 from workbench.instrument.window import StepView
 from workbench.policies import POLICIES
@@ -195,3 +198,31 @@ def test_bad_windows_are_refused_by_reconfigure(monkeypatch):
         wb.reconfigure(profile_steps="size > 1")
     assert wb.llm.run_meta()["profile_steps"] == "phase == 'mixed'"  # unchanged
 
+
+def test_the_command_line_refuses_a_bad_profile_when_before_it_starts(capsys):
+    for flags, said in [
+        (["--profile-when", "batchsize > 3"], "--profile-when: unknown name 'batchsize'"),
+        (["--profile-when", "phase =="], "--profile-when: 'phase ==' is not an expression"),
+        (["--max-profiled-steps", "x"], "--max-profiled-steps"),
+    ]:
+        with pytest.raises(SystemExit):
+            main(["bench", *flags])
+        err = capsys.readouterr().err
+        assert said in err, err
+    with pytest.raises(ValueError, match="--profile-when .*--record full"):
+        main(["bench", "--profile-when", "step > 1", "--record", "light"])
+
+
+def test_bench_profile_when_profiles_the_steps_it_names(tmp_path):
+    expression = "phase == 'decode' and batch_size >= 2"
+    cmd = [sys.executable, "-m", "workbench", "bench", "--num-requests", "4", "--input-len", "8",
+           "24", "--output-len", "4", "12", "--profile-when", expression,
+           "--max-profiled-steps", "3", "--save", str(tmp_path)]  # fmt: skip
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    assert "profiled 3 of " in out and expression in out
+    run = load_run(tmp_path / "run.parquet")
+    steps = run.steps
+    chosen = steps.step[(steps.phase == "decode") & (steps.batch_size >= 2)].tolist()[:3]
+    assert steps.step[steps.profiled.astype(bool)].tolist() == chosen
+    assert set(run.events.step) == set(chosen)
+    assert run.meta["record"] == "full" and run.meta["profile_steps"] == expression

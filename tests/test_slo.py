@@ -1,17 +1,19 @@
 """Goodput and SLOs: each request's verdict, goodput and attainment against a hand computation
 (on a twin whose every step's time is known, and on a real model's run), why each missed
 request missed (causes that add up to its delay), the chart, `compare_table(slo=...)`,
-and bad SLOs refused naming the key."""
+`bench --slo`, and bad SLOs refused naming the key."""
 
 from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from workbench import SamplingParams, Workbench, viz
+from workbench import SamplingParams, Workbench, load_run, viz
 from workbench.history.misses import CAUSES, miss_causes, misses_by_cause
 from workbench.history.slo import SLO_KEYS, check_slo, slo_figures, slo_verdicts
 from workbench.policies import POLICIES
@@ -205,3 +207,22 @@ def test_a_bad_slo_is_refused_naming_the_key_and_the_keys_allowed(slo, error, ma
         compare_table({}, slo=slo)  # before any run is read
     assert SLO_KEYS == ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
+
+def bench(*flags: str) -> subprocess.CompletedProcess:
+    small = ["--num-requests", "6", "--input-len", "8", "40", "--output-len", "2", "12"]
+    cmd = [sys.executable, "-m", "workbench", "bench", *small, *flags]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def test_bench_slo_prints_goodput_and_the_misses_by_cause(tmp_path):
+    done = bench("--slo", "ttft:1,tpot:1", "--max-extend-tokens", "16", "--save", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "SLO ttft 1 ms, tpot 1 ms: goodput 0.000 req/s, attainment 0.0%" in out
+    assert "misses by cause (6 requests missed" in out and "prompt in chunks" in out
+    run = load_run(tmp_path / "run.parquet")  # recorded light: --slo reads the records
+    assert run.meta["record"] == "light" and run.meta["slo"] == {"ttft_ms": 1.0, "tpot_ms": 1.0}
+    assert charts.BY_NAME["slo_misses"].applies(run)
+    for flag, said in [("ttft:x", "'x' is not a number"), ("foo:3", "'foo:3': each limit is")]:
+        done = bench("--slo", flag)
+        assert done.returncode == 2 and said in done.stderr and "ttft" in done.stderr
