@@ -21,6 +21,8 @@ LLM_FLAGS = (
     "cuda_graph",
     "fused_kernels",
     "record",
+    "profile_steps",
+    "max_profiled_steps",
     "tp_size",
     "tp_backend",
 )

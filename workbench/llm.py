@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,20 +20,22 @@ from .history.history import History
 from .history.roofline import StepCost
 from .instrument.hooks import HookRegistry
 from .instrument.probe import Probe
+from .instrument.window import KEEP, profile_window
 from .scheduler.outcome import StepOutcome
 from .scheduler.scheduler import Scheduler
 from .twin.build import build_twin, twin_meta, twin_settings
 from .twin.costs import StepCosts
 
 Prompt = str | Sequence[int]
-_KEEP = object()  # reconfigure: keep the current value
 
 
 class LLM:
     """A model behind the scheduler, for offline batch generation.
 
     `overlap` (default: on for CUDA) launches each batch before the previous one is processed;
-    `record` ("off", "light", "full") keeps step records in `llm.history`; `step_costs`
+    `record` ("off", "light", "full") keeps step records in `llm.history`; with "full",
+    `profile_steps` (step indices, or a predicate of a `StepView`: `instrument/window.py`)
+    and `max_profiled_steps` choose the steps the profiler records; `step_costs`
     (`fit_step_costs`): a twin of the engine they were recorded on, which loads no weights and
     predicts each step's time (`workbench.twin`); any other keyword is an `EngineConfig`
     field (`cuda_graph`, `max_seq_len`, `share_threshold`, ...).
@@ -55,12 +57,14 @@ class LLM:
         num_pages: int | None = None,
         overlap: bool | None = None,
         record: str = "off",
-        profile_steps: Container[int] | None = None,
+        profile_steps: Any = None,
+        max_profiled_steps: int | None = None,
         step_costs: StepCosts | None = None,
         **engine_options: Any,
     ) -> None:
-        # checks the record level and profile_steps before anything is loaded
-        probe = Probe(record, profile_steps=profile_steps)
+        # checks the record level and the profile window before anything is loaded
+        window = profile_window(profile_steps, max_profiled_steps)
+        probe = Probe(record, profile_steps=window)
         options = dict(device=device, dtype=dtype, page_size=page_size, overlap=overlap)
         options.update(num_pages=num_pages, **engine_options)
         if step_costs is not None:
@@ -77,8 +81,10 @@ class LLM:
         if step_costs is None:
             self.engine = self._build_engine(probe)
         else:
-            self.engine, probe = build_twin(self.config, step_costs, record, profile_steps)
-        self.tokenizer = _load_tokenizer(self.engine.model_dir)
+            self.engine, probe = build_twin(self.config, step_costs, record, window)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.engine.model_dir)
         probe.restart()  # a history that knows the cost
         self.scheduler = Scheduler(self.engine, probe)
         self._stamp()
@@ -101,16 +107,15 @@ class LLM:
         probe.meta = self.run_meta()
         probe.history.meta.update(probe.meta)
 
-    def reconfigure(
-        self, record: str | None = None, profile_steps: Any = _KEEP, **settings: Any
-    ) -> None:
+    def reconfigure(self, record: str | None = None, **settings: Any) -> None:
         """Change the scheduler's settings (`max_extend_tokens`, `policy`, `max_running_reqs`,
-        `cache`, `overlap`, `share_threshold`), the record level and `profile_steps`, keeping
+        `cache`, `overlap`, `share_threshold`), the record level, `profile_steps` and
+        `max_profiled_steps` (each kept when not given), keeping
         the loaded engine: the same weights, KV pool and CUDA graphs. `max_running_reqs` may
         go down to 1 and up to what the engine was built with (its table and graphs are sized
         for that). Only while nothing is waiting or running; the prefix cache starts empty,
         hooks stay. ``llm.reconfigure(max_extend_tokens=64, policy="mixed")``."""
-        probe, config = self._checked(record, profile_steps, settings)
+        probe, config = self._checked(record, settings)
         old = self.scheduler
         if not old.is_idle:
             raise RuntimeError(
@@ -124,22 +129,20 @@ class LLM:
 
     def check_settings(self, **settings: Any) -> None:
         """Raise TypeError or ValueError if `reconfigure(**settings)` would; changes nothing."""
-        record, profile_steps = settings.pop("record", None), settings.pop("profile_steps", _KEEP)
-        self._checked(record, profile_steps, settings)
+        self._checked(settings.pop("record", None), settings)
 
-    def _checked(self, record, profile_steps, settings: dict) -> tuple[Probe, EngineConfig]:
+    def _checked(self, record, settings: dict) -> tuple[Probe, EngineConfig]:
         """The probe and config `reconfigure` would use, every argument checked."""
+        window = settings.pop("profile_steps", KEEP), settings.pop("max_profiled_steps", KEEP)
         engine_only = sorted(set(settings) - set(SCHEDULER_SETTINGS))
         if engine_only:
             raise ValueError(
-                f"reconfigure changes {SCHEDULER_SETTINGS}, record and profile_steps; "
+                f"reconfigure changes {SCHEDULER_SETTINGS}, record and the profile window; "
                 f"{engine_only} belong to the engine: build a new LLM for those"
             )
         old = self.check_open().scheduler.probe
         record = old.record if record is None else record
-        if profile_steps is _KEEP:
-            profile_steps = old.profile_steps
-        probe = old.like(record, profile_steps)
+        probe = old.like(record, old.window.with_(*window))
         config = self.config.with_(**settings)  # validates
         built = self.engine.config.max_running_reqs
         if config.max_running_reqs > built:
@@ -212,6 +215,7 @@ class LLM:
             "cuda_graph": config.cuda_graph_enabled,
             "cuda_graph_max_bs": config.cuda_graph_max_bs,
             "record": self.record,
+            **self.scheduler.probe.window.meta(),  # what chose the profiled steps
         }
         if self.step_costs is not None:  # a twin: what it stands for, and on what costs
             meta.update(twin_meta(self.step_costs, engine))
@@ -320,9 +324,3 @@ class LLM:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
-
-
-def _load_tokenizer(model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)

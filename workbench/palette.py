@@ -46,3 +46,14 @@ DECISION_COLORS = {
 }
 LEDGER_PART_COLORS = {"cached": "#8d99ae", "extend": "#e63946", "remain": "#edf2f4"}
 PAGE_OWNER_COLORS = {"own": "#457b9d", "shared": "#e76f51", "prefix cache": "#e9c46a"}
+# why a request missed its SLOs (`history.misses.CAUSES`): a queued reason in its admission
+# colour, then the prompt's and the decode's parts
+MISS_COLORS = {
+    **{f"queued: {r}": c for r, c in DECISION_COLORS.items() if r != "admitted"},
+    "queued: arrived mid-step": "#dddddd",
+    "prompt in chunks": KIND_COLORS["chunk"],
+    "prefill": KIND_COLORS["prefill"],
+    "decode": KIND_COLORS["decode"],
+    "decode slowed by prefill": "#f72585",
+    "decode paused for prefill": "#6c757d",
+}

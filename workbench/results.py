@@ -51,10 +51,12 @@ class Results:
         return {str(uid): out[uid] for uid in sorted(out)}
 
     def export_trace(self, path: str | Path) -> Path:
-        """Chrome trace JSON of the run (steps; profiler events with record="full")."""
+        """Chrome trace JSON of the run (steps; profiler events with record="full"; which
+        steps were profiled and, in its `otherData`, the settings and what chose them)."""
         from .history.trace import export_trace
 
-        return export_trace(self.history.steps, self.history.events, path)
+        history = self.history
+        return export_trace(history.steps, history.events, path, self.llm.run_meta())
 
     def snapshot(self, **meta: Any) -> RunHistory:
         """The run so far as a `RunHistory` (what `load_run` gives for a saved run): its tables

@@ -245,7 +245,8 @@ class Workbench(Results):
 
     def reconfigure(self, record: str | None = None, **settings: Any) -> None:
         """Another schedule on the same engine (weights, KV pool and CUDA graphs kept):
-        `max_extend_tokens`, `policy`, `cache`, `overlap`, `share_threshold`, `record`. Only
+        `max_extend_tokens`, `policy`, `cache`, `overlap`, `share_threshold`, `record`,
+        `profile_steps`, `max_profiled_steps`. Only
         when every request is done; the history starts again, hooks stay."""
         if self._arrivals:
             raise RuntimeError(

@@ -8,7 +8,9 @@ import torch
 
 from ..config import RECORD_LEVELS, TP_BACKENDS
 from ..flags import add_schedule_arguments
+from ..instrument.window import FIELDS, StepExpression
 from .roofline import DEVICES
+from .slo import parse_slo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _engine_arguments(p)
     _run_arguments(p)
     _output_arguments(p)
+    _window_and_slo_arguments(p)
 
 
 def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
@@ -175,6 +178,50 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
         help="with --profile: cProfile's busiest functions over the largest batch's steps",
     )
     p.add_argument("--profile-trace", metavar="FILE", help="with --profile: Chrome trace JSON")
+
+
+def _window_and_slo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--profile-when",
+        dest="profile_steps",
+        type=_step_expression,
+        metavar="EXPR",
+        help="record full, profiling only the steps this holds for, an expression over the "
+        f"step about to run (names: {', '.join(FIELDS)}; constants, comparisons, and, or, "
+        "not), e.g. \"phase == 'mixed' and batch_size >= 64\"",
+    )
+    p.add_argument(
+        "--max-profiled-steps",
+        type=int,
+        metavar="N",
+        help="with --record full: profile only the first N steps chosen",
+    )
+    p.add_argument(
+        "--slo",
+        type=parse_slo,
+        metavar="NAME:MS,..",
+        help="service-level objectives in ms (ttft, tpot, itl, e2e), e.g. ttft:500,tpot:50: "
+        "print goodput (requests/s meeting every one), attainment and why requests missed "
+        "(records light steps when --record is off)",
+    )
+
+
+def resolve_record(args: argparse.Namespace) -> None:
+    """--profile-when profiles steps (record full); --slo reads the run's records (light at
+    least)."""
+    if args.profile_steps is not None:
+        if args.record == "light":
+            raise ValueError("--profile-when profiles steps: it needs --record full, not light")
+        args.record = "full"
+    if args.slo and args.record == "off":
+        args.record = "light"
+
+
+def _step_expression(text: str) -> StepExpression:
+    try:
+        return StepExpression(text, name="--profile-when")
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _dataset(name: str) -> str:

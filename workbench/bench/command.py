@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .cli import resolve_lengths
+from .cli import resolve_lengths, resolve_record
 from .report import print_result
 from .sweep import run_sweep, sweep_table
 from .throughput import run_bench
@@ -19,6 +19,7 @@ from .throughput import run_bench
 def main(args: argparse.Namespace) -> None:
     """Run the benchmark the parsed flags (`cli.add_arguments`) describe, and print it."""
     resolve_lengths(args)
+    resolve_record(args)
     if args.sweep:
         results = run_sweep(args)
         _write(args, results)

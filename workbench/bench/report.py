@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .slo import print_slo
+
 
 def print_result(r: dict) -> None:
     """The settings, the throughput, where the time went, the decode step and the latencies."""
@@ -16,6 +18,8 @@ def print_result(r: dict) -> None:
     )
     if r.get("events_read_seconds") is not None:
         print(f"profiler events read after the run in {r['events_read_seconds']:.2f} s")
+    if r.get("profiled_steps") is not None:
+        print(f"profiled {r['profiled_steps']} of {r['steps']} steps ({r['profile_steps']})")
     _print_time_split(r)
     _print_decode_step(r)
     if "ttft_ms_p50" in r:
@@ -25,6 +29,8 @@ def print_result(r: dict) -> None:
             f"p90 {r['ttft_ms_p90']:.1f} ms, p99 {r['ttft_ms_p99']:.1f} ms | TPOT p50 "
             f"{r.get('tpot_ms_p50', nan):.2f} ms, p90 {r.get('tpot_ms_p90', nan):.2f} ms"
         )
+    if "slo" in r:
+        print_slo(r["slo"])
     if "saved" in r:
         print(f"history saved to {r['saved']}")
 

@@ -27,6 +27,7 @@ from .host import host_splits, split_table
 from .online import latency_summary, poisson_arrivals, serve
 from .profile import profile_decode
 from .roofline import DEVICES, workload_bound
+from .slo import slo_result
 from .steps import StepTime, decode_step, split_time, step_time
 from .workload import Workload, random_workload
 
@@ -42,6 +43,8 @@ def run_bench(args: argparse.Namespace) -> dict:
     llm.check_integrity()
     saved = save_run(llm, args) if args.save else None
     result = {**summary(llm, args, work, run), **({"saved": str(saved)} if saved else {})}
+    if args.slo and args.record != "off":  # (a sweep of record=off,...: none to read)
+        result["slo"] = slo_result(llm.history, args.slo)
     if args.profile:
         splits, python = host_splits(llm, args, args.profile_python)
         result["host_split"] = [s._asdict() for s in splits]
@@ -158,6 +161,8 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
         decode_wait_ms=round(top.host.wait_ms, 3),
         decode_collect_ms=round(top.host.collect_ms, 3),
         request_rate=args.request_rate,
+        profiled_steps=int(llm.history.steps.profiled.sum()) if args.record == "full" else None,
+        profile_steps=llm.scheduler.probe.window.text if args.record == "full" else None,
         **run.latency,
     )
 
@@ -217,4 +222,5 @@ def save_run(llm: LLM, args: argparse.Namespace) -> Path:
     varied = getattr(args, "varied", {})  # absent outside a sweep
     name = "_".join(f"{k}={v}" for k, v in varied.items()) or "run"
     name = re.sub(r"[^A-Za-z0-9=._-]+", "-", name)
-    return llm.history.save(Path(args.save) / f"{name}.parquet", llm.run_meta())
+    meta = {**llm.run_meta(), **({"slo": args.slo} if args.slo else {})}  # (the SLO chart's)
+    return llm.history.save(Path(args.save) / f"{name}.parquet", meta)

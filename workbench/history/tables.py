@@ -70,6 +70,8 @@ class StepRow(NamedTuple):
     bound_ms: float  # the roofline's time for the step; NaN without a device spec
     achieved_gbps: float  # bytes_read / device_ms; NaN where device_ms is 0
     simulated: bool  # timed by a twin's step costs (`workbench.twin`), not measured
+    # record="full": the profiler recorded it (meta "profile_steps" says what chose it)
+    profiled: bool
 
 
 class LedgerEntry(NamedTuple):
@@ -247,6 +249,7 @@ class TableRows:
             bound_ms=bound.bound_ms,
             achieved_gbps=bound.bytes_read / device_ms / 1e6 if device_ms > 0 else math.nan,
             simulated=rec.simulated,
+            profiled=rec.events is not None,
         )
         self.steps.append(tuple(step))
 

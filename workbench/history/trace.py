@@ -8,11 +8,14 @@ from pathlib import Path
 import pandas as pd
 
 
-def chrome_trace(steps: pd.DataFrame, events: pd.DataFrame) -> dict:
-    """One track of scheduler steps (launched to completed), then one per profiler thread/stream."""
+def chrome_trace(steps: pd.DataFrame, events: pd.DataFrame, meta: dict | None = None) -> dict:
+    """One track of scheduler steps (launched to completed), then one per profiler thread/stream.
+    Each step says whether the profiler recorded it (`profiled`); the trace's `otherData`
+    holds `meta` (the run's settings: "profile_steps" says what chose the profiled steps)."""
     tracks: dict[str, int] = {"scheduler steps": 0}
     trace = []
-    for row in steps.itertuples(index=False):
+    profiled = steps["profiled"] if "profiled" in steps else pd.Series(False, index=steps.index)
+    for row, was_profiled in zip(steps.itertuples(index=False), profiled):
         trace.append(
             {
                 "name": f"step {row.step} {row.phase}",
@@ -28,6 +31,7 @@ def chrome_trace(steps: pd.DataFrame, events: pd.DataFrame) -> dict:
                     "queue_len": int(row.queue_len),
                     "kv_free": int(row.kv_free),
                     "device_ms": float(row.device_ms),
+                    "profiled": bool(was_profiled),
                 },
             }
         )
@@ -49,11 +53,14 @@ def chrome_trace(steps: pd.DataFrame, events: pd.DataFrame) -> dict:
         trace.append(
             {"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name}}
         )
-    return {"traceEvents": trace, "displayTimeUnit": "ms"}
+    other = {k: v for k, v in (meta or {}).items() if k not in ("texts", "step_costs")}
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": other}
 
 
-def export_trace(steps: pd.DataFrame, events: pd.DataFrame, path: str | Path) -> Path:
+def export_trace(
+    steps: pd.DataFrame, events: pd.DataFrame, path: str | Path, meta: dict | None = None
+) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(steps, events)))
+    path.write_text(json.dumps(chrome_trace(steps, events, meta), default=str))
     return path

@@ -102,7 +102,12 @@ class HookRegistry:
             try:
                 fn(event)
             except Exception as exc:  # noqa: BLE001 (kept, re-raised at the end of the step)
-                self._errors.append((name, fn, exc))
+                self.defer(name, fn, exc)
+
+    def defer(self, name: str, fn: Callable, exc: BaseException) -> None:
+        """Keep an error that `fn` raised for `name` (a hook point, or `profile_steps`): it is
+        raised after the step, as a hook's is (`raise_pending`)."""
+        self._errors.append((name, fn, exc))
 
     def raise_pending(self) -> None:
         """Raise HookError for the hook errors of the step that just ended (if any)."""

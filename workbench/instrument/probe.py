@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Container
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +27,7 @@ from . import events as ev
 from .hooks import HookRegistry
 from .pages import PageSnapshots
 from .profiler import ProfilerSession, assign_to_steps, gc_paused
+from .window import ChosenSteps, StepView, profile_window
 
 if TYPE_CHECKING:
     from ..history.roofline import StepCost
@@ -40,19 +41,23 @@ class Probe(Observer):
     """The observer that keeps what the scheduler reports: hook events, records, the history,
     the profiler session (the hook points are documented on `Observer`)."""
 
+    profiles = True  # record="full" runs the profiler (a twin's probe: no kernels, none)
+
     def __init__(
         self,
         record: str = "off",
         hooks: HookRegistry | None = None,
         device: torch.device | str = "cpu",
-        profile_steps: Container[int] | None = None,
+        profile_steps: Any = None,
         cost: StepCost | None = None,
+        max_profiled_steps: int | None = None,
     ) -> None:
-        """`profile_steps`: with record="full", the steps the profiler covers (None: all),
-        e.g. ``range(100, 120)`` or ``range(0, 10**9, 10)`` (every 10th). `cost`: the roofline
-        of the engine's steps, for the history's steps table (None: those columns are NaN)."""
+        """`profile_steps`, `max_profiled_steps`: with record="full", the steps the profiler
+        covers (`window.py`: None for all, step indices, or a predicate of the step about to
+        run; a `ProfileWindow`), and at most how many. `cost`: the roofline of the engine's
+        steps, for the history's steps table (None: those columns are NaN)."""
         self.record = V.choice("record", record, RECORD_LEVELS)
-        self.profile_steps = check_profile_steps(profile_steps)
+        self.window = profile_window(profile_steps, max_profiled_steps)
         self.hooks = hooks if hooks is not None else HookRegistry()
         self.device = torch.device(device)
         self.cost = cost
@@ -65,6 +70,7 @@ class Probe(Observer):
         self._marks: list[tuple[float, int, str]] = []  # seconds, step, "launch" | "collect"
         self._early: dict[int, list] = {}  # events of a batch launched before a session ended
         self._pending: dict[int, list] = {}
+        self._chosen = ChosenSteps(self.window)  # the steps it chose this run
         # ended sessions not read yet: (read, marks, step -> the list its events go in)
         self._unread: list[tuple[Callable[[], list], list, dict[int, list]]] = []
         # tensor parallelism: what gives ranks 1..'s device times (set by LLM), and the records'
@@ -76,8 +82,8 @@ class Probe(Observer):
         self.meta: dict = {}  # what each history says of the run's setup (`LLM.run_meta`)
 
     def like(self, record: str, profile_steps) -> Probe:
-        """A probe for the same engine with another record level and profiled steps (the same
-        hooks, device and roofline; `LLM.reconfigure`)."""
+        """A probe for the same engine with another record level and profile window (the
+        same hooks, device and roofline; `LLM.reconfigure`)."""
         probe = Probe(record, self.hooks, self.device, profile_steps, cost=self.cost)
         probe.rank_times, probe.meta = self.rank_times, self.meta
         return probe
@@ -89,32 +95,49 @@ class Probe(Observer):
         self.read_events()  # the old history's, for whoever still holds it
         self._marks, self._pending, self._early = [], {}, {}
         self._rank_early, self._last_batch = {}, None
+        self._chosen = ChosenSteps(self.window)
         self._pages = PageSnapshots()
         self.history = History(self.cost, before_tables=self.read_events)
         self.history.meta.update(self.meta)
         self._t0 = time.perf_counter()
 
     def range(self, name: str):
-        """A profiler range named after the hook point that fires at its end (record="full")."""
-        return torch.profiler.record_function(name) if self.record == "full" else _NULL
+        """A profiler range named after the hook point that fires at its end (while a
+        profiler session runs: record="full", a step the window chose)."""
+        return torch.profiler.record_function(name) if self._running else _NULL
+
+    @property
+    def _running(self) -> bool:
+        return self._session is not None and self._session.running
 
     def before_step(self, index: int) -> None:
         """Before the scheduler step that launches batch `index`: with record="full", start a
-        profiler session when the step is to be profiled and none runs, or end the one that
-        runs when it is not."""
-        if self.record != "full":
+        profiler session when a window of step indices covers it (its schedule is profiled
+        too) or a chosen batch is in flight, or end the one that runs when neither is so."""
+        if self.record != "full" or not self.profiles:
             return
-        # NOTE: with overlap, batch `index - 1` is collected in this step: keep the session on
-        profiled = self._profiled(index) or self._profiled(index - 1)
-        if self._session is None:
-            self._session = ProfilerSession(self.clock, self.device)
-        if profiled and not self._session.running:
-            self._session.start()
-        elif not profiled and self._session.running:
+        wanted = self._chosen.wanted_at(index)  # None: a predicate's, once it is scheduled
+        if wanted:
+            self._start()
+        elif wanted is False and self._running:
             self.flush()
 
-    def _profiled(self, index: int) -> bool:
-        return self.profile_steps is None or index in self.profile_steps
+    def _start(self) -> None:
+        if self._session is None:
+            self._session = ProfilerSession(self.clock, self.device)
+        if not self._session.running:
+            self._session.start()
+
+    def _choose(self, step: int, batch: Batch | None, occupancy) -> None:
+        """The window's choice of the batch just scheduled: the session started for it, or
+        ended when nothing needs it."""
+        chosen = batch is not None and self._chosen.choose(
+            step, lambda: StepView.of(step, batch, occupancy()), self.hooks.defer
+        )
+        if chosen:
+            self._start()
+        elif self._running and not self._chosen.awaiting:
+            self.flush()
 
     def flush(self) -> None:
         """End the profiler session, if one runs. Its events are read and given to the steps
@@ -130,7 +153,7 @@ class Probe(Observer):
         # its record, built in a later step, takes the list its launch's events will fill
         self._early = {}
         for _, step, kind in marks:
-            if kind == "launch" and step >= 0 and step not in lists:
+            if kind == "launch" and step in self._chosen.awaiting and step not in lists:
                 lists[step] = self._early[step] = []
         self._unread.append((self._session.stop(), marks, lists))
 
@@ -176,12 +199,25 @@ class Probe(Observer):
         )
 
     def schedule_end(
-        self, step: int, batch: Batch | None, admissions: Admissions, started: float
+        self,
+        step: int,
+        batch: Batch | None,
+        admissions: Admissions,
+        started: float,
+        occupancy: Callable[[], Occupancy] | None = None,
     ) -> None:
-        """ "admit" and "reject" per decision, then "schedule.end". `started`: when the launch
-        began (a launch that finds nothing to run is a window of no step for the profiler)."""
-        if self._session is not None and self._session.running:
-            self._marks.append((started, -1 if batch is None else step, "launch"))
+        """ "admit" and "reject" per decision, then "schedule.end"; with record="full", the
+        profile window's choice. `started`: when the launch began (a launch that finds nothing
+        to run is a window of no step for the profiler)."""
+        # NOTE: the launch's mark before the choice (a session it ends covers the launch),
+        # and after it too when the choice starts one
+        mark, marked = (started, -1 if batch is None else step, "launch"), self._running
+        if marked:
+            self._marks.append(mark)
+        if self.record == "full" and self.profiles:
+            self._choose(step, batch, occupancy)
+        if self._running and not marked:
+            self._marks.append(mark)
         hooks = self.hooks
         if "admit" in hooks and batch is not None:
             by_uid = {r.uid: r for r in batch.reqs}
@@ -239,7 +275,7 @@ class Probe(Observer):
 
     def sample_end(self, step: int, batch: Batch, tokens: list[int], started: float) -> None:
         """`started`: when the collect began (where the profiler's events of it begin)."""
-        if self._session is not None and self._session.running:
+        if self._running:
             self._marks.append((started, step, "collect"))
         if "sample.end" in self.hooks:
             uids = tuple(r.uid for r in batch.sampled_reqs)
@@ -266,8 +302,7 @@ class Probe(Observer):
             return None
         began, clock = time.perf_counter(), outcome.launched.clock
         clock.enter("record")
-        running = self._session is not None and self._session.running
-        profiled = running and self._profiled(outcome.index)
+        profiled = self._chosen.recorded(outcome.index) and self._running
         # its launch's events, when an earlier session saw it (overlap, stepping by hand)
         early = self._early.pop(outcome.index, []) if self._early else []
         events: list | None = early if profiled else None  # filled when the events are read
@@ -291,15 +326,3 @@ class Probe(Observer):
     def build_record(self, outcome, occupancy, events, ranks, began: float) -> StepRecord:
         """The step's record (`history.record.build_record`)."""
         return build_record(outcome, occupancy, events, ranks, began, self._last_batch)
-
-
-def check_profile_steps(steps) -> Container[int] | None:
-    if steps is None or isinstance(steps, range):
-        return steps
-    if isinstance(steps, int | str | bytes) or not hasattr(steps, "__iter__"):
-        raise TypeError(
-            "profile_steps must be None (every step), a range (e.g. range(100, 120), or "
-            "range(0, 10**9, 10) for every 10th step) or a collection of step indices, "
-            f"got {steps!r}"
-        )
-    return frozenset(V.integer("profile_steps item", s, 0) for s in steps)

@@ -56,10 +56,15 @@ class Observer:
         return None
 
     def schedule_end(
-        self, step: int, batch: Batch | None, admissions: Admissions, started: float
+        self,
+        step: int,
+        batch: Batch | None,
+        admissions: Admissions,
+        started: float,
+        occupancy: Callable[[], Occupancy] | None = None,
     ) -> None:
         """ "admit" and "reject" per decision, then "schedule.end". `started`: when the launch
-        began."""
+        began; `occupancy`: the queue and the KV pool now, when asked."""
 
     def cache_insert(self, step: int, uid: int, inserted_len: int, already_cached: int) -> None:
         """ "cache.insert": a request's full pages went to the prefix cache."""

@@ -150,7 +150,7 @@ class Scheduler(EarlyEnds):
         clock = StageClock()
         with clock.during("schedule", probe.range("schedule.end")):
             batch, admissions = self.schedule_next_batch()
-        probe.schedule_end(step, batch, admissions, started)
+        probe.schedule_end(step, batch, admissions, started, self.occupancy)
         if batch is None:
             self._check_not_stuck(admissions)
             return None

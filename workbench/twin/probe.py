@@ -19,6 +19,8 @@ _NULL = contextlib.nullcontext()
 
 
 class TwinProbe(Probe):
+    profiles = False  # no kernels to profile
+
     def __init__(self, timeline: Timeline, costs: StepCosts, record: str = "off", **options):
         self.timeline, self.costs = timeline, costs
         super().__init__(record, **options)

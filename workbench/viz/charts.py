@@ -5,11 +5,11 @@ A history is anything with the tables `steps`, `ledger`, `requests`, `admissions
 loads from the network. Long runs are aggregated before they reach Altair (its row limit is
 5,000 and a browser wants far fewer marks than that).
 
-The charts live by what they show: `step_charts` (batches, the KV pool, time per step) and
-`request_charts` (ledgers, page tables, admissions). `CHARTS` lists every one in the order the
-dashboard and the report show them; each is drawn the same way, `chart.draw(history, step,
-uid)`, for the step and the request in focus (None: none). Adding a chart is its function and
-one line here.
+The charts live by what they show: `step_charts` (batches, the KV pool, time per step),
+`request_charts` (ledgers, page tables, admissions) and `slo_charts` (why requests missed an
+SLO). `CHARTS` lists every one in the order the dashboard and the report show them; each is
+drawn the same way, `chart.draw(history, step, uid)`, for the step and the request in focus
+(None: none). Adding a chart is its function and one line here.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .request_charts import admissions, ledger_bars, ledger_lines, page_table
+from .slo_charts import has_slo, slo_misses
 from .step_charts import (
     batch_composition,
     has_ranks,
@@ -68,5 +69,13 @@ CHARTS = (
     Chart("ledger_lines", "Lengths over steps", ledger_lines, "highlight_step", "highlight_uid"),
     Chart("admissions", "Admissions", admissions, None, "highlight_uid"),
     Chart("rank_times", "Device time of each rank", rank_times, "highlight_step", shown=has_ranks),
+    Chart(
+        "slo_misses",
+        "Why requests missed the SLO",
+        slo_misses,
+        None,
+        "highlight_uid",
+        shown=has_slo,
+    ),  # fmt: skip
 )
 BY_NAME = {chart.name: chart for chart in CHARTS}

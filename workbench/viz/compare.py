@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..history.families import breakdown_table
 from ..history.latency import inter_token_latencies, run_figures, tpot
+from ..history.slo import check_slo, slo_figures
 from .common import WIDTH, altair, binned_steps
 from .report import summary
 
@@ -34,12 +35,16 @@ def request_latencies(history) -> pd.DataFrame:
     )
 
 
-def compare_table(runs: Mapping[str, object]) -> pd.DataFrame:
+def compare_table(
+    runs: Mapping[str, object], slo: Mapping[str, float] | None = None
+) -> pd.DataFrame:
     """One row per run: the report's headline figures; latency in steps; TTFT, TPOT and ITL
     percentiles in ms (p50, p90, p99: TTFT and TPOT over requests, ITL over the gaps of all
     requests); mean step times, and against the roofline where the run has it (`bound_ms`,
     `achieved_gbps` of the steps table); for runs profiled with record="full", the mean ms per
-    step of each kernel family."""
+    step of each kernel family. With `slo` (ms limits, `history.slo`): goodput, attainment and
+    each limit's pass rate."""
+    slo = None if slo is None else check_slo(slo)
     rows = {}
     for label, history in runs.items():
         lat = request_latencies(history)
@@ -68,6 +73,8 @@ def compare_table(runs: Mapping[str, object]) -> pd.DataFrame:
             row.update(
                 {f"{family} ms/step": round(float(ms), 3) for family, ms in per_step.items()}
             )
+        if slo is not None:
+            row.update(slo_figures(history, slo))
         rows[label] = row
     return pd.DataFrame.from_dict(rows, orient="index")
 

@@ -1,0 +1,87 @@
+"""Service-level objectives: each request's verdict, goodput and attainment.
+
+An SLO is a mapping of latency limits in ms, any of `SLO_KEYS`: ``ttft_ms`` (arrival to first
+token), ``tpot_ms`` (time per output token after the first, as vLLM's ``--goodput`` takes it:
+``(E2E - TTFT) / (n - 1)``), ``itl_ms`` (every gap between two consecutive tokens of the
+request: its longest) and ``e2e_ms`` (arrival to last token). A request meets a limit when its
+latency is at most the limit (a request of one token has TPOT and ITL 0, as in vLLM), and is
+*good* when it finished (``stop`` or ``length``) meeting every limit given.
+
+Goodput is good requests per second of the run, from the first arrival to the last finish (the
+span the run's throughput is over); attainment is the share of requests that are good. Why each
+missed request missed is in `misses.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from .. import validate as V
+from .latency import inter_token_latencies
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SLO_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
+FINISHED = ("stop", "length")
+
+
+def check_slo(slo) -> dict[str, float]:
+    """The SLO as ``{key: ms}`` in `SLO_KEYS` order; TypeError or ValueError naming the key
+    that is wrong and the keys allowed."""
+    example = "e.g. {'ttft_ms': 500, 'tpot_ms': 50}"
+    if not isinstance(slo, Mapping):
+        raise TypeError(f"slo must be a mapping of {SLO_KEYS} to ms ({example}), got {slo!r}")
+    if not slo:
+        raise ValueError(f"slo is empty: give a limit in ms for any of {SLO_KEYS} ({example})")
+    for key in slo:
+        if key not in SLO_KEYS:
+            raise ValueError(f"slo key {key!r} is not one of {SLO_KEYS} (limits in ms; {example})")
+    return {k: V.real(f"slo[{k!r}]", slo[k], 0.0, low_open=True) for k in SLO_KEYS if k in slo}
+
+
+def slo_verdicts(history, slo: Mapping[str, float]) -> pd.DataFrame:
+    """The requests table with each request's verdict: `finished` (stop or length), its
+    latencies in ms (`ttft_ms`, `tpot_ms`, `itl_ms`: its longest gap, `e2e_ms`; NaN where it
+    has none), a pass column per limit given (`ttft_ok`, ...), `good` (finished, every limit
+    met) and `missed` (the limits it missed, comma-separated; "unfinished" for one that did
+    not finish)."""
+    slo = check_slo(slo)
+    r = history.requests.copy()
+    finished = r.finish_reason.isin(FINISHED).fillna(False).astype(bool) & r.finish_s.notna()
+    n = r.completion_tokens
+    ttft = r.ttft_s * 1e3
+    e2e = ((r.finish_s - r.arrival_s) * 1e3).where(finished)
+    tpot = ((e2e - ttft) / (n - 1)).where(n > 1, 0.0).where(finished)
+    gaps = inter_token_latencies(history.steps, history.ledger) * 1e3
+    longest = gaps.groupby(level=0).max() if len(gaps) else gaps
+    itl = r.uid.map(longest).astype("float64").fillna(0.0).where(finished)
+    r = r.assign(finished=finished, ttft_ms=ttft, tpot_ms=tpot, itl_ms=itl, e2e_ms=e2e)
+    good = finished.copy()
+    missed = [[] if f else ["unfinished"] for f in finished]
+    for key, limit in slo.items():
+        ok = (r[key] <= limit).fillna(False).astype(bool)
+        r[f"{key.removesuffix('_ms')}_ok"] = ok
+        good &= ok
+        for i in (~ok & finished).to_numpy().nonzero()[0]:
+            missed[i].append(key.removesuffix("_ms"))
+    return r.assign(good=good, missed=[",".join(m) for m in missed])
+
+
+def slo_figures(history, slo: Mapping[str, float]) -> dict[str, float]:
+    """The run's figures against the SLO: goodput (good requests per second), attainment (%
+    of requests good) and the pass rate (%) of each limit given."""
+    slo = check_slo(slo)
+    v = slo_verdicts(history, slo)
+    span = float(v.finish_s.max() - v.arrival_s.min()) if len(v) else float("nan")
+    good = int(v.good.sum())
+    figures = {
+        "goodput (req/s)": round(good / span, 3) if span > 0 else float("nan"),
+        "SLO attainment (%)": round(100.0 * good / len(v), 1) if len(v) else float("nan"),
+    }
+    for key in slo:
+        passed = v[f"{key.removesuffix('_ms')}_ok"]
+        figures[f"{LABELS[key]} SLO pass (%)"] = round(100.0 * float(passed.mean()), 1)
+    return figures

@@ -1,0 +1,250 @@
+"""Which steps record="full" profiles: the profile window.
+
+`profile_steps` is None (every step), step indices (a range, ``range(0, 10**9, 10)`` for every
+10th, or any collection of them), or a predicate of the step about to run: a function of a
+`StepView` (``lambda s: s.phase == "mixed" and s.batch_size >= 64``) or the same as text
+(``"phase == 'mixed' and batch_size >= 64"``, a `StepExpression`: names of StepView's fields,
+constants, comparisons, and/or/not, nothing else). `max_profiled_steps` keeps the first N steps
+it selects. A step is chosen once it is scheduled (a predicate needs its batch): a step chosen by
+a predicate is profiled from its prepare on, and from its schedule too when the step before it
+was profiled (the session was running). The saved run says what chose its profiled steps
+(`ProfileWindow.meta`) and which they were (the steps table's `profiled`).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from .. import validate as V
+
+if TYPE_CHECKING:
+    from ..core import Batch
+    from ..scheduler.outcome import Occupancy
+
+KEEP: Any = object()  # `with_` and `reconfigure`: keep the current value
+
+
+@dataclass(frozen=True)
+class StepView:
+    """The step about to run, as a `profile_steps` predicate sees it: its batch as scheduled,
+    before it is prepared."""
+
+    step: int  # its index
+    phase: str  # "prefill" | "decode" | "mixed"
+    batch_size: int  # requests in the batch
+    num_tokens: int  # tokens it computes
+    prefill_tokens: int  # prompt tokens it computes (chunks included)
+    decode_batch: int  # requests that decode (a token each)
+    queue_len: int  # requests still waiting once it is admitted
+    kv_usage: float  # share of the KV pool live requests hold, before its new tokens (0 to 1)
+
+    @classmethod
+    def of(cls, step: int, batch: Batch, occupancy: Occupancy) -> StepView:
+        prefill = sum(r.extend_len for r in batch.prefill_reqs)
+        o = occupancy
+        in_use = o.kv_total - o.kv_free - o.kv_evictable
+        return cls(
+            step=step,
+            phase=batch.phase,
+            batch_size=batch.size,
+            num_tokens=prefill + batch.num_decode,
+            prefill_tokens=prefill,
+            decode_batch=batch.num_decode,
+            queue_len=o.queue_len,
+            kv_usage=in_use / o.kv_total if o.kv_total else 0.0,
+        )
+
+
+FIELDS = tuple(f.name for f in fields(StepView))
+# what a predicate is tried on before anything starts (a wrong field name fails there)
+_SAMPLE = StepView(0, "decode", 1, 1, 0, 1, 0, 0.0)
+_COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+class StepExpression:
+    """A predicate of `StepView` as text, e.g. ``"phase == 'mixed' and batch_size >= 64"``:
+    only the names of its fields (`FIELDS`), constants, comparisons, and `and` / `or` / `not`
+    are allowed, so it is safe to take from a command line. `name`: what an error names (the
+    parameter or flag it came from)."""
+
+    def __init__(self, text: str, name: str = "profile_steps") -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"{name} must be an expression over {FIELDS}, got {text!r}")
+        try:
+            tree = ast.parse(text.strip(), mode="eval")
+        except SyntaxError as exc:
+            raise ValueError(f"{name}: {text!r} is not an expression ({exc.msg})") from None
+        for node in ast.walk(tree):
+            _check_node(node, text, name)
+        self.text, self.name = text.strip(), name
+        self._code = compile(tree, f"<{name}>", "eval")
+        _try_predicate(self, name)  # e.g. "phase > 3" (a text against a number)
+
+    def __call__(self, view: StepView) -> bool:
+        return bool(eval(self._code, {"__builtins__": {}}, vars(view)))  # noqa: S307 (checked)
+
+    def __repr__(self) -> str:
+        return f"StepExpression({self.text!r})"
+
+
+def _check_node(node: ast.AST, text: str, name: str) -> None:
+    allowed = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.Compare, ast.Load, ast.Not)
+    if isinstance(node, ast.Name):
+        if node.id not in FIELDS:
+            raise ValueError(f"{name}: unknown name {node.id!r} in {text!r}; the fields: {FIELDS}")
+    elif isinstance(node, ast.Constant):
+        if not isinstance(node.value, int | float | str):
+            raise ValueError(f"{name}: constant {node.value!r} in {text!r} is not allowed")
+    elif isinstance(node, ast.UnaryOp):
+        if not isinstance(node.op, ast.Not):
+            raise ValueError(f"{name}: only `not` is allowed before a term, in {text!r}")
+    elif not isinstance(node, allowed + _COMPARISONS):
+        raise ValueError(
+            f"{name}: {type(node).__name__} is not allowed in {text!r}: only the fields "
+            f"{FIELDS}, constants, comparisons, and, or, not"
+        )
+
+
+@dataclass(frozen=True)
+class ProfileWindow:
+    """`profile_steps` and `max_profiled_steps`, checked (`profile_window`)."""
+
+    steps: Collection[int] | Callable[[StepView], Any] | None = None
+    max_steps: int | None = None
+    text: str = "every step"  # what the saved run says chose its profiled steps
+
+    @property
+    def by_predicate(self) -> bool:
+        return callable(self.steps)
+
+    def covers(self, index: int) -> bool:
+        """Whether step `index` is in a window of step indices (a predicate's: unknown)."""
+        return not self.by_predicate and (self.steps is None or index in self.steps)
+
+    def meta(self) -> dict:
+        return {"profile_steps": self.text, "max_profiled_steps": self.max_steps}
+
+    def with_(self, steps: Any = KEEP, max_steps: Any = KEEP) -> ProfileWindow:
+        """This window with another `profile_steps` or `max_profiled_steps` (KEEP: the same)."""
+        if steps is KEEP and max_steps is KEEP:
+            return self
+        return profile_window(
+            self.steps if steps is KEEP else steps,
+            self.max_steps if max_steps is KEEP else max_steps,
+        )
+
+
+def profile_window(steps: Any = None, max_steps: int | None = None) -> ProfileWindow:
+    """A checked window: TypeError or ValueError naming `profile_steps` or
+    `max_profiled_steps` for a bad one, before anything runs."""
+    max_steps = V.optional_integer("max_profiled_steps", max_steps, 0)
+    if isinstance(steps, ProfileWindow):  # checked already
+        return steps if max_steps is None else ProfileWindow(steps.steps, max_steps, steps.text)
+    if steps is None or isinstance(steps, range):
+        return ProfileWindow(steps, max_steps, "every step" if steps is None else repr(steps))
+    if isinstance(steps, str):
+        steps = StepExpression(steps)
+    if callable(steps):
+        if not isinstance(steps, StepExpression):
+            _try_predicate(steps)
+        return ProfileWindow(steps, max_steps, predicate_text(steps))
+    if isinstance(steps, int | bytes) or not hasattr(steps, "__iter__"):
+        raise TypeError(
+            "profile_steps must be None (every step), a range (e.g. range(100, 120), or "
+            "range(0, 10**9, 10) for every 10th step), a collection of step indices, or a "
+            f"predicate of the step about to run (a function of a StepView, or the text of "
+            f"one over {FIELDS}), got {steps!r}"
+        )
+    chosen = frozenset(V.integer("profile_steps item", s, 0) for s in steps)
+    return ProfileWindow(chosen, max_steps, f"steps {sorted(chosen)}")
+
+
+def _try_predicate(predicate: Callable, name: str = "profile_steps") -> None:
+    """Call it once on a made-up step: a predicate that takes no StepView, or reads a field
+    it does not have, fails here rather than in the middle of a run."""
+    try:
+        predicate(_SAMPLE)
+    except (AttributeError, NameError, TypeError) as exc:
+        raise TypeError(
+            f"{name}: {predicate_text(predicate)} failed on a StepView ({exc}); it takes one "
+            f"StepView, whose fields are {FIELDS}"
+        ) from exc
+    except Exception:  # noqa: BLE001 (a value this made-up step has and no real one may)
+        pass
+
+
+def predicate_text(predicate: Callable) -> str:
+    """What a saved run says of a predicate: an expression's text, a lambda's source, or the
+    function's name."""
+    if isinstance(predicate, StepExpression):
+        return predicate.text
+    name = getattr(predicate, "__qualname__", repr(predicate))
+    try:
+        source = inspect.getsource(predicate)
+    except (OSError, TypeError):
+        return name
+    lambda_ = getattr(predicate, "__name__", "") == "<lambda>"
+    start = source.find("lambda") if lambda_ else -1
+    source = source[: start + 1000]
+    # NOTE: the lines it was written on hold more than the lambda (the call around it): the
+    # longest text from "lambda" on that parses as a lambda alone is it
+    for end in range(len(source), start, -1) if start >= 0 else ():
+        try:
+            tree = ast.parse(source[start:end].strip(), mode="eval")
+        except SyntaxError:
+            continue
+        if isinstance(tree.body, ast.Lambda):
+            return " ".join(source[start:end].split())
+    return name
+
+
+class ChosenSteps:
+    """The steps a window chose in one run: how many (`max_profiled_steps` keeps the first),
+    and those not recorded yet (a chosen batch in flight keeps the session on)."""
+
+    def __init__(self, window: ProfileWindow) -> None:
+        self.window, self.count = window, 0
+        self.awaiting: set[int] = set()
+
+    @property
+    def capped(self) -> bool:
+        return self.window.max_steps is not None and self.count >= self.window.max_steps
+
+    def wanted_at(self, index: int) -> bool | None:
+        """Before step `index` is scheduled: whether a session runs for it (a window of step
+        indices covers it, or a chosen batch is in flight: overlap); None when a predicate
+        decides, once the step is scheduled."""
+        self.awaiting = {i for i in self.awaiting if i >= index - 1}  # (a failed step's)
+        if self.awaiting or (self.window.covers(index) and not self.capped):
+            return True
+        return None if self.window.by_predicate else False
+
+    def choose(self, step: int, view: Callable[[], StepView], defer: Callable) -> bool:
+        """Whether the step just scheduled is profiled. A predicate that raises chooses
+        nothing, and its error goes to `defer` (raised after the step, as a hook's)."""
+        if self.capped:
+            return False
+        window = self.window
+        if not window.by_predicate:
+            chosen = window.covers(step)
+        else:
+            try:
+                chosen = bool(window.steps(view()))
+            except Exception as exc:  # noqa: BLE001 (raised after the step)
+                defer("profile_steps", window.steps, exc)
+                chosen = False
+        if chosen:
+            self.count += 1
+            self.awaiting.add(step)
+        return chosen
+
+    def recorded(self, step: int) -> bool:
+        """Step `step` is being recorded: whether it was chosen."""
+        if step not in self.awaiting:
+            return False
+        self.awaiting.discard(step)
+        return True
