@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
+from workbench.config import default_page_size
 from workbench.models import resolve
 from workbench.scheduler.outcome import StepOutcome
 
@@ -119,7 +120,13 @@ def tiny_llm() -> LLM:
 # The GPU engine tests (test_gpu_numerics.py, test_gpu_overlap_graphs.py, test_gpu_memory.py): run
 # on the GPU machine (`pytest -m gpu`); they print numbers (run with -s) for the notes to quote.
 MODEL = "dummy:qwen3-0.6b"
-PAGES = 40_000  # explicit (4.6 GB each), so several engines fit side by side
+KV_TOKENS = 40_000  # each GPU test engine's pool, explicit (4.6 GB), so several fit side by side
+
+
+def kv_pages(page_size: int | None = None) -> int:
+    """`num_pages` for a pool of KV_TOKENS tokens in pages of `page_size` (None: the GPU's
+    default, 16: a count of pages meant for page 1 would take 16 times the memory)."""
+    return KV_TOKENS // (page_size or default_page_size("cuda"))
 
 
 def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
@@ -128,7 +135,7 @@ def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
 
 
 def make_llm(**options) -> LLM:
-    options.setdefault("num_pages", PAGES // options.get("page_size", 1))
+    options.setdefault("num_pages", kv_pages(options.get("page_size")))
     options.setdefault("max_running_reqs", 64)
     options.setdefault("cuda_graph_max_bs", 64)
     return LLM(MODEL, **options)

@@ -9,7 +9,7 @@ import torch
 
 from workbench import SamplingParams
 
-from .conftest import MODEL, PAGES, make_llm, random_prompts
+from .conftest import MODEL, kv_pages, make_llm, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,
@@ -100,7 +100,9 @@ def test_hooks_fire_once_per_step_with_cuda_graphs():
 
     from workbench import Workbench
 
-    wb = Workbench(MODEL, num_pages=PAGES, max_running_reqs=16, cuda_graph_max_bs=16, overlap=True)
+    wb = Workbench(
+        MODEL, num_pages=kv_pages(), max_running_reqs=16, cuda_graph_max_bs=16, overlap=True
+    )
     assert wb.engine.graphs is not None and wb.engine.graphs.capture
     fired = Counter()
     wb.hooks.add("*", lambda e: fired.update([(type(e).__name__, getattr(e, "step", None))]))
@@ -121,7 +123,9 @@ def test_abort_with_overlap_and_cuda_graphs():
     the others run to exactly max_tokens and the pool balances."""
     from workbench import Workbench
 
-    wb = Workbench(MODEL, num_pages=PAGES, max_running_reqs=16, cuda_graph_max_bs=16, overlap=True)
+    wb = Workbench(
+        MODEL, num_pages=kv_pages(), max_running_reqs=16, cuda_graph_max_bs=16, overlap=True
+    )
     uids = [
         wb.add_request(p, SamplingParams(max_tokens=20, ignore_eos=True))
         for p in random_prompts(8, 8, 64, seed=7)

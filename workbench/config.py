@@ -57,7 +57,7 @@ class EngineConfig:
     max_extend_tokens: int = 8192  # token budget of one batch (prefill; mixed: decodes too)
     cache: CacheKind = "radix"
     max_running_reqs: int = 256  # request slots (rows of the page table)
-    num_pages: int | None = None  # None: sized from memory
+    num_pages: int | None = None  # pages of page_size tokens; None: sized from memory
     max_seq_len: int | None = None  # None: the model's context, capped by `max_seq_len_cap`
     attention: str | None = None  # backend; None: "flashinfer" on cuda when installed, else "torch"
     policy: str = "prefill_first"  # a name in `policies.POLICIES`
