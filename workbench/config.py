@@ -95,6 +95,7 @@ class EngineConfig:
 
         if not isinstance(self.model, str | os.PathLike):
             raise TypeError(f"model must be a name or a path, got {self.model!r}")
+        device = _check_device(self.device)  # first: the default page size depends on it
         page_size = self.page_size
         if page_size is None:
             page_size = default_page_size(self.torch_device.type)
@@ -102,7 +103,7 @@ class EngineConfig:
         if page_size & (page_size - 1):
             raise ValueError(f"page_size must be a power of two (1, 2, 4, ...), got {page_size}")
         checked = dict(
-            device=_check_device(self.device),
+            device=device,
             page_size=page_size,
             max_extend_tokens=V.integer("max_extend_tokens", self.max_extend_tokens, 1),
             cache=V.choice("cache", self.cache, CACHE_KINDS),

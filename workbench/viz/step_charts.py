@@ -172,9 +172,11 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
         x2="end_ms:Q",
         tooltip=["name:N", "category:N", "family:N", "duration_us:Q"],
     )  # fmt: skip
-    hooks = base.transform_filter("datum.category == 'hook'").encode(
-        color=color_scale(alt, "family", HOOK_COLORS, "hook range")
-    )
+    # NOTE: the hooks' legend above the chart: two legends side by side (the dashboard puts
+    # legends below, in a row) would make the chart twice as wide
+    hook_color = color_scale(alt, "family", HOOK_COLORS, "hook range")
+    hook_color.legend = alt.Legend(orient="top", direction="horizontal", columns=3)
+    hooks = base.transform_filter("datum.category == 'hook'").encode(color=hook_color)
     work = base.transform_filter("datum.category != 'hook'").encode(
         color=color_scale(alt, "family", FAMILY_COLORS, "kernel family")
     )
