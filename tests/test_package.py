@@ -8,6 +8,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
@@ -31,6 +33,7 @@ def run(args: list, cwd: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # builds and installs a wheel in a fresh venv (~45 s): a release check
 def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     run(
         [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", "dist"], tmp_path

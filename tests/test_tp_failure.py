@@ -90,6 +90,7 @@ def test_a_rank_that_dies_mid_run_is_named_within_seconds():
     assert not dist.is_initialized()
 
 
+@pytest.mark.slow  # kills a process tree and waits it out: ~30 s on the CPU
 def test_ranks_do_not_outlive_a_killed_rank_0(tmp_path):
     """A notebook kernel killed hard (SIGKILL: no atexit, no close) takes its ranks with it."""
     script = tmp_path / "rank0.py"

@@ -237,7 +237,9 @@ def test_row_parallel_bias_added_once_and_gather_along_rows(tp_logits):
     assert all((g == [0] * 5 + [1] * 5).all() for g in gathered)
 
 
-@pytest.mark.parametrize("how", ["dies", "stalls"])
+@pytest.mark.parametrize(
+    "how", ["dies", pytest.param("stalls", marks=pytest.mark.slow)]
+)  # a stall waits out the whole timeout: with -m slow
 def test_a_failed_peer_raises_within_the_timeout(tmp_path, how):
     """Rank 1 exits (or hangs) while rank 0 waits in an all-reduce: rank 0 raises, within the
     group's timeout, instead of waiting for ever."""
