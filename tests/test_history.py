@@ -111,10 +111,11 @@ def test_step_times_split_into_host_and_waiting(overlap):
     steps = wb.history.steps
     # on the CPU the forward runs on the host, inside launch: host time covers device time, the
     # step's wall time covers both (but for the record, built after the step completed), and
-    # collect finds the tokens already there
+    # collect finds the tokens already there (the median step: a busy machine may preempt the
+    # process between launch and collect in any one step)
     assert (steps.host_ms >= steps.device_ms).all()
     assert (steps.wall_ms + steps.host_record_ms + 1e-3 >= steps.host_ms).all()
-    assert (steps.wait_ms >= 0).all() and steps.wait_ms.max() < 0.1 * steps.host_ms.min()
+    assert (steps.wait_ms >= 0).all() and steps.wait_ms.median() < 0.1 * steps.host_ms.median()
 
 
 @pytest.fixture(scope="module")
