@@ -1,0 +1,190 @@
+"""One timeline for all ranks: with tensor parallelism and record="full", every rank's profiler
+events of every profiled step, their clocks aligned on rank 0's at the all-reduces, each step's
+skew (how late the latest rank came), a Chrome trace with a process per rank, the skew chart,
+and all of it through a save. On the CPU, two gloo processes."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pandas as pd
+import pytest
+
+from workbench import Workbench, load_run, viz
+from workbench.history.rank_clock import all_reduce_times, on_rank0_clock, step_skew
+from workbench.history.trace import chrome_trace
+from workbench.viz.charts import BY_NAME
+
+from .conftest import greedy
+
+MODEL = "tiny-qwen3"  # 3 layers: 7 all-reduces a step (embedding, then o and down per layer)
+PROMPTS = [[5, 17, 33, 2, 91, 4, 4, 8, 120, 7], [9, 9, 9, 14], list(range(100, 121))]
+FORWARD_OPS = {"aten::mm", "aten::scaled_dot_product_attention", "gloo:all_reduce"}
+
+
+@pytest.fixture(scope="module")
+def wb2():
+    wb = Workbench(MODEL, device="cpu", tp_size=2, max_running_reqs=8, max_extend_tokens=12)
+    yield wb
+    wb.close()
+
+
+@pytest.fixture(scope="module")
+def profiled(wb2, tmp_path_factory):
+    """A run of chunked prompts and decodes, every step profiled: its tables, where rank 0's
+    run clock began on this host's monotonic clock, and its exported trace."""
+    wb2.reset()
+    wb2.reconfigure(record="full", profile_steps=None)
+    for p in PROMPTS:
+        wb2.add_request(p, greedy(5))
+    wb2.run(progress=False)
+    origin = time.perf_counter() - wb2.llm.scheduler.probe.clock()
+    trace = json.loads(wb2.export_trace(tmp_path_factory.mktemp("trace") / "t.json").read_text())
+    return wb2.snapshot(), origin, trace
+
+
+def test_every_rank_records_every_profiled_step(profiled):
+    run, _, _ = profiled
+    steps, events = run.steps, run.events
+    assert steps.profiled.all() and len(steps) > 4
+    for rank in (0, 1):
+        names = {step: set(n) for step, n in events[events["rank"] == rank].groupby("step").name}
+        assert list(names) == steps.step.tolist()
+        assert all(step_names >= FORWARD_OPS for step_names in names.values())
+    counts = all_reduce_times(events).groupby(["step", "rank"]).size().unstack()
+    assert (counts[0] == counts[1]).all() and (counts[0] == 7).all()
+
+
+def test_rank_clocks_are_aligned_at_the_all_reduces(profiled):
+    """Both ranks run on this host: rank 1 records on its monotonic clock, which rank 0's run
+    clock counts from `origin`, so the true offset is known. Each step's offset is within 1 ms of
+    it, and after alignment no rank ends an all-reduce before the other has begun it."""
+    run, origin, _ = profiled
+    steps = run.steps
+    assert (steps.clock_offset_ms_rank1 + origin * 1e3).abs().max() < 1.0
+    times = all_reduce_times(run.events)
+    starts = times.pivot_table(index=["step", "k"], columns="rank", values="start_us")
+    ends = times.pivot_table(index=["step", "k"], columns="rank", values="end_us")
+    assert (starts.max(axis=1) <= ends.min(axis=1) + 1e-2).all()
+
+
+def test_steps_table_says_each_steps_skew_and_latest_rank(profiled):
+    """Checked by hand against the aligned starts of each step's all-reduces: two ranks, so at
+    each all-reduce one of them is late by the gap between their starts."""
+    run, _, _ = profiled
+    steps, times = run.steps.set_index("step"), all_reduce_times(run.events)
+    assert (steps.rank_skew_ms >= 0).all() and set(steps.latest_rank) <= {0, 1}
+    for step, rows in times.groupby("step"):
+        start = {rank: r.start_us.tolist() for rank, r in rows.groupby("rank")}
+        gaps = [b - a for a, b in zip(start[0], start[1])]  # > 0: rank 1 came later
+        assert steps.rank_skew_ms[step] == pytest.approx(sum(map(abs, gaps)) / 1e3, abs=1e-5)
+        late = sum(g for g in gaps if g > 0) / 1e3
+        assert steps.late_ms_rank1[step] == pytest.approx(late, abs=1e-5)
+        later = sum(g > 0 for g in gaps)
+        if later != len(gaps) - later:
+            assert steps.latest_rank[step] == int(later > len(gaps) / 2)
+
+
+def test_the_trace_has_a_process_per_rank(profiled):
+    run, _, trace = profiled
+    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
+    processes = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    assert processes == {0: "rank 0", 1: "rank 1"}
+    threads = {(e["pid"], e["tid"]) for e in meta if e["name"] == "thread_name"}
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {(e["pid"], e["tid"]) for e in spans} <= threads
+    for rank in (0, 1):
+        assert {e["name"] for e in spans if e["pid"] == rank} >= FORWARD_OPS
+    step0 = next(e for e in spans if e["name"].startswith("step 0 "))
+    assert step0["pid"] == 0 and step0["args"]["latest_rank"] in (0, 1)
+    assert step0["args"]["rank_skew_ms"] == pytest.approx(run.steps.rank_skew_ms[0])
+    assert "all-reduce" in trace["otherData"]["clock_alignment"]
+    assert math.isfinite(trace["otherData"]["all_reduce_end_gap_us"])
+
+
+def test_the_skew_chart_draws_each_steps_skew_by_latest_rank(profiled, tmp_path):
+    run, _, _ = profiled
+    spec = viz.rank_skew(run, highlight_step=2).to_dict()
+    (rows,) = [v for v in spec["datasets"].values() if v and "rank_skew_ms" in v[0]]
+    assert [r["rank_skew_ms"] for r in rows] == pytest.approx(run.steps.rank_skew_ms.tolist())
+    assert [r["latest"] for r in rows] == [f"rank {r}" for r in run.steps.latest_rank]
+    assert spec["layer"][0]["encoding"]["color"]["field"] == "latest"
+    assert BY_NAME["rank_skew"].applies(run)
+    loaded = load_run(run.save(tmp_path / "run.parquet"))
+    assert viz.rank_skew(loaded, highlight_step=2).to_dict() == spec
+
+
+def test_a_saved_run_keeps_every_ranks_events_and_the_skew(profiled, tmp_path):
+    run, _, _ = profiled
+    loaded = load_run(run.save(tmp_path / "run.parquet"))
+    for name in ("steps", "events"):
+        pd.testing.assert_frame_equal(getattr(run, name), getattr(loaded, name))
+    assert chrome_trace(loaded.steps, loaded.events) == chrome_trace(run.steps, run.events)
+
+
+def test_an_older_run_without_ranks_still_exports_and_hides_the_chart(profiled):
+    """A run saved before the `rank` column and the skew columns: one process, no skew."""
+    run, _, _ = profiled
+    steps = run.steps.drop(columns=[c for c in run.steps if "skew" in c or "rank" in c])
+    events = run.events[run.events["rank"] == 0].drop(columns="rank")
+    trace = chrome_trace(steps, events)
+    assert {e["pid"] for e in trace["traceEvents"]} == {0}
+    assert "clock_alignment" not in trace["otherData"]
+    old = type(run)({**run.tables(), "steps": steps, "events": events}, run.meta)
+    assert not BY_NAME["rank_skew"].applies(old)
+    assert "no skew" in json.dumps(viz.rank_skew(old).to_dict())
+
+
+def test_only_the_steps_rank_0_profiles_are_profiled_on_every_rank(wb2, profiled):
+    """A window of steps: rank 1 profiles exactly those (the step message says so); the other
+    steps have no events and no skew. With record="light", no events and no skew columns."""
+    wb2.reset()
+    wb2.reconfigure(record="full", profile_steps=[1, 3])
+    for p in PROMPTS:
+        wb2.add_request(p, greedy(4))
+    wb2.run(progress=False)
+    steps, events = wb2.history.steps, wb2.history.events
+    assert steps.step[steps.profiled].tolist() == [1, 3]
+    assert sorted(set(events.step[events["rank"] == 1])) == [1, 3]
+    assert steps.rank_skew_ms.notna().tolist() == steps.profiled.tolist()
+    assert steps.latest_rank.isna().tolist() == (~steps.profiled).tolist()
+    wb2.reset()
+    wb2.reconfigure(record="light")
+    for p in PROMPTS[:2]:
+        wb2.add_request(p, greedy(3))
+    wb2.run(progress=False)
+    assert wb2.history.events.empty and "rank_skew_ms" not in wb2.history.steps
+
+
+def test_alignment_and_skew_of_made_up_events():
+    """Rank 1's clock 5 ms behind rank 0's, its all-reduces jittered: the bounds give the offset
+    to within their width; contradicting bounds fall back to the median of the ends' gaps; a
+    step without all-reduces keeps the last offset; a tie of latest counts goes to the later."""
+
+    def step(pairs):  # (start_us, end_us) per all-reduce, as one rank's events
+        return [("gloo:all_reduce", "cpu_op", "cpu:2", s, e - s) for s, e in pairs]
+
+    rank0 = step([(100, 400), (900, 1000)])
+    rank1 = step([(-4800, -4600), (-4200, -4000)])  # true ends 400 and 1000 at offset 5000
+    last: dict[int, float] = {}
+    moved, offsets = on_rank0_clock(rank0, [rank1], last)
+    # bounds: max(100 + 4600, 900 + 4000) = 4900 <= offset <= min(400 + 4800, 1000 + 4200)
+    assert offsets == [pytest.approx(5.05)] and last == {1: pytest.approx(5050.0)}
+    assert [(r, [e[3] for e in events]) for r, events in moved] == [(1, [250.0, 850.0])]
+    crossed = step([(-4000, -3700), (-4950, -4700)])  # bounds 5600 > 4400: paired wrongly
+    assert on_rank0_clock(rank0, [crossed], {})[1] == [pytest.approx((4100 + 5700) / 2 / 1e3)]
+    no_all_reduce = [("aten::mm", "cpu_op", "cpu:1", 7.0, 1.0)]
+    moved, offsets = on_rank0_clock([], [no_all_reduce], last)
+    assert moved == [(1, [("aten::mm", "cpu_op", "cpu:1", 5057.0, 1.0)])]
+    moved, offsets = on_rank0_clock([], [no_all_reduce], {})  # no offset known yet
+    assert moved == [] and math.isnan(offsets[0])
+    rows = [(0, 0, 100, 50), (0, 1, 130, 50), (0, 0, 300, 50), (0, 1, 290, 50)]
+    events = pd.DataFrame(
+        [(s, r, "gloo:all_reduce", "cpu_op", "cpu:2", t, d) for s, r, t, d in rows],
+        columns=["step", "rank", "name", "category", "track", "start_us", "duration_us"],
+    )
+    skew = step_skew(events, 2)
+    assert skew.rank_skew_ms[0] == pytest.approx(0.04)  # 30 us late, then 10 us
+    assert skew.late_ms_rank1[0] == pytest.approx(0.03) and skew.latest_rank[0] == 1
