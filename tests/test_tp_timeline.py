@@ -13,11 +13,15 @@ import pandas as pd
 import pytest
 
 from workbench import Workbench, load_run, viz
-from workbench.history.rank_clock import all_reduce_times, on_rank0_clock, step_skew
+from workbench.history.rank_clock import align_steps
+from workbench.history.rank_skew import all_reduce_times, step_skew
 from workbench.history.trace import chrome_trace
 from workbench.viz.charts import BY_NAME
 
 from .conftest import greedy
+
+# one worker runs them all (`make test`'s xdist): one engine for the module, built once
+pytestmark = pytest.mark.xdist_group("tp_timeline")
 
 MODEL = "tiny-qwen3"  # 3 layers: 7 all-reduces a step (embedding, then o and down per layer)
 PROMPTS = [[5, 17, 33, 2, 91, 4, 4, 8, 120, 7], [9, 9, 9, 14], list(range(100, 121))]
@@ -158,33 +162,52 @@ def test_only_the_steps_rank_0_profiles_are_profiled_on_every_rank(wb2, profiled
     assert wb2.history.events.empty and "rank_skew_ms" not in wb2.history.steps
 
 
-def test_alignment_and_skew_of_made_up_events():
-    """Rank 1's clock 5 ms behind rank 0's, its all-reduces jittered: the bounds give the offset
-    to within their width; contradicting bounds fall back to the median of the ends' gaps; a
-    step without all-reduces keeps the last offset; a tie of latest counts goes to the later."""
+def _all_reduces(pairs):  # (start_us, end_us) per all-reduce, as one rank's events of a step
+    return [("gloo:all_reduce", "cpu_op", "cpu:2", s, e - s) for s, e in pairs]
 
-    def step(pairs):  # (start_us, end_us) per all-reduce, as one rank's events
-        return [("gloo:all_reduce", "cpu_op", "cpu:2", s, e - s) for s, e in pairs]
 
-    rank0 = step([(100, 400), (900, 1000)])
-    rank1 = step([(-4800, -4600), (-4200, -4000)])  # true ends 400 and 1000 at offset 5000
-    last: dict[int, float] = {}
-    moved, offsets = on_rank0_clock(rank0, [rank1], last)
-    # bounds: max(100 + 4600, 900 + 4000) = 4900 <= offset <= min(400 + 4800, 1000 + 4200)
-    assert offsets == [pytest.approx(5.05)] and last == {1: pytest.approx(5050.0)}
-    assert [(r, [e[3] for e in events]) for r, events in moved] == [(1, [250.0, 850.0])]
-    crossed = step([(-4000, -3700), (-4950, -4700)])  # bounds 5600 > 4400: paired wrongly
-    assert on_rank0_clock(rank0, [crossed], {})[1] == [pytest.approx((4100 + 5700) / 2 / 1e3)]
-    no_all_reduce = [("aten::mm", "cpu_op", "cpu:1", 7.0, 1.0)]
-    moved, offsets = on_rank0_clock([], [no_all_reduce], last)
-    assert moved == [(1, [("aten::mm", "cpu_op", "cpu:1", 5057.0, 1.0)])]
-    moved, offsets = on_rank0_clock([], [no_all_reduce], {})  # no offset known yet
-    assert moved == [] and math.isnan(offsets[0])
-    rows = [(0, 0, 100, 50), (0, 1, 130, 50), (0, 0, 300, 50), (0, 1, 290, 50)]
-    events = pd.DataFrame(
-        [(s, r, "gloo:all_reduce", "cpu_op", "cpu:2", t, d) for s, r, t, d in rows],
-        columns=["step", "rank", "name", "category", "track", "start_us", "duration_us"],
-    )
-    skew = step_skew(events, 2)
-    assert skew.rank_skew_ms[0] == pytest.approx(0.04)  # 30 us late, then 10 us
-    assert skew.late_ms_rank1[0] == pytest.approx(0.03) and skew.latest_rank[0] == 1
+def test_clock_offsets_from_made_up_all_reduces():
+    """Rank 1's clock about 5 ms behind rank 0's. Each step's all-reduces bound the offset and
+    its neighbours' narrow the bounds (both ways, and from steps aligned before), except those
+    that would leave no room; bounds that contradict each other within a step give the median
+    of the ends' gaps; a step without all-reduces keeps the last offset, and a rank without one
+    yet is left out of its step."""
+    two = _all_reduces([(100, 400), (900, 1000)])
+    steps = [
+        # max(100 + 4600, 900 + 4000) = 4900 <= offset <= min(400 + 4800, 1000 + 4200) = 5200
+        (two, [_all_reduces([(-4800, -4600), (-4200, -4000)])]),
+        (two, [_all_reduces([(-4900, -4850), (-4300, -4050)])]),  # 4950 .. 5300
+        (_all_reduces([(100, 400)]), [_all_reduces([(-6000, -5900)])]),  # 6000 .. 6400: apart
+        ([], [[("aten::mm", "cpu_op", "cpu:1", 7.0, 1.0)]]),  # no all-reduce
+    ]
+    clocks: dict = {}
+    aligned = align_steps(steps, clocks)
+    assert [ms for _, ms in aligned] == [[5.075], [5.075], [6.2], [6.2]]
+    assert [[e[3] for e in events] for _, events in aligned[0][0]] == [[275.0, 875.0]]
+    assert aligned[3][0] == [(1, [("aten::mm", "cpu_op", "cpu:1", 6207.0, 1.0)])]
+    # a later read: its step's bounds (4900 .. 5400) narrowed by those aligned before
+    later = align_steps([(two, [_all_reduces([(-5000, -4600), (-4400, -4000)])])], clocks)
+    assert later[0][1] == [5.075]
+    moved, ms = align_steps(steps[3:], {})[0]  # no offset known yet
+    assert moved == [] and math.isnan(ms[0])
+    # bounds 5600 > 4400: paired wrongly; the median of the ends' gaps, 4100 and 5700
+    crossed = align_steps([(two, [_all_reduces([(-4000, -3700), (-4950, -4700)])])], {})
+    assert crossed[0][1] == [4.9]
+
+
+def test_skew_from_made_up_all_reduces():
+    """Step 0: rank 1 late by 30 us, then rank 0 by 10: a tie of counts, so the later in all,
+    rank 1. Step 1: rank 1 late twice by 5 us, rank 0 once by 100: rank 1 came last more often."""
+    starts = {0: [(100, 130), (300, 290)], 1: [(0, 5), (10, 15), (120, 20)]}
+    rows = [
+        (step, rank, "gloo:all_reduce", "cpu_op", "cpu:2", float(at[rank]), 50.0)
+        for step, pairs in starts.items()
+        for at in pairs
+        for rank in (0, 1)
+    ]
+    columns = ["step", "rank", "name", "category", "track", "start_us", "duration_us"]
+    skew = step_skew(pd.DataFrame(rows, columns=columns), 2)
+    assert skew.rank_skew_ms.tolist() == pytest.approx([0.04, 0.11])
+    assert skew.late_ms_rank0.tolist() == pytest.approx([0.01, 0.1])
+    assert skew.late_ms_rank1.tolist() == pytest.approx([0.03, 0.01])
+    assert skew.latest_rank.tolist() == [1, 1]

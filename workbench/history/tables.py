@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..stages import HOST_STAGES
 from .frames import add_rank_columns, rounded, text_as_string
-from .rank_clock import add_skew_columns
+from .rank_skew import add_skew_columns
 from .request_table import requests_table
 from .roofline import NO_COST
 

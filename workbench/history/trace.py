@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .rank_clock import CLOCK_ALIGNMENT, residual_us
+from .rank_clock import CLOCK_ALIGNMENT
+from .rank_skew import residual_us
 
 SKEW_COLUMNS = ("rank_skew_ms", "latest_rank")  # a step's, in its args when the table has them
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from ..history.rank_clock import on_rank0_clock
+from ..history.rank_clock import RankClock, align_steps
 
 DeviceTimes = Callable[[], dict[int, list[float]]]  # launch -> ranks 1..'s device ms
 RankEvents = Callable[[], dict[int, list[list[tuple]]]]  # launch -> ranks 1..'s events
@@ -40,7 +40,7 @@ class OtherRanks:
         # and of their clocks' offsets)
         self._events: dict[int, tuple[list, list, list]] = {}
         self._early_events: dict[int, list[list[tuple]]] = {}  # launch -> each rank's events
-        self._offsets: dict[int, float] = {}  # rank -> its clock's offset found last
+        self._clocks: dict[int, RankClock] = {}  # rank -> what moves its clock onto rank 0's
 
     def times_of(self, launch: int) -> list[float]:
         """The list a record holds for ranks 1..'s device times of step `launch` (filled
@@ -76,21 +76,23 @@ class OtherRanks:
 
     def read_events(self) -> bool:
         """Ranks 1..'s events into the profiled records that wait for them, each step's on rank
-        0's clock (`rank_clock.on_rank0_clock`); only once rank 0's own events of those steps
-        are read. Whether any record got some."""
+        0's clock (`rank_clock.align_steps`); only once rank 0's own events of those steps are
+        read. Whether any record got some."""
         if not self._events or self.ask_events is None:
             return False
         if any(launch not in self._early_events for launch in self._events):
             with contextlib.suppress(RuntimeError):  # a rank died: its events are lost
                 self._early_events.update(self.ask_events())
-        placed = False
-        for launch, (events0, into, offsets) in sorted(self._events.items()):
-            others = self._early_events.pop(launch, None)
-            if others:
-                into[:], offsets[:] = on_rank0_clock(events0, others, self._offsets)
-                placed = True
+        ready = [
+            (lists, self._early_events.pop(launch))
+            for launch, lists in sorted(self._events.items())
+            if self._early_events.get(launch)
+        ]
+        aligned = align_steps([(lists[0], others) for lists, others in ready], self._clocks)
+        for ((_, into, offsets), _), (moved, ms) in zip(ready, aligned):
+            into[:], offsets[:] = moved, ms
         # NOTE: records come in launch order: what is left of earlier launches has no record
         last = max(self._events)
         self._events.clear()
         self._early_events = {k: v for k, v in self._early_events.items() if k > last}
-        return placed
+        return bool(ready)
