@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import types
 
 import pandas as pd
 import pytest
@@ -211,3 +212,15 @@ def test_skew_from_made_up_all_reduces():
     assert skew.late_ms_rank0.tolist() == pytest.approx([0.01, 0.1])
     assert skew.late_ms_rank1.tolist() == pytest.approx([0.03, 0.01])
     assert skew.latest_rank.tolist() == [1, 1]
+
+
+def test_the_skew_chart_bins_a_long_run():
+    """More profiled steps than bars: each bin's mean skew, coloured by its most frequent latest
+    rank, under Altair's row limit."""
+    steps = pd.DataFrame({"step": range(1500)})
+    steps["rank_skew_ms"] = steps.step % 3 * 1.0  # 0, 1, 2, 0, 1, 2, ..
+    steps["latest_rank"] = pd.array([1 if s % 3 else 0 for s in steps.step], dtype="Int64")
+    spec = viz.rank_skew(types.SimpleNamespace(steps=steps)).to_dict()
+    (rows,) = [v for v in spec["datasets"].values() if v]
+    assert len(rows) <= viz.common.MAX_BARS and rows[0]["bin_end"] - rows[0]["bin"] == 3
+    assert {r["rank_skew_ms"] for r in rows} == {1.0} and {r["latest"] for r in rows} == {"rank 1"}
