@@ -142,6 +142,21 @@ def test_an_older_run_without_ranks_still_exports_and_hides_the_chart(profiled):
     assert "no skew" in json.dumps(viz.rank_skew(old).to_dict())
 
 
+def test_a_run_looked_at_after_another_keeps_its_ranks_events(wb2, profiled):
+    """`generate` leaves the events to the first look at its history; a reconfigure in between
+    (which ends the first run: its events are read then) leaves each run its own ranks'."""
+    llm = wb2.llm
+    llm.reconfigure(record="full", profile_steps=None)
+    llm.generate(PROMPTS[:2], greedy(3))
+    first = llm.history
+    llm.reconfigure(max_extend_tokens=6)
+    llm.generate(PROMPTS[:2], greedy(3))
+    for history in (llm.history, first):
+        events, steps = history.events, history.steps
+        assert sorted(set(events.step[events["rank"] == 1])) == steps.step.tolist()
+        assert steps.device_ms_rank1.notna().all() and steps.rank_skew_ms.notna().all()
+
+
 def test_only_the_steps_rank_0_profiles_are_profiled_on_every_rank(wb2, profiled):
     """A window of steps: rank 1 profiles exactly those (the step message says so); the other
     steps have no events and no skew. With record="light", no events and no skew columns."""
