@@ -157,6 +157,23 @@ def test_a_run_looked_at_after_another_keeps_its_ranks_events(wb2, profiled):
         assert steps.device_ms_rank1.notna().all() and steps.rank_skew_ms.notna().all()
 
 
+def test_with_overlap_stepped_by_hand_every_step_gets_its_ranks_events(wb2, profiled):
+    """With overlap a step's batch is still in flight when `step` returns: its record, built
+    in the next call, still gets the other rank's events (kept since they were handed over)."""
+    wb2.reset()
+    wb2.reconfigure(record="full", profile_steps=None, overlap=True)
+    for p in PROMPTS:
+        wb2.add_request(p, greedy(4))
+    wb2.step(3)
+    assert wb2.llm.scheduler.in_flight is not None
+    wb2.run(progress=False)
+    steps, events = wb2.history.steps, wb2.history.events
+    assert steps.overlapped.any()
+    assert sorted(set(events.step[events["rank"] == 1])) == steps.step.tolist()
+    assert steps.rank_skew_ms.notna().all()
+    wb2.reconfigure(overlap=False)
+
+
 def test_only_the_steps_rank_0_profiles_are_profiled_on_every_rank(wb2, profiled):
     """A window of steps: rank 1 profiles exactly those (the step message says so); the other
     steps have no events and no skew. With record="light", no events and no skew columns."""
