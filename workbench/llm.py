@@ -19,6 +19,7 @@ from .engine.worker import serve_under_torchrun
 from .history.history import History
 from .history.roofline import StepCost
 from .instrument.hooks import HookRegistry
+from .instrument.other_ranks import OtherRanks
 from .instrument.probe import Probe
 from .instrument.window import KEEP, profile_window
 from .scheduler.outcome import StepOutcome
@@ -98,7 +99,7 @@ class LLM:
         probe.cost = StepCost.for_engine(
             engine.model_config, engine.dtype, engine.device, engine.num_devices
         )
-        probe.rank_times = engine.rank_device_ms  # tensor parallelism: ranks 1..'s timers
+        probe.ranks = OtherRanks(engine.rank_device_ms, engine.rank_events)  # ranks 1..
         return engine
 
     def _stamp(self) -> None:

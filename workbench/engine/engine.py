@@ -265,6 +265,12 @@ class Engine:
         ranks 1.. (launch -> ms per rank), from each rank's own timer."""
         return self.ranks.device_ms()
 
+    def rank_events(self) -> dict[int, list[list[tuple]]]:
+        """With tensor parallelism: the profiler events of ranks 1.. of the steps they
+        profiled (those rank 0's profiler recorded) since the last call, launch -> a list per
+        rank, each on that rank's own clock."""
+        return self.ranks.events()
+
     def check_ranks(self) -> None:
         """With tensor parallelism: every rank's request table (page table, token pool) equals
         rank 0's, so the ranks read and write the same KV slots."""

@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from ..core import Batch, ChunkedReq, Req, SamplingParams
 from ..distributed import TPGroup, init_tp
+from ..profiling import session_running
 from .placement import rank_device
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ MULTICAST_OFF = {
 WORKER = "workbench.engine.worker"  # the module a started rank runs
 INTEGRITY = "integrity"  # message: compare the ranks' request tables
 DEVICE_MS = "device_ms"  # message: each rank's device time of the steps since the last ask
+EVENTS = "events"  # message: each rank's profiler events of the steps since the last ask
 MAX_TIMERS = 1 << 16  # steps whose device time a rank keeps until rank 0 asks
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a first forward may compile kernels for minutes
 IDLE_TIMEOUT = timedelta(days=365)  # a worker waits for the next step as long as the user
@@ -70,6 +72,7 @@ class StepMessage(NamedTuple):
     # step cost more than the rest of the message
     sampling: dict[int, SamplingParams]  # uid -> sampling, of requests new to the ranks
     gone: list[int]  # uids the ranks may forget: their requests ended
+    profile: bool = False  # rank 0's profiler records this step: the ranks' do too
 
 
 def ledger_of(req: Req) -> tuple[int, ...]:
@@ -128,7 +131,8 @@ class Ranks:
                 self._sent[req.uid] = req
                 new[req.uid] = req.sampling
         ledgers = np.array([ledger_of(r) for r in batch.reqs], dtype=np.int64).reshape(-1, 7)
-        message = StepMessage(journal, batch.phase, batch.num_decode, ledgers, new, gone)
+        profile = session_running()
+        message = StepMessage(journal, batch.phase, batch.num_decode, ledgers, new, gone, profile)
         try:
             dist.broadcast_object_list([message], src=0, group=self._control)
         except Exception:
@@ -146,12 +150,23 @@ class Ranks:
 
     def device_ms(self) -> dict[int, list[float]]:
         """Launch -> device ms on ranks 1.. of the steps run since the last call."""
+        reports = self._ask(DEVICE_MS)
+        return {k: [r.get(k, math.nan) for r in reports] for k in sorted(set().union(*reports))}
+
+    def events(self) -> dict[int, list[list[tuple]]]:
+        """Launch -> the profiler events of ranks 1.. (a list each: name, category, track,
+        start_us, duration_us on that rank's own clock) of the steps profiled since the last
+        call (`rank_profiler.py`)."""
+        reports = self._ask(EVENTS)
+        return {k: [r.get(k, []) for r in reports] for k in sorted(set().union(*reports))}
+
+    def _ask(self, what: str) -> list[dict]:
+        """What ranks 1.. report of `what`, one dict each."""
         self.check()
-        dist.broadcast_object_list([(DEVICE_MS, None)], src=0, group=self._control)
+        dist.broadcast_object_list([(what, None)], src=0, group=self._control)
         reports: list[dict | None] = [None] * self.size
         dist.all_gather_object(reports, {}, group=self._control)
-        launches = sorted(set().union(*reports[1:]))
-        return {k: [r.get(k, math.nan) for r in reports[1:]] for k in launches}
+        return reports[1:]
 
     @contextlib.contextmanager
     def alive(self) -> Iterator[None]:
@@ -234,6 +249,9 @@ class OneRank:
         return []
 
     def device_ms(self) -> dict[int, list[float]]:
+        return {}
+
+    def events(self) -> dict[int, list[list[tuple]]]:
         return {}
 
     def check(self, wait_s: float = 0.0) -> None:

@@ -19,7 +19,8 @@ import torch.distributed as dist
 from ..core import Batch, ChunkedReq, Req, SamplingParams
 from ..distributed import TPGroup, close_tp
 from .engine import DeviceStep, Engine
-from .ranks import DEVICE_MS, INTEGRITY, MAX_TIMERS, StepMessage, join, torchrun_rank
+from .rank_profiler import RankProfiler
+from .ranks import DEVICE_MS, EVENTS, INTEGRITY, MAX_TIMERS, StepMessage, join, torchrun_rank
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -49,6 +50,7 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
     engine = Engine(config, tp=tp)
     timers: dict[int, DeviceTimer] = {}  # launch -> this rank's timer, until rank 0 asks
     sampling: dict[int, SamplingParams] = {}  # uid -> sampling of the requests rank 0 runs
+    profiler = RankProfiler(engine.device)  # the steps rank 0 profiles
     try:
         while True:
             box = [None]
@@ -60,7 +62,8 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
             if message is None:
                 break
             if isinstance(message, StepMessage):
-                step = run_step(engine, message, sampling)
+                with profiler.step(engine.launches, message.profile):
+                    step = run_step(engine, message, sampling)
                 timers[step.launch] = step.timer
                 if len(timers) > MAX_TIMERS:  # rank 0 has not asked for a long while
                     del timers[next(iter(timers))]
@@ -72,7 +75,10 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
                 report = {k: t.elapsed_ms() for k, t in timers.items()}
                 timers.clear()
                 dist.all_gather_object([None] * tp.size, report, group=control)
+            elif message[0] == EVENTS:
+                dist.all_gather_object([None] * tp.size, profiler.events(), group=control)
     finally:
+        profiler.close()
         engine.close()
         close_tp(tp)
 

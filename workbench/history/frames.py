@@ -10,12 +10,16 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def add_rank_columns(steps: pd.DataFrame, rank_ms: dict[int, list[float]]) -> None:
-    """Tensor parallelism: `device_ms_rank1`.. beside rank 0's `device_ms` (NaN until read)."""
+def add_rank_columns(
+    steps: pd.DataFrame, rank_ms: dict[int, list[float]], prefix: str = "device_ms_rank"
+) -> None:
+    """Tensor parallelism: a value per rank 1.. of each step, `<prefix>1`.. (NaN until read):
+    `device_ms_rank1`.. beside rank 0's `device_ms`; `clock_offset_ms_rank1`.., what moved
+    each rank's clock onto rank 0's in a profiled step (`rank_clock.py`)."""
     if not rank_ms:
         return
     for r in range(int(steps.tp_size.max()) - 1):
-        steps[f"device_ms_rank{r + 1}"] = [
+        steps[f"{prefix}{r + 1}"] = [
             v[r] if len(v := rank_ms.get(s, ())) > r else math.nan for s in steps.step
         ]
 

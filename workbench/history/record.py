@@ -92,6 +92,16 @@ class StepRecord:
     # record="full": profiler events (name, category, track, start_us, duration_us); filled in
     # when the profiler session that covered the step ends (`Probe.flush`)
     events: list[tuple] | None = field(default=None, repr=False)
+    # record="full", tensor parallelism: the other ranks' events of the step on rank 0's clock,
+    # (rank, its events) pairs, and what moved ranks 1..'s clocks onto it (ms,
+    # `history.rank_clock`); filled when the history is read
+    rank_events: list[tuple[int, list[tuple]]] | None = field(default=None, repr=False)
+    rank_clock_ms: list[float] | None = field(default=None, repr=False)
+
+    @property
+    def events_by_rank(self) -> list[tuple[int, list[tuple]]]:
+        """Every rank's events of the step, rank 0's first: (rank, its events) pairs."""
+        return [(0, self.events or []), *(self.rank_events or ())]
 
     @property
     def rows(self) -> tuple[LedgerRow, ...]:
@@ -230,6 +240,7 @@ def build_record(
     began: float | None = None,
     last: Batch | None = None,
     predicted_host_ms: tuple[float, ...] | None = None,
+    rank_events: tuple[list, list] | None = None,
 ) -> StepRecord:
     """The step's record. `began`: when recording it began (`time.perf_counter()`); the host
     time counts until the record is built, its stages by the batch's clock. `last`: the
@@ -274,4 +285,6 @@ def build_record(
         page_rows=launched.page_rows,
         events=events,
         rank_device_ms=rank_device_ms,
+        rank_events=None if rank_events is None else rank_events[0],
+        rank_clock_ms=None if rank_events is None else rank_events[1],
     )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..stages import HOST_STAGES
 from .frames import add_rank_columns, rounded, text_as_string
+from .rank_skew import add_skew_columns
 from .request_table import requests_table
 from .roofline import NO_COST
 
@@ -103,9 +104,11 @@ class AdmissionRow(NamedTuple):
 
 
 class EventRow(NamedTuple):
-    """One profiler event (record="full")."""
+    """One profiler event (record="full") of one rank (tensor parallelism: each rank's on rank
+    0's clock, `rank_clock.py`)."""
 
     step: int
+    rank: int
     name: str
     category: str
     track: str
@@ -143,6 +146,7 @@ class TableRows:
         self.events: list[tuple] = []
         self.pages: list[tuple] = []
         self.rank_ms: dict[int, list[float]] = {}  # step -> ranks 1..'s device ms (filled later)
+        self.rank_clock_ms: dict[int, list[float]] = {}  # step -> ranks 1..'s clock offsets
 
     def follows(self, records: list[StepRecord]) -> bool:
         """Whether `records` begins with what was added here (else start again)."""
@@ -164,16 +168,20 @@ class TableRows:
         self._add_step(rec, rows, by_kind, decided, reasons)
         if rec.rank_device_ms is not None:
             self.rank_ms[rec.step] = rec.rank_device_ms
-        for name, category, track, start_us, duration_us in rec.events or ():
-            event = EventRow(
-                step=rec.step,
-                name=name,
-                category=category,
-                track=track,
-                start_us=start_us,
-                duration_us=duration_us,
-            )
-            self.events.append(tuple(event))
+        if rec.rank_clock_ms is not None:
+            self.rank_clock_ms[rec.step] = rec.rank_clock_ms
+        for rank, events in rec.events_by_rank:
+            for name, category, track, start_us, duration_us in events:
+                event = EventRow(
+                    step=rec.step,
+                    rank=rank,
+                    name=name,
+                    category=category,
+                    track=track,
+                    start_us=start_us,
+                    duration_us=duration_us,
+                )
+                self.events.append(tuple(event))
         if rec.page_rows:
             self._add_pages(rec, rows)
 
@@ -286,6 +294,8 @@ class TableRows:
             "pages": pd.DataFrame(self.pages, columns=PageRow._fields),
         }
         add_rank_columns(frames["steps"], self.rank_ms)
+        add_rank_columns(frames["steps"], self.rank_clock_ms, "clock_offset_ms_rank")
+        add_skew_columns(frames["steps"], frames["events"])
         frames["requests"] = requests_table(frames["steps"], frames["ledger"], arrivals, aborts)
         return {name: text_as_string(rounded(frame)) for name, frame in frames.items()}
 

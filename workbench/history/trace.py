@@ -7,36 +7,25 @@ from pathlib import Path
 
 import pandas as pd
 
+from .rank_clock import CLOCK_ALIGNMENT
+from .rank_skew import residual_us
+
+SKEW_COLUMNS = ("rank_skew_ms", "latest_rank")  # a step's, in its args when the table has them
+
 
 def chrome_trace(steps: pd.DataFrame, events: pd.DataFrame, meta: dict | None = None) -> dict:
-    """One track of scheduler steps (launched to completed), then one per profiler thread/stream.
-    Each step says whether the profiler recorded it (`profiled`); the trace's `otherData`
-    holds `meta` (the run's settings: "profile_steps" says what chose the profiled steps)."""
-    tracks: dict[str, int] = {"scheduler steps": 0}
-    trace = []
-    profiled = steps["profiled"] if "profiled" in steps else pd.Series(False, index=steps.index)
-    for row, was_profiled in zip(steps.itertuples(index=False), profiled):
-        trace.append(
-            {
-                "name": f"step {row.step} {row.phase}",
-                "cat": row.phase,
-                "ph": "X",
-                "ts": row.launched_at * 1e6,
-                "dur": max(row.wall_ms * 1e3, 1.0),
-                "pid": 0,
-                "tid": 0,
-                "args": {
-                    "batch_size": int(row.batch_size),
-                    "num_tokens": int(row.num_tokens),
-                    "queue_len": int(row.queue_len),
-                    "kv_free": int(row.kv_free),
-                    "device_ms": float(row.device_ms),
-                    "profiled": bool(was_profiled),
-                },
-            }
-        )
-    for row in events.itertuples(index=False):
-        tid = tracks.setdefault(row.track, len(tracks))
+    """One process per rank ("rank N"; one rank: "rank 0" alone): rank 0's first track is the
+    scheduler steps (launched to completed), then each rank's profiler threads and streams.
+    Each step says whether the profiler recorded it (`profiled`) and, with several ranks, its
+    skew; the trace's `otherData` holds `meta` (the run's settings: "profile_steps" says what
+    chose the profiled steps) and, with several ranks, how their clocks were aligned."""
+    trace = [
+        _step_event(row, args) for row, args in zip(steps.itertuples(index=False), _args(steps))
+    ]
+    ranks = events["rank"] if "rank" in events else pd.Series(0, index=events.index)
+    tracks: dict[tuple[int, str], int] = {(0, "scheduler steps"): 0}
+    for row, rank in zip(events.itertuples(index=False), ranks.tolist()):
+        tid = tracks.setdefault((rank, row.track), len(tracks))
         trace.append(
             {
                 "name": row.name,
@@ -44,17 +33,55 @@ def chrome_trace(steps: pd.DataFrame, events: pd.DataFrame, meta: dict | None = 
                 "ph": "X",
                 "ts": float(row.start_us),
                 "dur": float(row.duration_us),
-                "pid": 0,
+                "pid": rank,
                 "tid": tid,
                 "args": {"step": int(row.step)},
             }
         )
-    for name, tid in tracks.items():
+    for rank in sorted({rank for rank, _ in tracks}):
+        name = {"name": f"rank {rank}"}
+        trace.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": name})
+    for (rank, name), tid in tracks.items():
         trace.append(
-            {"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name}}
+            {"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": name}}
         )
     other = {k: v for k, v in (meta or {}).items() if k not in ("texts", "step_costs")}
+    if ranks.gt(0).any():
+        other["clock_alignment"] = CLOCK_ALIGNMENT
+        other["all_reduce_end_gap_us"] = residual_us(events)  # the largest left after it
     return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _args(steps: pd.DataFrame) -> list[dict]:
+    """Each step's own args beyond the fixed ones: `profiled`, and its skew where it has one."""
+    profiled = steps["profiled"] if "profiled" in steps else pd.Series(False, index=steps.index)
+    out = [{"profiled": bool(p)} for p in profiled]
+    for column in SKEW_COLUMNS:
+        if column in steps:
+            for args, value in zip(out, steps[column].tolist()):
+                if not pd.isna(value):
+                    args[column] = value
+    return out
+
+
+def _step_event(row, args: dict) -> dict:
+    return {
+        "name": f"step {row.step} {row.phase}",
+        "cat": row.phase,
+        "ph": "X",
+        "ts": row.launched_at * 1e6,
+        "dur": max(row.wall_ms * 1e3, 1.0),
+        "pid": 0,
+        "tid": 0,
+        "args": {
+            "batch_size": int(row.batch_size),
+            "num_tokens": int(row.num_tokens),
+            "queue_len": int(row.queue_len),
+            "kv_free": int(row.kv_free),
+            "device_ms": float(row.device_ms),
+            **args,
+        },
+    }
 
 
 def export_trace(

@@ -25,6 +25,7 @@ from ..history.record import StepRecord, build_record
 from ..scheduler.observer import Observer
 from . import events as ev
 from .hooks import HookRegistry
+from .other_ranks import OtherRanks
 from .pages import PageSnapshots
 from .profiler import ProfilerSession, assign_to_steps, gc_paused
 from .window import ChosenSteps, StepView, profile_window
@@ -73,11 +74,7 @@ class Probe(Observer):
         self._chosen = ChosenSteps(self.window)  # the steps it chose this run
         # ended sessions not read yet: (read, marks, step -> the list its events go in)
         self._unread: list[tuple[Callable[[], list], list, dict[int, list]]] = []
-        # tensor parallelism: what gives ranks 1..'s device times (set by LLM), and the records'
-        # lists they go in, by launch
-        self.rank_times: Callable[[], dict[int, list[float]]] | None = None
-        self._rank_lists: dict[int, list[float]] = {}
-        self._rank_early: dict[int, list[float]] = {}  # times of steps not recorded yet
+        self.ranks = OtherRanks()  # tensor parallelism: what ranks 1.. report (set by LLM)
         self._last_batch: Batch | None = None  # the batch recorded last (`build_record`)
         self.meta: dict = {}  # what each history says of the run's setup (`LLM.run_meta`)
 
@@ -85,7 +82,7 @@ class Probe(Observer):
         """A probe for the same engine with another record level and profile window (the
         same hooks, device and roofline; `LLM.reconfigure`)."""
         probe = Probe(record, self.hooks, self.device, profile_steps, cost=self.cost)
-        probe.rank_times, probe.meta = self.rank_times, self.meta
+        probe.ranks, probe.meta = self.ranks.like(), self.meta
         return probe
 
     def restart(self) -> None:
@@ -94,7 +91,8 @@ class Probe(Observer):
             self._session.discard()
         self.read_events()  # the old history's, for whoever still holds it
         self._marks, self._pending, self._early = [], {}, {}
-        self._rank_early, self._last_batch = {}, None
+        self._last_batch = None
+        self.ranks.restart()
         self._chosen = ChosenSteps(self.window)
         self._pages = PageSnapshots()
         self.history = History(self.cost, before_tables=self.read_events)
@@ -159,28 +157,19 @@ class Probe(Observer):
 
     def read_events(self) -> None:
         """Read the ended profiler sessions' events into the steps they belong to (and, with
-        tensor parallelism, the other ranks' device times of the steps recorded since)."""
-        if self._rank_lists and self.rank_times is not None:
-            try:
-                reported = self.rank_times()
-            except RuntimeError:  # a rank died: its times are lost, not the rest of the history
-                reported = {}
-            for launch, times in reported.items():
-                if launch in self._rank_lists:
-                    self._rank_lists.pop(launch)[:] = times
-                else:  # a batch in flight (overlap): its record comes later
-                    self._rank_early[launch] = times
-            self._rank_lists.clear()  # steps whose times a rank no longer kept
+        tensor parallelism, the other ranks' device times of the steps recorded since and,
+        while no session runs, their events of the profiled ones: `OtherRanks`)."""
+        if self.ranks.read_times():
             self.history.rank_times_changed()
         unread, self._unread = self._unread, []
-        if not unread:
-            return
         with gc_paused():
             for read, marks, lists in unread:
                 for step, assigned in assign_to_steps(read(), marks).items():
                     if step in lists:
                         lists[step].extend(assigned)
-        self.history.events_changed()
+        placed = not self._running and self.ranks.read_events()
+        if unread or placed:
+            self.history.events_changed()
 
     # -- hook points, in the order they fire ----------------------------------------------
     def request_arrive(self, step: int, uid: int, prompt_len: int, max_tokens: int) -> None:
@@ -308,13 +297,13 @@ class Probe(Observer):
         events: list | None = early if profiled else None  # filled when the events are read
         with self.range("step.end"):
             device = outcome.launched.device
-            ranks = None
-            if device.tp_size > 1 and self.rank_times is not None:
-                ranks = self._rank_early.pop(device.launch, [])
-            record = self.build_record(outcome, occupancy(), events, ranks, began)
+            ranks = rank_events = None  # filled when the history is read
+            if device.tp_size > 1 and self.ranks.present:
+                ranks = self.ranks.times_of(device.launch)
+                if profiled:  # the other ranks' events, and their clocks' offsets
+                    rank_events = self.ranks.events_of(device.launch, events)
+            record = self.build_record(outcome, occupancy(), events, ranks, began, rank_events)
             self._last_batch = outcome.batch
-            if ranks == []:  # filled when the history is read
-                self._rank_lists[device.launch] = ranks
             if self.record != "off":
                 self.history.append(record)
         if "step.end" in self.hooks:
@@ -323,6 +312,10 @@ class Probe(Observer):
             self._pending[outcome.index] = events
         return record
 
-    def build_record(self, outcome, occupancy, events, ranks, began: float) -> StepRecord:
-        """The step's record (`history.record.build_record`)."""
-        return build_record(outcome, occupancy, events, ranks, began, self._last_batch)
+    def build_record(
+        self, outcome, occupancy, events, ranks, began: float, rank_events=None
+    ) -> StepRecord:
+        """The step's record (`history.record.build_record`); `rank_events`: lists for the
+        other ranks' events and clock offsets (`OtherRanks.events_of`)."""
+        last = self._last_batch
+        return build_record(outcome, occupancy, events, ranks, began, last, None, rank_events)

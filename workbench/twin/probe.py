@@ -51,7 +51,9 @@ class TwinProbe(Probe):
         self.timeline.recorded(self._predicted)
         return super().step_end(outcome, occupancy)
 
-    def build_record(self, outcome, occupancy, events, ranks, began) -> StepRecord:
+    def build_record(
+        self, outcome, occupancy, events, ranks, began, rank_events=None
+    ) -> StepRecord:
         predicted = self._predicted.host_ms
         return build_record(
             outcome, occupancy, None, None, None, self._last_batch, predicted_host_ms=predicted

@@ -6,10 +6,11 @@ loads from the network. Long runs are aggregated before they reach Altair (its r
 5,000 and a browser wants far fewer marks than that).
 
 The charts live by what they show: `step_charts` (batches, the KV pool, time per step),
-`request_charts` (ledgers, page tables, admissions) and `slo_charts` (why requests missed an
-SLO). `CHARTS` lists every one in the order the dashboard and the report show them; each is
-drawn the same way, `chart.draw(history, step, uid)`, for the step and the request in focus
-(None: none). Adding a chart is its function and one line here.
+`request_charts` (ledgers, page tables, admissions), `rank_charts` (the ranks' skew at their
+all-reduces) and `slo_charts` (why requests missed an SLO). `CHARTS` lists every one in the
+order the dashboard and the report show them; each is drawn the same way,
+`chart.draw(history, step, uid)`, for the step and the request in focus (None: none).
+Adding a chart is its function and one line here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .rank_charts import has_rank_skew, rank_skew
 from .request_charts import admissions, ledger_bars, ledger_lines, page_table
 from .slo_charts import has_slo, slo_misses
 from .step_charts import (
@@ -69,6 +71,13 @@ CHARTS = (
     Chart("ledger_lines", "Lengths over steps", ledger_lines, "highlight_step", "highlight_uid"),
     Chart("admissions", "Admissions", admissions, None, "highlight_uid"),
     Chart("rank_times", "Device time of each rank", rank_times, "highlight_step", shown=has_ranks),
+    Chart(
+        "rank_skew",
+        "Skew of the ranks at their all-reduces",
+        rank_skew,
+        "highlight_step",
+        shown=has_rank_skew,
+    ),  # fmt: skip
     Chart(
         "slo_misses",
         "Why requests missed the SLO",
