@@ -69,7 +69,7 @@ class Dashboard(w.VBox):
         self._follow = True  # the slider tracks the newest step until moved back by hand
         self._moving = False  # the slider is being set by refresh(), not by hand
         self._last_refresh = 0.0  # when the last redraw ended
-        self._redraw_s = 0.0  # what the last redraw cost
+        self._redraw_s = 0.0  # what the last redraw of the charts cost
         self._cleared = True  # the charts show "no steps yet"
         self._progress = ""  # "running: 3 of 10 steps" while a button drives the engine
         self._progress_of: tuple[int, int | None] | None = None  # (first step, steps asked)
@@ -190,7 +190,8 @@ class Dashboard(w.VBox):
             self._redraw()
         finally:
             self._last_refresh = time.monotonic()
-            self._redraw_s = self._last_refresh - start
+            if not self._cleared:  # emptied views cost nothing: keep the last drawing's cost
+                self._redraw_s = self._last_refresh - start
 
     def _redraw(self) -> None:
         history = self.history
