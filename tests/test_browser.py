@@ -276,6 +276,13 @@ def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
         page.screenshot(path=str(ARTIFACTS / f"{notebook[:2]}-notebook.png"), full_page=False)
         assert drawn and all(drawn), f"{notebook}: charts drawn {drawn}"
         assert "Error loading script" not in text
+        if notebook.startswith("03"):  # the comparison shows every column it has, and says why
+            from workbench.viz.compare import SHORT
+
+            table = page.locator(".jp-OutputArea-output table.dataframe").first
+            heads = [h.strip() for h in table.locator("thead th").all_inner_texts()]
+            assert [h for h in heads if h] == list(SHORT), heads  # none elided ("...")
+            assert "- Time to first token is lowest with " in text
         errors = page.locator(
             ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']"
         )
