@@ -86,6 +86,8 @@ def lab(tmp_path_factory):
             "JUPYTER_PLATFORM_DIRS": "1",
             "WORKBENCH_MODEL": "tiny-llama",
             "WORKBENCH_QUICK": "1",
+            # the kernels import this checkout's workbench, not the one installed in the venv
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         },
     )
     base = f"http://127.0.0.1:{port}"
@@ -274,6 +276,13 @@ def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
         page.screenshot(path=str(ARTIFACTS / f"{notebook[:2]}-notebook.png"), full_page=False)
         assert drawn and all(drawn), f"{notebook}: charts drawn {drawn}"
         assert "Error loading script" not in text
+        if notebook.startswith("03"):  # the comparison shows every column it has, and says why
+            from workbench.viz.compare import SHORT
+
+            table = page.locator(".jp-OutputArea-output table.dataframe").first
+            heads = [h.strip() for h in table.locator("thead th").all_inner_texts()]
+            assert [h for h in heads if h] == list(SHORT), heads  # none elided ("...")
+            assert "- Time to first token is lowest with " in text
         errors = page.locator(
             ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']"
         )
@@ -308,3 +317,104 @@ def test_the_report_fits_the_page_offline(tmp_path):
         urls = page.evaluate("performance.getEntriesByType('resource').map(e => e.name)")
         assert all(u.startswith(("file:", "data:", "blob:")) for u in urls), urls[:5]
         browser.close()
+
+
+# The sequence of issue #26 that left the dashboard at "step 0 of 25": each cell prints the
+# engine's last step, which the dashboard's status must show once the cell has ended.
+SEQUENCE = [
+    "import torch\n\nfrom workbench import SamplingParams, Workbench\n\n"
+    "torch.set_num_threads(1)\n"
+    "wb = Workbench('tiny-llama', max_extend_tokens=8, max_running_reqs=2)\n"
+    "for prompt in ['Hello, my name is', 'The capital of France is', 'Once upon a time']:\n"
+    "    wb.add_request(prompt, SamplingParams(max_tokens=8))\n"
+    "last = lambda: print('engine at step', int(wb.history.steps.step.iloc[-1]))\n"
+    "wb.dashboard()",
+    "wb.run(progress=False)\nlast()",
+    "wb.reset(again=True)\nwb.run(progress=False)\nlast()",
+    "wb.reset(again=True)\nwb.step()\nlast()",
+    "wb.step()\nlast()",
+    "last()",  # after the Step and Run buttons
+]
+
+
+def _run_cell(page, lab_log: Path, index: int) -> str:
+    """Run one cell, wait until it has run and the kernel is idle; what it printed."""
+    page.evaluate(
+        """(i) => { const panel = window.jupyterapp.shell.currentWidget;
+        panel.content.activeCellIndex = i;
+        window.jupyterapp.commands.execute('notebook:run-cell'); }""",
+        index,
+    )
+    deadline = time.monotonic() + 180
+    while True:
+        cell = page.evaluate(CELL_STATES)[index]
+        if cell["error"]:
+            pytest.fail(_diagnose(page, lab_log, f"cell {index} failed:\n{cell['error']}"))
+        if cell["count"] is not None and page.evaluate(KERNEL_STATUS) == "idle":
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(_diagnose(page, lab_log, f"cell {index} did not finish"))
+        page.wait_for_timeout(200)
+    outputs = page.evaluate(
+        "(i) => window.jupyterapp.shell.currentWidget.content.model.cells.get(i).outputs.toJSON()",
+        index,
+    )
+    return "".join(out.get("text", "") for out in outputs)
+
+
+def _settled(page, status, quiet_ms: int = 2000) -> str:
+    """The status once nothing has changed for `quiet_ms` with the kernel idle: what the browser
+    sent back while a cell ran reaches the kernel only after the cell."""
+    text, since = status.inner_text(), time.monotonic()
+    while time.monotonic() - since < quiet_ms / 1000:
+        page.wait_for_timeout(250)
+        now = status.inner_text()
+        if now != text or page.evaluate(KERNEL_STATUS) != "idle":
+            text, since = now, time.monotonic()
+    return text
+
+
+def test_the_dashboard_follows_cells_and_buttons_in_a_real_browser(lab):
+    """Dashboard open; run; reset(again=True) and run; reset(again=True) and step; step; the
+    Step and Run buttons: after each, the status shows the engine's last step of its last step
+    (it used to stay at "step 0 of N" after the second run, and after every later cell)."""
+    import nbformat
+    from playwright.sync_api import sync_playwright
+
+    base, lab_log = lab
+    spec = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    cells = [nbformat.v4.new_code_cell(source) for source in SEQUENCE]
+    nb = nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": spec})
+    nbformat.write(nb, lab_log.parent / "dashboard_sequence.ipynb")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1200, "height": 1100})
+        page.goto(f"{base}/lab/tree/dashboard_sequence.ipynb?reset")
+        page.wait_for_selector(".jp-Notebook", timeout=60_000)
+        page.wait_for_function("window.jupyterapp !== undefined", timeout=60_000)
+        _start_kernel(page, lab_log)
+        _run_cell(page, lab_log, 0)
+        status = page.locator(".jp-OutputArea-output .widget-html-content").first
+        status.wait_for(timeout=60_000)
+        seen = []
+        for index in range(1, 5):
+            last = int(_run_cell(page, lab_log, index).split()[-1])
+            what = "; ".join(SEQUENCE[index].splitlines()[:-1])
+            seen.append((what, last, _settled(page, status)))
+        for name in ("Step", "Run"):
+            before = status.inner_text()
+            page.get_by_role("button", name=name, exact=True).first.click()
+            page.wait_for_function(
+                "([el, before]) => el.innerText !== before",
+                arg=[status.element_handle(), before],
+                timeout=60_000,
+            )
+            _settled(page, status)
+            last = int(_run_cell(page, lab_log, 5).split()[-1])
+            seen.append((f"the {name} button", last, _settled(page, status)))
+        page.screenshot(path=str(ARTIFACTS / "dashboard-sequence.png"))
+        browser.close()
+    shown = [(what, last, " ".join(text.split()[:4])) for what, last, text in seen]
+    assert all(text == f"step {last} of {last}" for _, last, text in shown), shown
+    lasts = [last for _, last, _ in shown]
+    assert lasts[0] == lasts[1] > 3 and lasts[2:5] == [0, 1, 2] and lasts[5] > 2, shown

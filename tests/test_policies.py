@@ -10,7 +10,9 @@ import pytest
 
 from workbench import Workbench
 from workbench.core import DECODE_FIRST
-from workbench.viz import compare_chart, compare_table, request_latencies
+from workbench.viz import compare_chart, compare_summary, compare_table, request_latencies
+from workbench.viz.causes import run_causes
+from workbench.viz.compare import SHORT
 
 from .conftest import PROMPTS, greedy, hf_greedy, shared
 
@@ -126,7 +128,10 @@ def test_compare_views_read_the_runs():
         runs[policy] = wb.history
     table = compare_table(runs)
     assert list(table.index) == ["prefill_first", "mixed"]
-    assert (table["output tokens"] == 36).all()
+    assert list(table.columns) == list(SHORT)  # the default view: short, one name a quantity
+    full = compare_table(runs, full=True)  # every figure, the short view's among them
+    assert table.equals(full[list(SHORT)])
+    assert (full["output tokens"] == 36).all()
     assert table.loc["mixed", "mixed steps"] > 0
     assert table.loc["prefill_first", "mixed steps"] == 0
     lat = request_latencies(runs["mixed"])
@@ -134,7 +139,7 @@ def test_compare_views_read_the_runs():
     assert (lat.ttft_steps == r.first_token_step - r.arrival_step + 1).all()
     assert (lat.ttft_steps >= 1).all()
     assert table.loc["mixed", "mean TTFT (steps)"] == round(lat.ttft_steps.mean(), 2)
-    assert not any(c.endswith("ms/step") for c in table.columns)  # no profile with "light"
+    assert not any(c.endswith("ms/step") for c in full.columns)  # no profile with "light"
     spec = compare_chart(runs).to_dict()
     assert len(spec["vconcat"]) == 3
     assert "http" not in str(spec["datasets"])  # data inline, nothing to fetch
@@ -150,13 +155,59 @@ def test_profiled_runs_compare_by_kernel_family():
             wb.add_request(p, greedy(3))
         wb.run(progress=False)
         runs[f"chunk {budget}"] = wb.history
-    table = compare_table(runs)
+    table = compare_table(runs, full=True)
     families = [c for c in table.columns if c.endswith("ms/step")]
     assert {"attention ms/step", "matmul ms/step", "idle ms/step"} <= set(families)
     assert (table[families] >= 0).all().all() and (table["matmul ms/step"] > 0).all()
     # idle fills each step up to its wall time, so the families cover at least the wall time
     total = table[families].sum(axis=1)
     assert (total >= 0.99 * table["mean step wall (ms)"]).all()
+
+
+def test_compare_summary_names_each_winner_and_the_causes_in_the_records():
+    """compare_summary's winners are the table's, and its causes are the records': the time
+    queued adds up, request by request, to the steps from its arrival to its prompt's last chunk
+    that did not admit it (each refusal with its reason); decode_first's requests wait for the
+    decodes; prefill steps pause running decodes under prefill_first and never under mixed."""
+    runs = {}
+    for policy in ("prefill_first", "decode_first", "mixed"):
+        wb = Workbench("tiny-llama", policy=policy, max_extend_tokens=16, max_running_reqs=4)
+        staggered(wb, 6)
+        wb.run(progress=False)
+        runs[policy] = wb.history
+    table, sentences = compare_table(runs), compare_summary(runs)
+    causes = {label: run_causes(history) for label, history in runs.items()}
+    for label, history in runs.items():
+        r, wall_ms = history.requests, history.steps.set_index("step").wall_ms
+        admitted = history.admissions[history.admissions.admitted.astype(bool)]
+        waited = [  # every step from its arrival to its prompt's last chunk that did not admit it
+            wall_ms[step]
+            for uid, arrival, last in zip(r.uid, r.arrival_step, r.first_token_step)
+            for step in range(arrival, last + 1)
+            if step not in set(admitted.step[admitted.uid == uid])
+        ]
+        assert causes[label].queued_s == pytest.approx(sum(waited) / 1e3)
+        assert table.loc[label, "queued (s)"] == round(causes[label].queued_s, 3)
+    assert max(causes["decode_first"].queued_ms, key=causes["decode_first"].queued_ms.get) == (
+        DECODE_FIRST
+    )
+    assert causes["prefill_first"].paused_steps > 0 and causes["mixed"].paused_steps == 0
+    said = {s.split(" is ")[0]: s for s in sentences}
+    for title, column, best, worst in [
+        ("Throughput", "output tokens/s", "idxmax", "idxmin"),
+        ("Time to first token", "p50 TTFT (ms)", "idxmin", "idxmax"),
+        ("Inter-token latency", "p50 ITL (ms)", "idxmin", "idxmax"),
+    ]:
+        if "the same within 5%" not in said[title]:
+            values = table[column]
+            assert f"with {getattr(values, best)()} (" in said[title].split(" and ")[0]
+            assert f"with {getattr(values, worst)()} (" in said[title].split(" and ")[1]
+    assert "for the running decodes (decode_first)" in str(sentences)
+    (host,) = [s for s in sentences if s.startswith("Host-bound steps")]
+    assert "on the CPU the forward counts as the device's" in host
+    assert all(f"{label} {c.host_bound} of {c.steps}" in host for label, c in causes.items())
+    (one,) = compare_summary({"mixed": runs["mixed"]})  # one run: described, nothing to rank
+    assert one.startswith("mixed: ") and f"{causes['mixed'].steps} steps" in one
 
 
 def shortest_first(state):

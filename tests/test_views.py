@@ -9,6 +9,7 @@ import re
 import pytest
 
 from workbench import SamplingParams, Workbench, load_run, viz
+from workbench.viz.causes import describe, run_causes
 from workbench.viz.dashboard import Dashboard
 from workbench.viz.report import save_png, write_report
 
@@ -160,6 +161,9 @@ def test_report_is_one_offline_file(run, tmp_path):
     assert text.count("vegaEmbed('#fig") == 9
     assert not re.search(r"<script[^>]+src=", text)  # nothing to fetch
     assert "cdn.jsdelivr" not in text and "test run" in text
+    # what the records say of the run, in a sentence under the summary's heading
+    said = describe("This run", run_causes(loaded))
+    assert f"<h2>Summary</h2>\n<p>{html.escape(said)}</p>" in text and "host-bound" in said
     assert wb.report(tmp_path / "live.html").stat().st_size > 500_000  # the bundle is inline
     # each request's prompt and answer, from the live run and from the saved one alike
     outputs = wb.outputs()

@@ -82,8 +82,10 @@ def breakdown_table(history) -> pd.DataFrame:
         return pd.DataFrame(columns=["step", "family", "ms"])
     on_gpu = (events.category == "kernel").any()
     leaf = events[events.category == "kernel"] if on_gpu else events[events.name.isin(_CPU_LEAVES)]
-    leaf = leaf.assign(family=[family(n, c) for n, c in zip(leaf.name, leaf.category)])
-    busy = leaf.groupby(["step", "family"], as_index=False).duration_us.sum()
+    # each name classified once per step, not once per event (tens of thousands in a run)
+    names = leaf.groupby(["step", "name", "category"], as_index=False).duration_us.sum()
+    names["family"] = [family(n, c) for n, c in zip(names.name, names.category)]
+    busy = names.groupby(["step", "family"], as_index=False).duration_us.sum()
     busy["ms"] = busy.duration_us / 1e3
     wall = history.steps.set_index("step").wall_ms
     total = busy.groupby("step").ms.sum()

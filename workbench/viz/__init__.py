@@ -1,13 +1,15 @@
 """Views of a run: Altair charts, the live dashboard, the static report. Each reads a history.
 
 Every chart of `charts.CHARTS` is here by its name (``viz.batch_composition(history)``), with
-the comparisons of several runs (`compare_table`, `compare_chart`, `request_latencies`), the
+the comparisons of several runs (`compare_table`, `compare_summary`, `compare_chart`,
+`request_latencies`), the
 report (`write_report`) and the dashboard (`Dashboard`, imported on first use: it needs
 ipywidgets)."""
 
 from . import charts
 from .charts import CHARTS, Chart
 from .compare import compare_chart, compare_table, request_latencies, sweep_chart
+from .compare_summary import compare_summary
 from .report import write_report
 
 
@@ -35,6 +37,7 @@ __all__ = [
     "Chart",
     "Dashboard",
     "compare_chart",
+    "compare_summary",
     "compare_table",
     "sweep_chart",
     "request_latencies",

@@ -14,8 +14,30 @@ import pandas as pd
 from ..history.families import breakdown_table
 from ..history.latency import inter_token_latencies, run_figures, tpot
 from ..history.slo import check_slo, slo_figures
+from .causes import run_causes
 from .common import WIDTH, altair, binned_steps
 from .report import summary
+
+# compare_table's default columns, in the order a comparison reads: throughput, the latencies
+# users feel (one name each: p50, not also "median"), the schedule's steps, where time went
+SHORT = (
+    "output tokens/s",
+    "p50 TTFT (ms)",
+    "p99 TTFT (ms)",
+    "p50 ITL (ms)",
+    "p99 ITL (ms)",
+    "p50 TPOT (ms)",
+    "p99 TPOT (ms)",
+    "mean TTFT (steps)",
+    "steps",
+    "prefill steps",
+    "mixed steps",
+    "decode steps",
+    "mean step wall (ms)",
+    "device busy (%)",
+    "host-bound steps",
+    "queued (s)",
+)
 
 
 def request_latencies(history) -> pd.DataFrame:
@@ -36,47 +58,64 @@ def request_latencies(history) -> pd.DataFrame:
 
 
 def compare_table(
-    runs: Mapping[str, object], slo: Mapping[str, float] | None = None
+    runs: Mapping[str, object], full: bool = False, slo: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
-    """One row per run: the report's headline figures; latency in steps; TTFT, TPOT and ITL
-    percentiles in ms (p50, p90, p99: TTFT and TPOT over requests, ITL over the gaps of all
-    requests); mean step times, and against the roofline where the run has it (`bound_ms`,
-    `achieved_gbps` of the steps table); for runs profiled with record="full", the mean ms per
-    step of each kernel family. With `slo` (ms limits, `history.slo`): goodput, attainment and
-    each limit's pass rate."""
+    """One row per run, the columns of `SHORT`: output tokens/s; TTFT, ITL and TPOT in ms at
+    p50 and p99 (TTFT and TPOT over requests, ITL over the gaps of all requests); mean TTFT in
+    steps; the steps by phase; where the time went: the mean step's wall time, the device's
+    share of it, the host-bound steps and the request-seconds waited in the queue
+    (`viz.causes`). `compare_summary(runs)` says the same in sentences, with the causes.
+
+    `full=True`: every figure: the report's headline figures, p90s and latency in steps, mean
+    step times and against the roofline where the run has it (`bound_ms`, `achieved_gbps` of
+    the steps table); for runs profiled with record="full", the mean ms per step of each kernel
+    family.
+
+    `slo` (ms limits, `history.slo`): goodput, attainment and each limit's pass rate too, in
+    either view."""
     slo = None if slo is None else check_slo(slo)
-    rows = {}
+    rows, slo_columns = {}, {}
     for label, history in runs.items():
-        lat = request_latencies(history)
-        steps = history.steps
-        itl_ms = inter_token_latencies(steps, history.ledger) * 1e3
-        row = summary(history)
-        row.update(
-            {
-                "mean TTFT (steps)": round(float(lat.ttft_steps.mean()), 2),
-                "p90 TTFT (steps)": float(lat.ttft_steps.quantile(0.9)),
-                "mean steps per output token": round(float(lat.tpot_steps.mean()), 3),
-                **_percentiles("TTFT", lat.ttft_ms),
-                **_percentiles("TPOT", lat.tpot_ms),
-                **_percentiles("ITL", itl_ms),
-                "mean step wall (ms)": round(float(steps.wall_ms.mean()), 3),
-                "mean step device (ms)": round(float(steps.device_ms.mean()), 3),
-                "mean step host (ms)": _mean(steps, "host_ms"),
-                "mean step bound (ms)": _mean(steps, "bound_ms"),
-                "mean achieved GB/s": _mean(steps, "achieved_gbps"),
-                "bound / device time": _bound_share(steps),
-            }
-        )
-        breakdown = breakdown_table(history)
-        if not breakdown.empty:
-            per_step = breakdown.groupby("family").ms.sum() / history.steps.step.nunique()
-            row.update(
-                {f"{family} ms/step": round(float(ms), 3) for family, ms in per_step.items()}
-            )
+        rows[label] = _row(history)
         if slo is not None:
-            row.update(slo_figures(history, slo))
-        rows[label] = row
-    return pd.DataFrame.from_dict(rows, orient="index")
+            figures = slo_figures(history, slo)
+            rows[label].update(figures)
+            slo_columns.update(dict.fromkeys(figures))
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    return table if full else table[[*SHORT, *slo_columns]]
+
+
+def _row(history) -> dict:
+    """Every figure of one run (`compare_table(..., full=True)`)."""
+    lat = request_latencies(history)
+    steps = history.steps
+    itl_ms = inter_token_latencies(steps, history.ledger) * 1e3
+    causes = run_causes(history)
+    row = summary(history)
+    row.update(
+        {
+            "mean TTFT (steps)": round(float(lat.ttft_steps.mean()), 2),
+            "p90 TTFT (steps)": float(lat.ttft_steps.quantile(0.9)),
+            "mean steps per output token": round(float(lat.tpot_steps.mean()), 3),
+            **_percentiles("TTFT", lat.ttft_ms),
+            **_percentiles("TPOT", lat.tpot_ms),
+            **_percentiles("ITL", itl_ms),
+            "mean step wall (ms)": round(float(steps.wall_ms.mean()), 3),
+            "mean step device (ms)": round(float(steps.device_ms.mean()), 3),
+            "mean step host (ms)": _mean(steps, "host_ms"),
+            "mean step bound (ms)": _mean(steps, "bound_ms"),
+            "mean achieved GB/s": _mean(steps, "achieved_gbps"),
+            "bound / device time": _bound_share(steps),
+            "device busy (%)": round(100 * causes.device_share, 1),
+            "host-bound steps": causes.host_bound,
+            "queued (s)": round(causes.queued_s, 3),
+        }
+    )
+    breakdown = breakdown_table(history)
+    if not breakdown.empty:
+        per_step = breakdown.groupby("family").ms.sum() / history.steps.step.nunique()
+        row.update({f"{family} ms/step": round(float(ms), 3) for family, ms in per_step.items()})
+    return row
 
 
 def _mean(steps: pd.DataFrame, column: str) -> float | None:

@@ -69,7 +69,7 @@ class Dashboard(w.VBox):
         self._follow = True  # the slider tracks the newest step until moved back by hand
         self._moving = False  # the slider is being set by refresh(), not by hand
         self._last_refresh = 0.0  # when the last redraw ended
-        self._redraw_s = 0.0  # what the last redraw cost
+        self._redraw_s = 0.0  # what the last redraw of the charts cost
         self._cleared = True  # the charts show "no steps yet"
         self._progress = ""  # "running: 3 of 10 steps" while a button drives the engine
         self._progress_of: tuple[int, int | None] | None = None  # (first step, steps asked)
@@ -190,7 +190,8 @@ class Dashboard(w.VBox):
             self._redraw()
         finally:
             self._last_refresh = time.monotonic()
-            self._redraw_s = self._last_refresh - start
+            if not self._cleared:  # emptied views cost nothing: keep the last drawing's cost
+                self._redraw_s = self._last_refresh - start
 
     def _redraw(self) -> None:
         history = self.history
@@ -200,15 +201,8 @@ class Dashboard(w.VBox):
             self._clear()
             return
         last = int(steps.step.iloc[-1])
-        self._moving = True
-        try:
-            with self.slider.hold_trait_notifications():
-                self.slider.max = last
-                self.slider.min = int(steps.step.iloc[0])
-                if self._follow or self.slider.value > last:
-                    self.slider.value = last
-        finally:
-            self._moving = False
+        follow = self._follow or not steps.step.iloc[0] <= self.slider.value <= last
+        self._set_slider(int(steps.step.iloc[0]), last, last if follow else self.slider.value)
         uids = [int(u) for u in history.requests.uid]
         options = [("all", -1)] + [(f"#{u}", u) for u in uids]
         if [o[1] for o in self.picker.options] != [o[1] for o in options]:
@@ -223,16 +217,25 @@ class Dashboard(w.VBox):
                 self.charts[chart.name].chart = _fit(chart.draw(history, step, uid))
         self._cleared = False
 
+    def _set_slider(self, low: int, high: int, value: int) -> None:
+        """The slider's range and value, set by the dashboard (not a move by hand)."""
+        self._moving = True
+        try:
+            # NOTE: one message to the browser for all three. Sent apart, the browser clamps its
+            # old value into a new range (value 16 of max 0 after a reset) and sends that value
+            # back; during a run from a cell it waits until the cell ends, then reads as a move
+            # by hand to an old step, and the dashboard stopped following the engine.
+            with self.slider.hold_sync(), self.slider.hold_trait_notifications():
+                self.slider.min, self.slider.max, self.slider.value = low, high, value
+        finally:
+            self._moving = False
+
     def _clear(self) -> None:
         """No steps (a new or reset workbench): empty views, and what to do next."""
         import altair as alt
 
-        self._moving = True
-        try:
-            with self.slider.hold_trait_notifications():
-                self.slider.min, self.slider.max, self.slider.value = 0, 0, 0
-        finally:
-            self._moving = False
+        self._follow = True  # a new history (a reset from a cell too) shows its newest step
+        self._set_slider(0, 0, 0)
         if len(self.picker.options) > 1:
             self.picker.options, self.picker.value = [("all", -1)], -1
         self._update_buttons()

@@ -11,6 +11,7 @@ import pandas as pd
 
 from ..history.latency import inter_token_latencies
 from . import charts
+from .causes import describe, run_causes
 
 
 def summary(history) -> dict:
@@ -78,6 +79,7 @@ def write_report(
         title=html.escape(title),
         bundle=bundle,
         summary=_table(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]})),
+        said=html.escape(describe("This run", run_causes(history))) if len(history.steps) else "",
         figures="\n".join(figure_html),
         requests=_table(history.requests.round(4)),
         texts=_texts_table(texts),
@@ -144,6 +146,7 @@ h3 {{ margin-bottom: 4px; }}
 <body>
 <h1>{title}</h1>
 <h2>Summary</h2>
+<p>{said}</p>
 {summary}
 <h2>Charts</h2>
 {figures}

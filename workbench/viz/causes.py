@@ -1,0 +1,141 @@
+"""Where a run's time went, from its records: how long requests waited in the queue and why
+(every refusal names its reason), the steps that computed prompt tokens and how busy the device
+was in them, and the steps bound by the host. `compare_table` shows these figures,
+`compare_summary` and the report say them in sentences."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import pandas as pd
+
+# a refusal reason (`core.admission`), as a sentence says what the request waited for
+WAITED_FOR = {
+    "no_token_budget": "for the token budget",
+    "no_slot": "for a request slot",
+    "kv_full": "for KV cache space",
+    "kv_full_after_lock": "for KV cache space after locking its prefix",
+    "queued_behind": "behind a refused request",
+    "wait_for_prefix": "for a shared prefix to be computed",
+    "decode_first": "for the running decodes",
+}
+
+
+class Causes(NamedTuple):
+    """A run's figures of where its time went."""
+
+    steps: int
+    mean_step_ms: float  # wall time
+    queued_ms: dict[str, float]  # request-ms refused, by reason, largest first
+    prompt_steps: int  # steps that computed prompt tokens (prefill or mixed)
+    paused_steps: int  # of those, prefill steps while requests were running: decodes paused
+    prompt_tokens_max: int  # the most prompt tokens one of them computed
+    prompt_device_share: float  # device time over wall time in those steps (NaN: none)
+    device_share: float  # device time over wall time in every step
+    host_bound: int | None  # steps whose host work outlasted the device's (None: not recorded)
+    on_cpu: bool  # the forward ran on the host: its time is the device's, not host work
+
+    @property
+    def queued_s(self) -> float:
+        return sum(self.queued_ms.values()) / 1e3
+
+
+def run_causes(history) -> Causes:
+    """The figures of `Causes`. A request refused at a step waited that step's wall time (a
+    request-ms) for the reason it was refused (`history.admissions`). A step is host-bound when
+    the host's own work (schedule, prepare, launch, collect, record: `host_ms`) took longer than
+    the device's (`device_ms`); on the CPU the forward is the device's work, so it is taken out
+    of the host's."""
+    steps = history.steps
+    on_cpu = str(getattr(history, "meta", {}).get("device", "")).startswith("cpu")
+    prompt = steps[(steps.prefill_tokens + steps.chunk_tokens) > 0]
+    host_bound = None
+    if "host_ms" in steps and steps.host_ms.notna().any():
+        own_ms = steps.host_ms - steps.device_ms if on_cpu else steps.host_ms
+        host_bound = int((own_ms > steps.device_ms).sum())
+    return Causes(
+        steps=len(steps),
+        mean_step_ms=float(steps.wall_ms.mean()) if len(steps) else math.nan,
+        queued_ms=_queued_ms(history),
+        prompt_steps=len(prompt),
+        paused_steps=int(
+            ((prompt.phase == "prefill") & (prompt.running > prompt.batch_size)).sum()
+        ),
+        prompt_tokens_max=int((prompt.prefill_tokens + prompt.chunk_tokens).max() or 0)
+        if len(prompt)
+        else 0,
+        prompt_device_share=_share(prompt),
+        device_share=_share(steps),
+        host_bound=host_bound,
+        on_cpu=on_cpu,
+    )
+
+
+def _queued_ms(history) -> dict[str, float]:
+    admissions = history.admissions
+    refused = admissions[~admissions.admitted.fillna(False).astype(bool)]
+    refused = refused.drop_duplicates(["step", "uid"])  # one reason a step for each request
+    wall_ms = history.steps.set_index("step").wall_ms
+    by_reason = refused.step.map(wall_ms).groupby(refused.reason.to_numpy()).sum()
+    return {str(r): float(ms) for r, ms in by_reason.sort_values(ascending=False).items()}
+
+
+def _share(steps: pd.DataFrame) -> float:
+    wall_ms = steps.wall_ms.sum()
+    return float(steps.device_ms.sum() / wall_ms) if wall_ms > 0 else math.nan
+
+
+def queued_phrase(causes: Causes, reasons: int = 2) -> str:
+    """ "queued 9.1 s in all, 8.0 s for the token budget (no_token_budget), 1.1 s behind a
+    refused request (queued_behind)": the total and its largest `reasons`."""
+    if not causes.queued_ms:
+        return "never waited in the queue"
+    parts = [
+        f"{_s(ms / 1e3)} {WAITED_FOR.get(reason, 'for ' + reason)} ({reason})"
+        for reason, ms in list(causes.queued_ms.items())[:reasons]
+    ]
+    return f"queued {_s(causes.queued_s)} in all, " + ", ".join(parts)
+
+
+def prompt_phrase(causes: Causes) -> str:
+    """ "91 steps with prompt tokens (up to 256 a step; 4 paused the running decodes), the
+    device busy 31% of their time"."""
+    if not causes.prompt_steps:
+        return "no step with prompt tokens"
+    paused = f"; {causes.paused_steps} paused the running decodes" if causes.paused_steps else ""
+    said = (
+        f"{_count(causes.prompt_steps, 'step')} with prompt tokens "
+        f"(up to {causes.prompt_tokens_max:,} a step{paused})"
+    )
+    if math.isnan(causes.prompt_device_share):
+        return said
+    return f"{said}, the {_device(causes)} busy {causes.prompt_device_share:.0%} of their time"
+
+
+def host_phrase(causes: Causes) -> str:
+    """ "80 of 110 steps host-bound" (or that the run recorded no host times)."""
+    if causes.host_bound is None:
+        return "no host times recorded"
+    return f"{causes.host_bound} of {_count(causes.steps, 'step')} host-bound"
+
+
+def describe(label: str, causes: Causes) -> str:
+    """One run in a sentence: its steps, their prompt work, the host, the queue."""
+    return (
+        f"{label}: {_count(causes.steps, 'step')} of {causes.mean_step_ms:.1f} ms on average, "
+        f"the {_device(causes)} busy {causes.device_share:.0%} of the time; "
+        f"{prompt_phrase(causes)}; {host_phrase(causes)}; its requests {queued_phrase(causes)}."
+    )
+
+
+def _device(causes: Causes) -> str:
+    return "forward (on the CPU)" if causes.on_cpu else "device"
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
