@@ -147,7 +147,7 @@ class Dashboard(w.VBox):
         self._update_buttons()  # cheap: what can be pressed follows every change
         if self._progress:  # between redraws, at least the count moves
             self.status.value = f"<b>{self._progress}</b><i>the views redraw as it goes</i>"
-        elif self.history.steps.empty:
+        elif len(self.history) == 0:  # NOTE: not history.steps, a table built again each step
             self._clear()
 
     def _on_slider(self, change) -> None:
