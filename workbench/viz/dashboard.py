@@ -67,14 +67,14 @@ class Dashboard(w.VBox):
             rows.append(row)
         super().__init__(rows)
         self._follow = True  # the slider tracks the newest step until moved back by hand
-        self._moving = False  # the slider is being set by refresh(), not by hand
+        self._moving = False  # the slider or the picker is being set by refresh(), not by hand
         self._last_refresh = 0.0  # when the last redraw ended
         self._redraw_s = 0.0  # what the last redraw of the charts cost
         self._cleared = True  # the charts show "no steps yet"
         self._progress = ""  # "running: 3 of 10 steps" while a button drives the engine
         self._progress_of: tuple[int, int | None] | None = None  # (first step, steps asked)
         self.slider.observe(self._on_slider, "value")
-        self.picker.observe(lambda _: self.refresh(), "value")
+        self.picker.observe(lambda _: None if self._moving else self.refresh(), "value")
         self.refresh()
 
     def _engine_buttons(self) -> w.HBox:
@@ -206,8 +206,7 @@ class Dashboard(w.VBox):
         uids = [int(u) for u in history.requests.uid]
         options = [("all", -1)] + [(f"#{u}", u) for u in uids]
         if [o[1] for o in self.picker.options] != [o[1] for o in options]:
-            value = self.picker.value if self.picker.value in uids else -1
-            self.picker.options, self.picker.value = options, value
+            self._set_picker(options, self.picker.value if self.picker.value in uids else -1)
         self._update_buttons()
         step = self.slider.value
         uid = None if self.picker.value == -1 else self.picker.value
@@ -230,6 +229,16 @@ class Dashboard(w.VBox):
         finally:
             self._moving = False
 
+    def _set_picker(self, options: list[tuple[str, int]], value: int) -> None:
+        """The request picker's choices, in one message, with no redraw of their own (the
+        caller draws)."""
+        self._moving = True
+        try:
+            with self.picker.hold_sync():
+                self.picker.options, self.picker.value = options, value
+        finally:
+            self._moving = False
+
     def _clear(self) -> None:
         """No steps (a new or reset workbench): empty views, and what to do next."""
         import altair as alt
@@ -237,7 +246,7 @@ class Dashboard(w.VBox):
         self._follow = True  # a new history (a reset from a cell too) shows its newest step
         self._set_slider(0, 0, 0)
         if len(self.picker.options) > 1:
-            self.picker.options, self.picker.value = [("all", -1)], -1
+            self._set_picker([("all", -1)], -1)
         self._update_buttons()
         if not self._cleared:
             empty = empty_chart(alt, "no steps yet")
