@@ -53,11 +53,12 @@ def binned_steps(steps: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame,
     return frame.assign(bin_end=frame.bin + width), f"step (mean of {width})"
 
 
-def color_scale(alt, field: str, colors: dict[str, str], title: str | None = None):
+def color_scale(alt, field: str, colors: dict[str, str], title: str | None = None, legend=None):
     """`field` coloured as `colors` says, whichever values the data has; the legend titled
-    `title` (default: the field's name)."""
+    `title` (default: the field's name), placed by `legend` (an `alt.Legend`) when given."""
     scale = alt.Scale(domain=list(colors), range=list(colors.values()))
-    return alt.Color(f"{field}:N", scale=scale, title=title or field)
+    placed = {} if legend is None else {"legend": legend}
+    return alt.Color(f"{field}:N", scale=scale, title=title or field, **placed)
 
 
 def order_expr(field: str, order: list[str]) -> str:

@@ -174,9 +174,10 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
     )  # fmt: skip
     # NOTE: the hooks' legend above the chart: two legends side by side (the dashboard puts
     # legends below, in a row) would make the chart twice as wide
-    hook_color = color_scale(alt, "family", HOOK_COLORS, "hook range")
-    hook_color.legend = alt.Legend(orient="top", direction="horizontal", columns=3)
-    hooks = base.transform_filter("datum.category == 'hook'").encode(color=hook_color)
+    above = alt.Legend(orient="top", direction="horizontal", columns=3)
+    hooks = base.transform_filter("datum.category == 'hook'").encode(
+        color=color_scale(alt, "family", HOOK_COLORS, "hook range", legend=above)
+    )
     work = base.transform_filter("datum.category != 'hook'").encode(
         color=color_scale(alt, "family", FAMILY_COLORS, "kernel family")
     )
