@@ -21,6 +21,8 @@ from workbench.__main__ import main
 from workbench.instrument.hooks import HookError
 from workbench.instrument.window import StepView
 from workbench.policies import POLICIES
+from workbench.profiling import event_cost_us
+from workbench.viz import compare_table
 
 from .conftest import shared
 
@@ -142,6 +144,35 @@ def test_the_saved_run_and_the_trace_say_which_steps_were_profiled_and_why(tmp_p
     wb.reset()
     wb.reconfigure(profile_steps=lambda s: s.batch_size >= 3)
     assert wb.llm.run_meta()["profile_steps"] == "lambda s: s.batch_size >= 3"
+
+
+def test_each_profiled_step_says_what_the_profiler_added_to_its_host_time(tmp_path):
+    """`profiler_ms`: the host events the profiler recorded in the step (kept or not) times what
+    one costs, measured when the first session started; NaN for a step not profiled."""
+    wb = engine()
+    wb.reset()
+    wb.reconfigure(
+        policy="mixed", overlap=True, profile_steps=range(0, 100, 2), max_profiled_steps=None
+    )
+    submit(wb, seed=5)
+    wb.run(progress=False)
+    steps, events = wb.history.steps, wb.history.events
+    cost_ms = event_cost_us(torch.device("cpu")) / 1e3
+    assert cost_ms > 0  # an operator recorded costs the host something
+    profiled = steps[steps.profiled]
+    assert len(profiled) and steps.profiler_ms[~steps.profiled].isna().all()
+    counts = profiled.profiler_ms / cost_ms  # whole numbers of events
+    assert (abs(counts - counts.round()) < 0.01).all() and (counts >= 1).all()
+    # at least the host events it kept (hook ranges, longer operators) were counted
+    kept = events[events.category != "kernel"].groupby("step").size()
+    assert (
+        counts.round().astype(int).to_numpy()
+        >= kept.reindex(profiled.step, fill_value=0).to_numpy()
+    ).all()
+    assert (profiled.profiler_ms < profiled.host_ms).all()
+    run = load_run(wb.save(tmp_path / "run.parquet"))
+    assert run.steps.profiler_ms.tolist() == pytest.approx(steps.profiler_ms.tolist(), nan_ok=True)
+    assert compare_table({"a": run}, full=True).loc["a", "profiler ms per profiled step"] > 0
 
 
 def test_a_predicate_that_raises_mid_run_is_raised_after_its_step():

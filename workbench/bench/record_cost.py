@@ -1,16 +1,28 @@
-"""What recording costs: step time with record="off", "light" and "full", same work, same run.
+"""What recording costs: record="off", "light" and "full" on the same work, in one process.
 
     python -m workbench.bench.record_cost [--model smollm2] [--requests 8] [--tokens 32]
+    python -m workbench.bench.record_cost --workload arriving [--model dummy:qwen3-0.6b]
 
-Runs the levels in turn, `--repeat` rounds (naive cache, so every round does the same work), and
-prints the median step time of each and its overhead against "off".
+The default ("steps") runs the levels in turn, `--repeat` rounds (naive cache, so every round does
+the same work), and prints the median step time of each and its overhead against "off".
+
+`--workload arriving` is notebook 04's on a GPU: 24 requests of 200 to 1,500 tokens, 32 to 64
+output tokens, one arriving every 2 steps, chunk 256, policy mixed, overlap on; one `Workbench`
+runs it with "light" and "full" in turn (`--repeat` rounds). For each level: the whole run (the
+steps, then reading the tables a user looks at: steps and, with "full", the profiler's events),
+and per phase the median step time and the median of each step's ratio to the same step of the
+"light" run (arrivals by step: the two runs schedule the same batches), and with "full" the host
+time the profiler added per step by its own estimate (the steps table's `profiler_ms`).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
+
+import numpy as np
 
 from ..config import RECORD_LEVELS
 from ..core import SamplingParams
@@ -22,33 +34,105 @@ LEVELS = RECORD_LEVELS
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--workload", choices=("steps", "arriving"), default="steps")
+    parser.add_argument("--model", default=None, help="smollm2, or dummy:qwen3-0.6b (arriving)")
+    parser.add_argument("--requests", type=int, default=None, help="8 (steps), 24 (arriving)")
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=None, help="5 (steps), 3 (arriving)")
     args = parser.parse_args(argv)
-    prompts = (PROMPTS * (args.requests // len(PROMPTS) + 1))[: args.requests]
-    sp = SamplingParams(max_tokens=args.tokens, ignore_eos=True)
-    llms = {level: LLM(args.model, cache="naive", record=level) for level in LEVELS}
+    if args.workload == "arriving":
+        arriving(args.model or "dummy:qwen3-0.6b", args.requests or 24, args.repeat or 3)
+    else:
+        steps(args.model or "smollm2", args.requests or 8, args.tokens, args.repeat or 5)
+
+
+def steps(model: str, requests: int, tokens: int, repeat: int) -> None:
+    prompts = (PROMPTS * (requests // len(PROMPTS) + 1))[:requests]
+    sp = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    llms = {level: LLM(model, cache="naive", record=level) for level in LEVELS}
     for llm in llms.values():
         llm.generate(prompts[:2], SamplingParams(max_tokens=4))  # warm-up
     per_step: dict[str, list[float]] = {level: [] for level in LEVELS}
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         for level, llm in llms.items():
-            steps = []
+            records = []
             start = time.perf_counter()
-            llm.generate(prompts, sp, on_step=steps.append)
-            per_step[level].append((time.perf_counter() - start) / len(steps) * 1e3)
+            llm.generate(prompts, sp, on_step=records.append)
+            per_step[level].append((time.perf_counter() - start) / len(records) * 1e3)
             llm.history.records.clear()
     base = statistics.median(per_step["off"])
     device = llms["off"].engine.device
-    print(
-        f"{args.model} on {device}, {args.requests} requests x {args.tokens} tokens, "
-        f"median of {args.repeat} rounds"
-    )
+    print(f"{model} on {device}, {requests} requests x {tokens} tokens, median of {repeat} rounds")
     for level in LEVELS:
         ms = statistics.median(per_step[level])
         print(f"record={level:<5}  {ms:8.2f} ms/step  overhead {100 * (ms / base - 1):+6.1f}%")
+
+
+def arriving_requests(count: int, seed: int = 0) -> list[tuple]:
+    """Notebook 04's GPU workload: prompts of 200 to 1,500 tokens, 32 to 64 output tokens,
+    one request arriving every 2 steps."""
+    rng = random.Random(seed)
+    return [
+        (
+            [rng.randrange(1000, 20000) for _ in range(rng.randint(200, 1500))],
+            SamplingParams(max_tokens=rng.randint(32, 64), ignore_eos=True),
+            2 * i,
+        )
+        for i in range(count)
+    ]
+
+
+def arriving(model: str, count: int, repeat: int) -> None:
+    from ..workbench import Workbench
+
+    requests = arriving_requests(count)
+    wb = Workbench(model, overlap=True, max_running_reqs=32, max_extend_tokens=256, policy="mixed")
+    totals: dict[str, list[tuple[float, float]]] = {"light": [], "full": []}
+    tables = {}
+    for round_ in range(repeat + 1):  # round 0 warms up (kernels, graphs)
+        for level in totals:
+            wb.reset()
+            wb.reconfigure(record=level)
+            for prompt, sampling, step in requests:
+                wb.add_request(prompt, sampling, arrival_step=step)
+            start = time.perf_counter()
+            wb.run(progress=False)
+            ran = time.perf_counter()
+            run = wb.snapshot()
+            table = run.steps
+            if level == "full":
+                len(run.events)
+            if round_:
+                totals[level].append((ran - start, time.perf_counter() - ran))
+                tables.setdefault(level, []).append(table)
+    wb.check_integrity()
+    light_s = statistics.median(run + read for run, read in totals["light"])
+    print(
+        f"{model} on {wb.engine.device}: {count} requests arriving every 2 steps, chunk 256, "
+        f"mixed, overlap on; medians of {repeat} rounds"
+    )
+    for level, times in totals.items():
+        run_s = statistics.median(t[0] for t in times)
+        read_s = statistics.median(t[1] for t in times)
+        print(
+            f"record={level:<5} whole run {run_s + read_s:6.2f} s (steps {run_s:.2f} + tables "
+            f"{read_s:.2f}) = {(run_s + read_s) / light_s:.2f}x light"
+        )
+    for phase in ("prefill", "mixed", "decode"):
+        line = [f"{phase:>7} steps:"]
+        for level in totals:
+            wall = [t.wall_ms[t.phase == phase].median() for t in tables[level]]
+            line.append(f"{level} {statistics.median(wall):6.2f} ms")
+        ratios = [
+            np.median(f.wall_ms[f.phase == phase].to_numpy() / lt.wall_ms[lt.phase == phase])
+            for f, lt in zip(tables["full"], tables["light"])
+            if len(f) == len(lt)
+        ]
+        if ratios:
+            line.append(f"full / light per step {statistics.median(ratios):.2f}x")
+        added = [t.profiler_ms[t.phase == phase].median() for t in tables["full"]]
+        line.append(f"profiler's own estimate {statistics.median(added):.2f} ms/step")
+        print("  ".join(line))
 
 
 if __name__ == "__main__":

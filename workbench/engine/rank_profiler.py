@@ -63,7 +63,7 @@ class RankProfiler:
         out: dict[int, list[tuple]] = {}
         with gc_paused():
             for read, marks in unread:
-                for launch, events in assign_to_steps(read(), marks).items():
+                for launch, events in assign_to_steps(read().events, marks).items():
                     if launch >= 0:
                         out.setdefault(launch, []).extend(events)
         return out

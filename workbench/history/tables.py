@@ -73,6 +73,7 @@ class StepRow(NamedTuple):
     simulated: bool  # timed by a twin's step costs (`workbench.twin`), not measured
     # record="full": the profiler recorded it (meta "profile_steps" says what chose it)
     profiled: bool
+    profiler_ms: float  # host time the profiler added, by its estimate; NaN: not profiled
 
 
 class LedgerEntry(NamedTuple):
@@ -258,6 +259,7 @@ class TableRows:
             achieved_gbps=bound.bytes_read / device_ms / 1e6 if device_ms > 0 else math.nan,
             simulated=rec.simulated,
             profiled=rec.events is not None,
+            profiler_ms=getattr(rec.events, "profiler_ms", math.nan),
         )
         self.steps.append(tuple(step))
 

@@ -22,6 +22,7 @@ from ..config import RECORD_LEVELS
 from ..core import Admissions, Batch, Req, ReqView
 from ..history.history import History
 from ..history.record import StepRecord, build_record
+from ..profiling import StepEvents, event_cost_us, host_events_by_step
 from ..scheduler.observer import Observer
 from . import events as ev
 from .hooks import HookRegistry
@@ -152,7 +153,7 @@ class Probe(Observer):
         self._early = {}
         for _, step, kind in marks:
             if kind == "launch" and step in self._chosen.awaiting and step not in lists:
-                lists[step] = self._early[step] = []
+                lists[step] = self._early[step] = StepEvents()
         self._unread.append((self._session.stop(), marks, lists))
 
     def read_events(self) -> None:
@@ -163,10 +164,15 @@ class Probe(Observer):
             self.history.rank_times_changed()
         unread, self._unread = self._unread, []
         with gc_paused():
+            cost_ms = event_cost_us(self.device) / 1e3
             for read, marks, lists in unread:
-                for step, assigned in assign_to_steps(read(), marks).items():
+                capture = read()
+                for step, assigned in assign_to_steps(capture.events, marks).items():
                     if step in lists:
                         lists[step].extend(assigned)
+                for step, count in host_events_by_step(capture.host_us, marks).items():
+                    if step in lists:
+                        lists[step].profiler_ms = count * cost_ms
         placed = not self._running and self.ranks.read_events()
         if unread or placed:
             self.history.events_changed()
@@ -293,8 +299,9 @@ class Probe(Observer):
         clock.enter("record")
         profiled = self._chosen.recorded(outcome.index) and self._running
         # its launch's events, when an earlier session saw it (overlap, stepping by hand)
-        early = self._early.pop(outcome.index, []) if self._early else []
-        events: list | None = early if profiled else None  # filled when the events are read
+        early = self._early.pop(outcome.index, None) if self._early else None
+        # filled when the events are read
+        events = (early if early is not None else StepEvents()) if profiled else None
         with self.range("step.end"):
             device = outcome.launched.device
             ranks = rank_events = None  # filled when the history is read

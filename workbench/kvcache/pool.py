@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 
@@ -23,7 +26,7 @@ class KVPool:
         self.num_slots = (num_pages + 1) * page_size
         self.dummy_slot = num_pages * page_size
         shape = (2, num_layers, self.num_slots, num_kv_heads, head_dim)
-        self.buffer = torch.zeros(shape, dtype=dtype, device=device)
+        self.buffer = _zeros(shape, dtype, torch.device(device))
 
     def k(self, layer: int) -> torch.Tensor:
         return self.buffer[0, layer]
@@ -38,3 +41,13 @@ class KVPool:
     @property
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed buffer. On the CPU from the C library's zeroed allocation: a large one is pages
+    the kernel zeroes when first written, so a pool sized from memory that a run barely uses
+    costs neither the time to zero it (0.6 s for SmolLM2's 1 GiB) nor the memory."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import SINGLE, TPGroup
+from .parallel import Unfilled
 
 
 def vocab_rows(vocab_size: int, tp: TPGroup) -> int:
@@ -27,7 +28,7 @@ def load_vocab_shard(dst: torch.Tensor, full: torch.Tensor, tp: TPGroup) -> None
     dst[n:].zero_()
 
 
-class VocabParallelEmbedding(nn.Embedding):
+class VocabParallelEmbedding(Unfilled, nn.Embedding):
     """Each rank looks up the ids in its slice, zeros for the others; an all-reduce sums them."""
 
     def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = SINGLE) -> None:

@@ -103,6 +103,8 @@ def _row(history) -> dict:
             "mean step wall (ms)": round(float(steps.wall_ms.mean()), 3),
             "mean step device (ms)": round(float(steps.device_ms.mean()), 3),
             "mean step host (ms)": _mean(steps, "host_ms"),
+            # the profiler's own estimate of what it added, over the steps it profiled
+            "profiler ms per profiled step": _mean(steps, "profiler_ms"),
             "mean step bound (ms)": _mean(steps, "bound_ms"),
             "mean achieved GB/s": _mean(steps, "achieved_gbps"),
             "bound / device time": _bound_share(steps),

@@ -1,16 +1,10 @@
-"""Profiler capture (record="full"): one torch.profiler session over many steps, its events
-flattened to (name, category, track, start_us, duration_us) on the clock it is given, and each
-event's step. Rank 0's probe uses it (`instrument/profiler.py` names its hook ranges), and so does
-every tensor-parallel rank above 0 (`engine/rank_profiler.py`), which is why it sits below both."""
+"""A stopped profiler session's events, flattened to (name, category, track, start_us,
+duration_us) on the run's clock, and each event's step (`assign_to_steps`), with how many host
+events each step recorded (what the profiler cost it: `host_events_by_step`)."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import gc
-import os
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -43,12 +37,22 @@ _BOOKKEEPING = {
 }
 
 
-def activities(device: torch.device) -> list:
-    """What torch.profiler records on `device`: host operators, and kernels on a GPU."""
-    from torch.profiler import ProfilerActivity
+class Capture(NamedTuple):
+    """A stopped session's events (`read_events`), and when each host event it recorded began,
+    kept or not (`host_us`): what the profiler cost the host grows with their number
+    (`host_events_by_step`, `event_cost_us`)."""
 
-    cuda = [ProfilerActivity.CUDA] if device.type == "cuda" else []
-    return [ProfilerActivity.CPU, *cuda]
+    events: list[Event]
+    host_us: np.ndarray
+
+
+class StepEvents(list):
+    """A profiled step's events, filled when its session is read, and `profiler_ms`: the host
+    time the profiler added to the step by its own estimate, the host events it recorded in
+    the step (operators, ranges, CUDA runtime calls; kept or not) times what one costs
+    (`event_cost_us`)."""
+
+    profiler_ms: float = 0.0
 
 
 class Event(NamedTuple):
@@ -129,87 +133,22 @@ def _last_before(marks: list[tuple[float, int, str]], t: np.ndarray) -> np.ndarr
     return steps[np.searchsorted(times, t, side="right") - 1]
 
 
-class ProfilerSession:
-    """One torch.profiler (kineto) session over any number of steps (record="full").
-
-    Nothing is read while it runs: no synchronisation and no Python object per event. `stop()`
-    synchronises once and hands back the reader of kineto's events (`read_events`). A start
-    and stop around every step instead cost a synchronisation and tens of milliseconds each,
-    which a profiled run then measured as its own step times.
-
-    `ranges`: the names of our own `record_function` ranges (the hook points', a rank's step):
-    category "hook" on the host, and their device-side twins dropped.
-
-    On a GPU only ranges (the hook points' `record_function`) are recorded on the host, not
-    every ATen operator: the kernels come from CUPTI, each linked to the range that launched it,
-    and tracing thousands of operators a step would slow the host (the one that matters with
-    overlap) several times over. On a CPU the operators are the kernels, so all are recorded.
-    """
-
-    def __init__(
-        self, clock: Callable[[], float], device: torch.device, ranges: frozenset[str] = frozenset()
-    ) -> None:
-        self._clock, self._cuda, self._ranges = clock, device.type == "cuda", ranges
-        self._activities = set(activities(device))
-        self._results_of = None  # stops the session; gives kineto's results
-        self._offset_us = 0.0
-
-    @property
-    def running(self) -> bool:
-        return self._results_of is not None
-
-    def start(self) -> None:
-        from torch._C._profiler import RecordScope
-        from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
-        from torch.autograd.profiler import profile
-
-        config = profile(use_kineto=True).config()  # this torch's defaults
-        scopes = {RecordScope.USER_SCOPE} if self._cuda else set()
-        with _quiet_stderr():
-            _prepare_profiler(config, self._activities)
-            _enable_profiler(config, self._activities, scopes)
-        # NOTE: kineto's times are on the Unix clock; the records', on the run's clock.
-        self._offset_us = self._clock() * 1e6 - time.time_ns() / 1e3
-        self._results_of = _disable_profiler
-        _RUNNING.add(self)
-
-    def stop(self) -> Callable[[], list[Event]]:
-        """End the session. Returns what reads its events, in the order kineto gives them:
-        reading a long run's (hundreds of thousands of kernels, a few microseconds of Python
-        each) is left until someone looks."""
-        disable, self._results_of = self._results_of, None
-        _RUNNING.discard(self)
-        if self._cuda:
-            torch.cuda.synchronize()
-        with _quiet_stderr():
-            results = disable()
-        return functools.partial(read_events, results, self._offset_us, self._ranges)
-
-    def discard(self) -> None:
-        if self._results_of is not None:
-            disable, self._results_of = self._results_of, None
-            _RUNNING.discard(self)
-            with _quiet_stderr():
-                disable()
+def host_events_by_step(host_us: np.ndarray, marks: list[tuple[float, int, str]]) -> dict[int, int]:
+    """How many of a session's host events (`Capture.host_us`) each step's host work recorded:
+    each to the last mark before it (`assign_to_steps`'s marks)."""
+    if not len(host_us) or not marks:
+        return {}
+    steps, counts = np.unique(_last_before(marks, host_us), return_counts=True)
+    return {s: n for s, n in zip(steps.tolist(), counts.tolist()) if s != _NONE}
 
 
-# NOTE: kineto is one profiler per process, so "a session runs" is a fact of the process: rank 0's
-# engine reads it at each launch to tell the other ranks whether to profile the step too
-_RUNNING: set[ProfilerSession] = set()
-
-
-def session_running() -> bool:
-    """Whether a `ProfilerSession` records in this process now."""
-    return bool(_RUNNING)
-
-
-def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset()) -> list[Event]:
+def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset()) -> Capture:
     """A stopped session's events (kineto's `results`), on the session's clock (`offset_us`
     from kineto's); `ranges` as `ProfilerSession` says."""
     offset, cuda, hooks = offset_us, torch.autograd.DeviceType.CUDA, ranges
     tracks: dict[tuple, str] = {}
-    out = []
-    append = out.append
+    out, host = [], []
+    append, counted = out.append, host.append
     # NOTE: each accessor is a call into C++ and a run leaves hundreds of thousands of
     # events: the ones dropped (short host calls) go after as few calls as possible
     for e in results.events():
@@ -227,6 +166,8 @@ def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset())
             start, link = e.start_ns() / 1e3 + offset, e.linked_correlation_id()
             append(Event(name, "kernel", track, start, duration / 1e3, 0, link))
             continue
+        start = e.start_ns() / 1e3 + offset
+        counted(start)
         if name in hooks:
             category = "hook"
         elif (duration < MIN_CPU_OP_NS or name in _BOOKKEEPING) and name not in ALL_REDUCES:
@@ -239,38 +180,5 @@ def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset())
         # NOTE: a CUDA runtime call (cudaLaunchKernel) links to a range or operator; its own
         # correlation id is CUPTI's, from another sequence that can collide with theirs
         corr = 0 if link else e.correlation_id()
-        start = e.start_ns() / 1e3 + offset
         append(Event(name, category, track, start, duration / 1e3, corr, link))
-    return out
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """No garbage collection meanwhile: reading a session makes hundreds of thousands of small
-    tuples, each allocation counting towards a collection that would walk every object the
-    process holds (seconds in all, for nothing: none of them is garbage)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Kineto prints a line to the process's stderr at every profiler start and stop (torch
-    2.13), which a notebook shows under every step; silence file descriptor 2 meanwhile."""
-    try:
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    return Capture(out, np.array(host, dtype=np.float64))

@@ -1,0 +1,131 @@
+"""The profiler session of record="full": one torch.profiler (kineto) session over many steps,
+started and stopped by rank 0's probe and by every tensor-parallel rank above 0."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+from .cost import measure_event_cost
+from .events import Capture, read_events
+
+
+def activities(device: torch.device) -> list:
+    """What torch.profiler records on `device`: host operators, and kernels on a GPU."""
+    from torch.profiler import ProfilerActivity
+
+    cuda = [ProfilerActivity.CUDA] if device.type == "cuda" else []
+    return [ProfilerActivity.CPU, *cuda]
+
+
+class ProfilerSession:
+    """One torch.profiler (kineto) session over any number of steps (record="full").
+
+    Nothing is read while it runs: no synchronisation and no Python object per event. `stop()`
+    synchronises once and hands back the reader of kineto's events (`read_events`). A start
+    and stop around every step instead cost a synchronisation and tens of milliseconds each,
+    which a profiled run then measured as its own step times.
+
+    `ranges`: the names of our own `record_function` ranges (the hook points', a rank's step):
+    category "hook" on the host, and their device-side twins dropped.
+
+    On a GPU only ranges (the hook points' `record_function`) are recorded on the host, not
+    every ATen operator: the kernels come from CUPTI, each linked to the range that launched it,
+    and tracing thousands of operators a step would slow the host (the one that matters with
+    overlap) several times over. On a CPU the operators are the kernels, so all are recorded.
+    """
+
+    def __init__(
+        self, clock: Callable[[], float], device: torch.device, ranges: frozenset[str] = frozenset()
+    ) -> None:
+        self._clock, self._cuda, self._ranges = clock, device.type == "cuda", ranges
+        self._device = device
+        self._activities = set(activities(device))
+        self._results_of = None  # stops the session; gives kineto's results
+        self._offset_us = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self._results_of is not None
+
+    def start(self) -> None:
+        from torch._C._profiler import RecordScope
+        from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+        from torch.autograd.profiler import profile
+
+        config = profile(use_kineto=True).config()  # this torch's defaults
+        scopes = {RecordScope.USER_SCOPE} if self._cuda else set()
+        with measure_event_cost(self._device), _quiet_stderr():
+            _prepare_profiler(config, self._activities)
+            _enable_profiler(config, self._activities, scopes)
+        # NOTE: kineto's times are on the Unix clock; the records', on the run's clock.
+        self._offset_us = self._clock() * 1e6 - time.time_ns() / 1e3
+        self._results_of = _disable_profiler
+        _RUNNING.add(self)
+
+    def stop(self) -> Callable[[], Capture]:
+        """End the session. Returns what reads its events, in the order kineto gives them:
+        reading a long run's (hundreds of thousands of kernels, a few microseconds of Python
+        each) is left until someone looks."""
+        disable, self._results_of = self._results_of, None
+        _RUNNING.discard(self)
+        if self._cuda:
+            torch.cuda.synchronize()
+        with _quiet_stderr():
+            results = disable()
+        return functools.partial(read_events, results, self._offset_us, self._ranges)
+
+    def discard(self) -> None:
+        if self._results_of is not None:
+            disable, self._results_of = self._results_of, None
+            _RUNNING.discard(self)
+            with _quiet_stderr():
+                disable()
+
+
+# NOTE: kineto is one profiler per process, so "a session runs" is a fact of the process: rank 0's
+# engine reads it at each launch to tell the other ranks whether to profile the step too
+_RUNNING: set[ProfilerSession] = set()
+
+
+def session_running() -> bool:
+    """Whether a `ProfilerSession` records in this process now."""
+    return bool(_RUNNING)
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """No garbage collection meanwhile: reading a session makes hundreds of thousands of small
+    tuples, each allocation counting towards a collection that would walk every object the
+    process holds (seconds in all, for nothing: none of them is garbage)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Kineto prints a line to the process's stderr at every profiler start and stop (torch
+    2.13), which a notebook shows under every step; silence file descriptor 2 meanwhile."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
