@@ -90,8 +90,10 @@ def test_tables_across_and_inside_row_groups(runs, tmp_path, monkeypatch):
     wb = runs["full"]
     path = wb.save(tmp_path / "run.parquet")
     groups = pq.ParquetFile(path).metadata.num_row_groups
-    rows = sum(len(frame) for frame in wb.history.tables().values())
-    assert groups == -(-rows // 7) > 100
+    sizes = [len(frame) for frame in wb.history.tables().values()]
+    # NOTE: the profiler's event count varies with threads and load (about 500 to 700 here)
+    assert max(sizes) > 7 * 10 and min(sizes) < 7
+    assert groups == -(-sum(sizes) // 7)
     assert_same_run(wb, load_run(path))
 
 
