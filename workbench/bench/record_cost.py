@@ -27,6 +27,7 @@ import numpy as np
 from ..config import RECORD_LEVELS
 from ..core import SamplingParams
 from ..llm import LLM
+from ..profiling import session_seconds
 from .vs_hf import PROMPTS
 
 LEVELS = RECORD_LEVELS
@@ -88,6 +89,7 @@ def arriving(model: str, count: int, repeat: int) -> None:
     requests = arriving_requests(count)
     wb = Workbench(model, overlap=True, max_running_reqs=32, max_extend_tokens=256, policy="mixed")
     totals: dict[str, list[tuple[float, float]]] = {"light": [], "full": []}
+    sessions: dict[str, dict[str, float]] = {}  # of the last round: profiler start/stop seconds
     tables = {}
     for round_ in range(repeat + 1):  # round 0 warms up (kernels, graphs)
         for level in totals:
@@ -95,6 +97,7 @@ def arriving(model: str, count: int, repeat: int) -> None:
             wb.reconfigure(record=level)
             for prompt, sampling, step in requests:
                 wb.add_request(prompt, sampling, arrival_step=step)
+            profiler = session_seconds()
             start = time.perf_counter()
             wb.run(progress=False)
             ran = time.perf_counter()
@@ -104,6 +107,8 @@ def arriving(model: str, count: int, repeat: int) -> None:
                 len(run.events)
             if round_:
                 totals[level].append((ran - start, time.perf_counter() - ran))
+                after = session_seconds()
+                sessions[level] = {k: after[k] - profiler[k] for k in after}
                 tables.setdefault(level, []).append(table)
     wb.check_integrity()
     light_s = statistics.median(run + read for run, read in totals["light"])
@@ -133,6 +138,42 @@ def arriving(model: str, count: int, repeat: int) -> None:
         added = [t.profiler_ms[t.phase == phase].median() for t in tables["full"]]
         line.append(f"profiler's own estimate {statistics.median(added):.2f} ms/step")
         print("  ".join(line))
+    where_time_went(tables, totals)
+    started, stopped = sessions["full"]["start"], sessions["full"]["stop"]
+    print(
+        f"full's profiler sessions (last round): starting {started:.3f} s, stopping {stopped:.3f} s"
+    )
+
+
+STAGES = ("schedule", "prepare", "plan", "forward", "sample", "share", "collect", "record")
+
+
+def where_time_went(tables: dict[str, list], totals: dict[str, list]) -> None:
+    """Of the last round: each level's time in steps by phase (their walls overlap with
+    overlap on), outside the steps, per host stage, and full's slowest steps beside the same
+    steps recorded light."""
+    for level, frames in tables.items():
+        t, (run_s, _) = frames[-1], totals[level][-1]
+        by_phase = t.groupby("phase").wall_ms.agg(["count", "sum"])
+        phases = ", ".join(
+            f"{p} {int(r['count'])} steps {r['sum']:.0f} ms" for p, r in by_phase.iterrows()
+        )
+        stages = ", ".join(f"{s} {t[f'host_{s}_ms'].sum():.0f}" for s in STAGES)
+        span_ms = (t.completed_at.max() - t.launched_at.min()) * 1e3  # steps overlap (overlap)
+        print(
+            f"{level}: {phases}; first launch to last collect {span_ms:.0f} ms, outside it "
+            f"{run_s * 1e3 - span_ms:.0f} ms; "
+            f"host ms by stage: {stages}; wait {t.wait_ms.sum():.0f}; "
+            f"device {t.device_ms.sum():.0f}"
+        )
+    full, light = tables["full"][-1], tables["light"][-1].set_index("step")
+    for _, row in full.nlargest(5, "wall_ms").iterrows():
+        same = light.wall_ms.get(row.step, float("nan"))
+        stages = " ".join(f"{s} {row[f'host_{s}_ms']:.1f}" for s in STAGES)
+        print(
+            f"  full step {row.step} ({row.phase}, {row.num_tokens} tokens): {row.wall_ms:.1f} ms "
+            f"(light {same:.1f}); profiler {row.profiler_ms:.1f}; host {stages}"
+        )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from .events import (
     host_events_by_step,
     read_events,
 )
-from .session import ProfilerSession, activities, gc_paused, session_running
+from .session import ProfilerSession, activities, gc_paused, session_running, session_seconds
 
 __all__ = [
     "ALL_REDUCES",
@@ -34,4 +34,5 @@ __all__ = [
     "host_events_by_step",
     "read_events",
     "session_running",
+    "session_seconds",
 ]

@@ -59,6 +59,7 @@ class ProfilerSession:
         from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
         from torch.autograd.profiler import profile
 
+        began = time.perf_counter()
         config = profile(use_kineto=True).config()  # this torch's defaults
         scopes = {RecordScope.USER_SCOPE} if self._cuda else set()
         with measure_event_cost(self._device), _quiet_stderr():
@@ -68,6 +69,7 @@ class ProfilerSession:
         self._offset_us = self._clock() * 1e6 - time.time_ns() / 1e3
         self._results_of = _disable_profiler
         _RUNNING.add(self)
+        _SECONDS["start"] += time.perf_counter() - began
 
     def stop(self) -> Callable[[], Capture]:
         """End the session. Returns what reads its events, in the order kineto gives them:
@@ -77,8 +79,10 @@ class ProfilerSession:
         _RUNNING.discard(self)
         if self._cuda:
             torch.cuda.synchronize()
+        began = time.perf_counter()
         with _quiet_stderr():
             results = disable()
+        _SECONDS["stop"] += time.perf_counter() - began
         return functools.partial(read_events, results, self._offset_us, self._ranges)
 
     def discard(self) -> None:
@@ -92,6 +96,17 @@ class ProfilerSession:
 # NOTE: kineto is one profiler per process, so "a session runs" is a fact of the process: rank 0's
 # engine reads it at each launch to tell the other ranks whether to profile the step too
 _RUNNING: set[ProfilerSession] = set()
+
+
+# host seconds this process spent starting sessions and stopping them (kineto's own processing
+# of what it recorded), in all: `session_seconds`
+_SECONDS = {"start": 0.0, "stop": 0.0}
+
+
+def session_seconds() -> dict[str, float]:
+    """Host seconds spent so far in this process starting profiler sessions ("start") and
+    stopping them ("stop": kineto gathering what it recorded, before any event is read)."""
+    return dict(_SECONDS)
 
 
 def session_running() -> bool:
