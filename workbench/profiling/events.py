@@ -142,6 +142,13 @@ def host_events_by_step(host_us: np.ndarray, marks: list[tuple[float, int, str]]
     return {s: n for s, n in zip(steps.tolist(), counts.tolist()) if s != _NONE}
 
 
+# kineto's activity kinds (`KinetoEvent.activity_type()`, a cheaper call than `device_type()`):
+# what runs on the device, and what the host records; any other kind is asked its device type
+_DEVICE_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
+_HOST_KINDS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"})
+_LAUNCHES = frozenset({"cuda_runtime", "cuda_driver"})  # CUDA API calls: never ours, never reduces
+
+
 def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset()) -> Capture:
     """A stopped session's events (kineto's `results`), on the session's clock (`offset_us`
     from kineto's); `ranges` as `ProfilerSession` says."""
@@ -152,11 +159,12 @@ def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset())
     # NOTE: each accessor is a call into C++ and a run leaves hundreds of thousands of
     # events: the ones dropped (short host calls) go after as few calls as possible
     for e in results.events():
-        duration = e.duration_ns()
-        if duration <= 0:
-            continue
-        name = e.name()
-        if e.device_type() == cuda:
+        kind = e.activity_type()
+        if kind in _DEVICE_KINDS or (kind not in _HOST_KINDS and e.device_type() == cuda):
+            duration = e.duration_ns()
+            if duration <= 0:
+                continue
+            name = e.name()
             # NOTE: a hook range shows on the device too (kineto's GPU annotation of the
             # kernels it launched); its host twin is kept
             if name in hooks:
@@ -166,8 +174,14 @@ def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset())
             start, link = e.start_ns() / 1e3 + offset, e.linked_correlation_id()
             append(Event(name, "kernel", track, start, duration / 1e3, 0, link))
             continue
+        duration = e.duration_ns()
+        if duration <= 0:
+            continue
         start = e.start_ns() / 1e3 + offset
         counted(start)
+        if duration < MIN_CPU_OP_NS and kind in _LAUNCHES:
+            continue
+        name = e.name()
         if name in hooks:
             category = "hook"
         elif (duration < MIN_CPU_OP_NS or name in _BOOKKEEPING) and name not in ALL_REDUCES:
