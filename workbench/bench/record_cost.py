@@ -28,6 +28,7 @@ from ..config import RECORD_LEVELS
 from ..core import SamplingParams
 from ..llm import LLM
 from ..profiling import session_seconds
+from ..stages import HOST_STAGES
 from .vs_hf import PROMPTS
 
 LEVELS = RECORD_LEVELS
@@ -145,9 +146,6 @@ def arriving(model: str, count: int, repeat: int) -> None:
     )
 
 
-STAGES = ("schedule", "prepare", "plan", "forward", "sample", "share", "collect", "record")
-
-
 def where_time_went(tables: dict[str, list], totals: dict[str, list]) -> None:
     """Of the last round: each level's time in steps by phase (their walls overlap with
     overlap on), outside the steps, per host stage, and full's slowest steps beside the same
@@ -158,7 +156,7 @@ def where_time_went(tables: dict[str, list], totals: dict[str, list]) -> None:
         phases = ", ".join(
             f"{p} {int(r['count'])} steps {r['sum']:.0f} ms" for p, r in by_phase.iterrows()
         )
-        stages = ", ".join(f"{s} {t[f'host_{s}_ms'].sum():.0f}" for s in STAGES)
+        stages = ", ".join(f"{s} {t[f'host_{s}_ms'].sum():.0f}" for s in HOST_STAGES)
         span_ms = (t.completed_at.max() - t.launched_at.min()) * 1e3  # steps overlap (overlap)
         print(
             f"{level}: {phases}; first launch to last collect {span_ms:.0f} ms, outside it "
@@ -169,7 +167,7 @@ def where_time_went(tables: dict[str, list], totals: dict[str, list]) -> None:
     full, light = tables["full"][-1], tables["light"][-1].set_index("step")
     for _, row in full.nlargest(5, "wall_ms").iterrows():
         same = light.wall_ms.get(row.step, float("nan"))
-        stages = " ".join(f"{s} {row[f'host_{s}_ms']:.1f}" for s in STAGES)
+        stages = " ".join(f"{s} {row[f'host_{s}_ms']:.1f}" for s in HOST_STAGES)
         print(
             f"  full step {row.step} ({row.phase}, {row.num_tokens} tokens): {row.wall_ms:.1f} ms "
             f"(light {same:.1f}); profiler {row.profiler_ms:.1f}; host {stages}"
