@@ -219,3 +219,24 @@ def test_bench_under_vllm_names_writes_its_results(tmp_path):
     assert (result["policy"], result["max_extend_tokens"], result["cache"]) == ("mixed", 8, "naive")
     assert result["num_requests"] == 3 and result["output_tokens"] == 12
     assert result["input_len"] == [16, 16]
+
+
+def test_record_cost_says_where_full_recordings_time_went(capsys):
+    """`record_cost --workload arriving`: both levels' whole runs, each level's time by phase
+    and host stage, and full's profiler sessions; the steps span no more than the run."""
+    import re
+
+    from workbench.bench import record_cost
+
+    record_cost.main(["--workload", "arriving", "--model", "tiny-qwen3", "--requests", "3",
+                      "--repeat", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    for level in ("light", "full"):
+        assert f"record={level:<5} whole run" in out
+        (line,) = [line for line in out.splitlines() if line.startswith(f"{level}: ")]
+        outside = float(re.search(r"outside it (-?\d+) ms", line).group(1))
+        assert outside >= -1  # the first launch to the last collect lies inside the run
+        assert "host ms by stage: schedule" in line and "record" in line
+    stopped = re.search(r"stopping (\d+\.\d+) s", out)
+    assert stopped and float(stopped.group(1)) > 0  # full stopped a profiler session
+    assert out.count("  full step ") == 5
