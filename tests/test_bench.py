@@ -154,6 +154,17 @@ def test_bench_splits_the_hosts_time_per_step():
     assert r["decode_wait_ms"] < 0.1 * r["decode_launch_ms"]
 
 
+def test_bench_reports_the_steps_with_prompt_tokens():
+    """Their count, tokens (a chunk under the budget), forward stage and device time; on the
+    CPU the device timer spans the forward stage it contains."""
+    r = json.loads(_bench("--json", "--max-extend-tokens", "16"))
+    assert r["prompt_steps"] == r["phase_steps"].get("prefill", 0) + r["phase_steps"].get(
+        "mixed", 0
+    )
+    assert 0 < r["prompt_step_tokens"] <= 16
+    assert 0 < r["prompt_step_forward_ms"] <= r["prompt_step_device_ms"]
+
+
 def test_bench_splits_the_run_by_phase_and_batch_size():
     r = json.loads(_bench("--json", "--num-requests", "12"))
     assert sum(r["phase_steps"].values()) == r["steps"]

@@ -82,3 +82,15 @@ def _print_decode_step(r: dict) -> None:
         f"{r['decode_launch_ms']:.2f} ms, waiting for the device {r['decode_wait_ms']:.2f} ms, "
         f"collect {r['decode_collect_ms']:.2f} ms"
     )
+    if r.get("prompt_steps"):
+        forward, device = r["prompt_step_forward_ms"], r["prompt_step_device_ms"]
+        if r["device"] == "cpu":
+            why = " (on the CPU the forward stage computes the layers)"
+        elif forward >= 0.8 * device:  # the device timer spans the launching
+            why = ": launching their layers one by one set their length, not the GPU"
+        else:
+            why = ""
+        print(
+            f"steps with prompt tokens: {r['prompt_steps']}, median {r['prompt_step_tokens']:,.0f} "
+            f"tokens, host forward stage {forward:.2f} ms, device {device:.2f} ms{why}"
+        )

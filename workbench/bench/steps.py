@@ -32,15 +32,52 @@ class StepTime(NamedTuple):
     batch_size: int
     kv_tokens: int  # KV tokens the step read, over all its rows
     host: HostTime
+    # a step with prompt tokens (eager): its tokens, the host's forward stage (launching the
+    # layers) and its device time; 0 for a decode step (its timer is not read)
+    tokens: int = 0
+    forward_ms: float = 0.0
+    device_ms: float = 0.0
 
 
 def step_time(outcome: StepOutcome) -> StepTime:
     """What the run keeps of a step: plain numbers, read from the batch's ledger (not from the
     per-request rows, which would cost the timed run a pass over every request per step)."""
-    batch = outcome.batch
+    batch, launched = outcome.batch, outcome.launched
     kv_tokens = int(batch.ledger[2].sum())  # each request's KV as launched, its new token's too
-    host = HostTime(outcome.launched.launch_ms, outcome.wait_ms, outcome.collect_ms)
-    return StepTime(time.perf_counter(), batch.phase, batch.size, kv_tokens, host)
+    host = HostTime(launched.launch_ms, outcome.wait_ms, outcome.collect_ms)
+    step = StepTime(time.perf_counter(), batch.phase, batch.size, kv_tokens, host)
+    if batch.phase == "decode":
+        return step
+    tokens = int((batch.ledger[2] - batch.ledger[1]).sum())
+    device_ms = launched.device.timer.elapsed_ms()  # (collected: no wait)
+    return step._replace(
+        tokens=tokens, forward_ms=launched.clock.ms["forward"], device_ms=device_ms
+    )
+
+
+class PromptSteps(NamedTuple):
+    """The steps with prompt tokens (prefill and mixed): how many, and medians of their tokens,
+    of the host's forward stage and of their device time. On a GPU the device timer runs from
+    the first launch to the last kernel's end: where the forward stage is about as long, the
+    layers' launching set the step's length, not the GPU."""
+
+    steps: int
+    tokens: float
+    forward_ms: float
+    device_ms: float
+
+
+def prompt_steps(steps: list[StepTime]) -> PromptSteps:
+    nan = float("nan")
+    prompt = [s for s in steps if s.phase != "decode"]
+    if not prompt:
+        return PromptSteps(0, nan, nan, nan)
+    return PromptSteps(
+        len(prompt),
+        statistics.median(s.tokens for s in prompt),
+        statistics.median(s.forward_ms for s in prompt),
+        statistics.median(s.device_ms for s in prompt),
+    )
 
 
 class TimeSplit(NamedTuple):

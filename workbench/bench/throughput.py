@@ -28,7 +28,7 @@ from .online import latency_summary, poisson_arrivals, serve
 from .profile import profile_decode
 from .roofline import DEVICES, workload_bound
 from .slo import slo_result
-from .steps import StepTime, decode_step, split_time, step_time
+from .steps import StepTime, decode_step, prompt_steps, split_time, step_time
 from .workload import Workload, random_workload
 
 
@@ -137,6 +137,7 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
     bound = workload_bound(model_cfg, work.prompt_lens, work.output_lens, spec)
     split = split_time(run.steps, run.start)
     top = decode_step(run.steps, model_cfg, spec)
+    prompt = prompt_steps(run.steps)
     gpu = llm.engine.device.type == "cuda"  # (the roofline models a GPU: none on the CPU)
     return dict(
         **settings(llm, args),
@@ -160,6 +161,10 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
         decode_launch_ms=round(top.host.launch_ms, 3),
         decode_wait_ms=round(top.host.wait_ms, 3),
         decode_collect_ms=round(top.host.collect_ms, 3),
+        prompt_steps=prompt.steps,
+        prompt_step_tokens=prompt.tokens,
+        prompt_step_forward_ms=round(prompt.forward_ms, 3),
+        prompt_step_device_ms=round(prompt.device_ms, 3),
         request_rate=args.request_rate,
         profiled_steps=int(llm.history.steps.profiled.sum()) if args.record == "full" else None,
         profile_steps=llm.scheduler.probe.window.text if args.record == "full" else None,
