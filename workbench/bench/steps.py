@@ -57,9 +57,9 @@ def step_time(outcome: StepOutcome) -> StepTime:
 
 class PromptSteps(NamedTuple):
     """The steps with prompt tokens (prefill and mixed): how many, and medians of their tokens,
-    of the host's forward stage and of their device time. On a GPU the device timer runs from
-    the first launch to the last kernel's end: where the forward stage is about as long, the
-    layers' launching set the step's length, not the GPU."""
+    of the host's forward stage and of their device time. On a GPU the device timer's two
+    events bracket the launches: where the forward stage is about as long, the GPU waited on
+    the layers' launching, which set the step's length."""
 
     steps: int
     tokens: float

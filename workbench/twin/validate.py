@@ -46,9 +46,10 @@ def validate_twin(real_runs, twin_runs, costs: StepCosts | None = None):
             values = np.array([m[figure] for m in measured], dtype=float)
             rows.append(_row(name, figure, values, predicted[figure]))
         step_costs = costs if costs is not None else _costs_of(twin, name)
-        for figure, prompt in ((STEP_ERROR, False), (PROMPT_STEP_ERROR, True)):
-            errors = [_step_error(step_costs, h, prompt) for h in reals]
-            error = float(np.median(errors)) if not np.isnan(errors).all() else np.nan
+        errors = np.array([_step_errors(step_costs, h) for h in reals])  # [run, all / prompt]
+        for figure, per_run in zip((STEP_ERROR, PROMPT_STEP_ERROR), errors.T):
+            known = per_run[~np.isnan(per_run)]
+            error = float(np.median(known)) if len(known) else np.nan
             rows.append(
                 {
                     "setting": name,
@@ -102,15 +103,15 @@ def _costs_of(twin, name: str) -> StepCosts:
     return StepCosts.from_dict(saved)
 
 
-def _step_error(costs: StepCosts, history, prompt_only: bool = False) -> float:
-    """The median relative error (%) of the costs' device time on the run's measured steps
-    (`prompt_only`: those with prompt tokens; NaN when there are none)."""
+def _step_errors(costs: StepCosts, history) -> tuple[float, float]:
+    """The median relative error (%) of the costs' device time on the run's measured steps:
+    over all of them, and over those with prompt tokens (NaN when there are none)."""
     steps = history.steps
     device, _ = costs.predict_steps(steps)
     real = steps.device_ms.to_numpy(dtype=float)
-    keep = real > 0
-    if prompt_only:
-        keep &= (steps.phase != "decode").to_numpy()
-    if not keep.any():
-        return np.nan
-    return float(np.median(np.abs(device[keep] - real[keep]) / real[keep]) * 100)
+    error = np.abs(device - real) / np.where(real > 0, real, np.nan)
+    measured = real > 0
+    prompt = measured & (steps.phase != "decode").to_numpy()
+    return tuple(
+        float(np.median(error[rows]) * 100) if rows.any() else np.nan for rows in (measured, prompt)
+    )
