@@ -65,12 +65,14 @@ def run(llm: LLM, prompts, sampling) -> tuple[list[dict], list[StepOutcome]]:
 def prefill_logits(llm: LLM, prompts) -> torch.Tensor:
     """The logits the engine's model returns for each prompt's last position (one prefill per
     prompt, `max_tokens=1`), in prompt order, as float32: read from the real forward."""
-    captured = []
-    hook = llm.engine.model.register_forward_hook(lambda m, i, out: captured.append(out.clone()))
+    # NOTE: the engine's forward, not a module hook: a CUDA graph's replay runs no hooks
+    engine, captured = llm.engine, []
+    forward = engine.forward
+    engine.forward = lambda batch: captured.append(forward(batch).clone()) or captured[-1]
     try:
         llm.generate(prompts, SamplingParams(max_tokens=1))
     finally:
-        hook.remove()
+        del engine.forward
     return torch.cat(captured).float()
 
 

@@ -95,7 +95,7 @@ def test_the_page_index_kernel_gathers_what_torch_does(page_size):
 def test_paged_lengths_follow_their_definition(page_size):
     """FlashInfer's page list of a batch: request i's pages start at indptr[i], it has
     ceil(kv_len / page_size) of them, and its last holds the rest of its tokens."""
-    from workbench.attention.flashinfer_backend import paged_lens
+    from workbench.attention.flashinfer_graphs import paged_lens
 
     kv_lens = np.random.default_rng(page_size).integers(1, 100, 37).astype(np.int32)
     indptr, last = np.full(38, -1, np.int32), np.full(37, -1, np.int32)

@@ -16,6 +16,7 @@ CacheKind = Literal["naive", "radix"]
 
 CACHE_KINDS = tuple(CACHES)
 TP_BACKENDS = ("nccl", "gloo")
+MAX_GRAPH_TOKENS = 16384  # a prefill graph's inputs fit one staging segment (`device.py`)
 RECORD_LEVELS = ("off", "light", "full")  # what each step keeps (instrument/probe.py)
 # What a loaded engine can change without reloading weights, resizing the KV pool or capturing
 # CUDA graphs again: the scheduler's settings (`LLM.reconfigure`).
@@ -71,6 +72,9 @@ class EngineConfig:
     fused_sampling: bool | None = None
     decode_tensor_cores: bool | None = None  # FlashInfer decode on tensor cores; None: for GQA
     cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
+    # most tokens of a prefill or mixed step captured (`engine/prefill_graph.py`; 0: none, every
+    # such step runs eagerly); larger steps run eagerly
+    cuda_graph_max_tokens: int = 4096
     memory_ratio: float = 0.9  # share of free GPU memory (after weights) given to the KV pool
     # NOTE: a cap, so a 40k-context model does not get a 40k-wide page table on a laptop.
     max_seq_len_cap: int = 8192
@@ -119,6 +123,9 @@ class EngineConfig:
             fused_sampling=V.optional_boolean("fused_sampling", self.fused_sampling),
             decode_tensor_cores=V.optional_boolean("decode_tensor_cores", self.decode_tensor_cores),
             cuda_graph_max_bs=V.integer("cuda_graph_max_bs", self.cuda_graph_max_bs, 1),
+            cuda_graph_max_tokens=V.integer(
+                "cuda_graph_max_tokens", self.cuda_graph_max_tokens, 0, MAX_GRAPH_TOKENS
+            ),
             memory_ratio=V.real("memory_ratio", self.memory_ratio, 0.0, 1.0, low_open=True),
             max_seq_len_cap=V.integer("max_seq_len_cap", self.max_seq_len_cap, 1),
             kv_memory_gb=V.real("kv_memory_gb", self.kv_memory_gb, 0.0, low_open=True),

@@ -15,7 +15,6 @@ the pool's dummy slot; the graph itself gathers the page ids (`graph_indices`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -24,8 +23,7 @@ import torch
 from ..core import Batch
 from ..device import staging
 from .base import AttentionBackend
-
-WORKSPACE_BYTES = 256 * 2**20
+from .flashinfer_graphs import WORKSPACE_BYTES, FlashInferMetadata, GraphWrappers
 
 
 class _PagedKV(NamedTuple):
@@ -37,13 +35,7 @@ class _PagedKV(NamedTuple):
     indptr_np: np.ndarray  # the same indptr, for the host's own use
 
 
-@dataclass
-class FlashInferMetadata:
-    wrapper: Any  # the planned flashinfer wrapper whose run() this batch uses
-    out_loc: torch.Tensor  # where each new token's K/V goes
-
-
-class FlashInferBackend(AttentionBackend):
+class FlashInferBackend(GraphWrappers, AttentionBackend):
     supports_cuda_graph = True
 
     def __init__(
@@ -74,10 +66,7 @@ class FlashInferBackend(AttentionBackend):
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend="fa2"
         )
-        self.graph_wrappers: dict[int, Any] = {}
-        self.graph_indptr: dict[int, torch.Tensor] = {}  # each graph wrapper's indptr buffer
-        self._graph_indices: torch.Tensor | None = None  # shared by the graph wrappers
-        self._replans: dict[int, _Replan | None] = {}  # each graph wrapper's planner
+        self._init_graph_wrappers()
         # NOTE: plan() fills a pinned host buffer and copies it to the device asynchronously;
         # planning again before that copy ran would overwrite the earlier batch's metadata
         # (with overlap the CPU is a step ahead). Each plan waits for the previous one's copy:
@@ -145,78 +134,6 @@ class FlashInferBackend(AttentionBackend):
             self._plan(self.decode_wrapper, None, kv, indices)
             batch.attn_metadata = FlashInferMetadata(self.decode_wrapper, batch.out_loc)
 
-    # -- CUDA graphs ------------------------------------------------------------------------
-    def paged_lens(self, kv_lens: np.ndarray, indptr: np.ndarray, last_page_len: np.ndarray):
-        """`paged_lens` for this pool's page size."""
-        paged_lens(kv_lens, self.page_size, indptr, last_page_len)
-
-    def graph_metadata(
-        self, bs: int, out_loc: torch.Tensor, indptr: torch.Tensor, last_page_len: torch.Tensor
-    ) -> FlashInferMetadata:
-        """A wrapper for decode batches of exactly `bs` requests, planned with dummy requests.
-        `indptr` and `last_page_len` are its device buffers, which the caller fills before
-        each replay (the graph runner's one staged copy); the graph gathers the page ids
-        (`graph_indices`)."""
-        if self._graph_indices is None:
-            cap = self.table.max_running_reqs * self.table.max_seq_len + bs
-            self._graph_indices = torch.zeros(cap, dtype=torch.int32, device=self.device)
-        wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace,
-            "NHD",
-            use_cuda_graph=True,
-            use_tensor_cores=self.use_tensor_cores,
-            paged_kv_indptr_buffer=indptr,
-            paged_kv_indices_buffer=self._graph_indices,
-            paged_kv_last_page_len_buffer=last_page_len,
-            backend="fa2",
-        )
-        self.graph_wrappers[bs], self.graph_indptr[bs] = wrapper, indptr
-        kv_lens = np.ones(bs, dtype=np.int32)
-        self._plan(wrapper, None, self._paged(kv_lens), self._graph_indices[:0])
-        self._replans[bs] = _Replan.of(wrapper, self, bs)
-        if self._replans[bs] is not None:  # it must plan what plan() planned
-            indptr, last = np.empty(bs + 1, np.int32), np.empty(bs, np.int32)
-            self.paged_lens(kv_lens, indptr, last)
-            self.plan_replay(bs, indptr, kv_lens)
-        return FlashInferMetadata(wrapper, out_loc)
-
-    def plan_replay(self, bs: int, indptr: np.ndarray, kv_lens: np.ndarray) -> None:
-        """Plan the `bs` graph wrapper for these KV lengths (the batch's, then 1 for each
-        dummy request that pads it to `bs`) and page `indptr`, on the host. Its device
-        `indptr` and `last_page_len` are the caller's to fill; the graph gathers the page ids.
-
-        Only FlashInfer's scheduler runs (`_Replan`): the wrapper's plan() around it checks
-        and copies again, per step, what a captured graph fixed once (about 0.1 ms of host
-        time a decode step on the H200)."""
-        replan = self._replans[bs]
-        self._before_plan()
-        if replan is None:  # a planner we do not know: the wrapper's own plan()
-            kv = self._paged(kv_lens.astype(np.int64))
-            self.graph_wrappers[bs].plan(
-                kv.indptr,
-                self._graph_indices[:0],
-                kv.last_page_len,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                self.page_size,
-                q_data_type=self.dtype,
-                kv_data_type=self.dtype,
-                seq_lens=kv.seq_lens,
-            )
-        else:
-            replan(indptr, kv_lens)
-        self._unlaunched = True
-
-    def graph_indices(self, bs: int, rows: torch.Tensor) -> None:
-        """Inside a decode graph of `bs` requests: their page ids, from the device's page table
-        and the `indptr` the last plan copied, into the buffer the graph wrappers read."""
-        from ..kernels.page_indices import page_indices
-
-        page_indices(
-            self.table.page_table, rows, self.graph_indptr[bs], self._graph_indices, self.page_size
-        )
-
     # -- the kernel -------------------------------------------------------------------------
     def out_loc(self, batch: Batch) -> torch.Tensor:
         return batch.attn_metadata.out_loc  # a graph's static buffer when replayed
@@ -235,82 +152,3 @@ class FlashInferBackend(AttentionBackend):
         shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
         kv = (self.pool.k(layer_id).view(shape), self.pool.v(layer_id).view(shape))
         return meta.wrapper.run(q, kv)
-
-
-def paged_lens(
-    kv_lens: np.ndarray, page_size: int, indptr: np.ndarray, last_page_len: np.ndarray
-) -> None:
-    """Fill each request's page `indptr` (one longer than `kv_lens`: where its pages start in
-    the batch's page list) and last-page length, for these KV lengths, in place."""
-    indptr[0] = 0
-    if page_size == 1:
-        np.cumsum(kv_lens, out=indptr[1:])
-        last_page_len[:] = 1
-        return
-    num_pages = -(-kv_lens // page_size)
-    np.cumsum(num_pages, out=indptr[1:])
-    last_page_len[:] = kv_lens - (num_pages - 1) * page_size
-
-
-class _Replan:
-    """FlashInfer's decode scheduler called directly, for a wrapper captured in a CUDA graph.
-
-    A captured wrapper's buffers, kernels and plan layout are fixed at capture; what changes
-    per step is only the work split its scheduler writes to the workspace. This calls that
-    scheduler (the wrapper's compiled module's ``plan``) with the arguments the wrapper's own
-    plan() gives it for tensor-core (fa2) decode, and checks that it returns the plan the
-    graph was captured with. Any other wrapper (CUDA-core decode, another FlashInfer whose
-    wrapper lacks these attributes) keeps its plan() (`of` returns None)."""
-
-    def __init__(self, wrapper: Any, backend: FlashInferBackend, bs: int) -> None:
-        self.module, self.expected = wrapper._cached_module, list(wrapper._plan_info)
-        self.workspaces = (
-            wrapper._float_workspace_buffer,
-            wrapper._int_workspace_buffer,
-            wrapper._pin_memory_int_workspace_buffer,
-        )
-        self.qo_indptr = torch.arange(bs + 1, dtype=torch.int32)
-        self.checks = 2  # the plans still compared with the captured one (each costs ~60 us)
-        heads = (backend.num_heads, backend.num_kv_heads, backend.page_size)
-        # causal, window_left, fixed split size, split-KV on, colocated CTAs, uniform q len
-        tail = (backend.head_dim, backend.head_dim, False, -1, -1, False, 0, 0)
-        self.middle, self.tail, self.bs = (bs, bs, *heads, True), tail, bs
-
-    @classmethod
-    def of(cls, wrapper: Any, backend: FlashInferBackend, bs: int) -> _Replan | None:
-        known = (
-            backend.use_tensor_cores
-            and getattr(wrapper, "_backend", None) == "fa2"
-            and getattr(wrapper, "_jit_module", None) is None
-            and all(
-                hasattr(wrapper, name)
-                for name in (
-                    "_cached_module",
-                    "_plan_info",
-                    "_float_workspace_buffer",
-                    "_int_workspace_buffer",
-                    "_pin_memory_int_workspace_buffer",
-                )
-            )
-        )
-        return cls(wrapper, backend, bs) if known else None
-
-    def __call__(self, indptr: np.ndarray, kv_lens: np.ndarray) -> None:
-        info = self.module.plan(
-            *self.workspaces,
-            self.qo_indptr,
-            torch.from_numpy(indptr),
-            torch.from_numpy(kv_lens),
-            *self.middle,
-            *self.tail,
-        )
-        if self.checks:  # the first (dummy) and the first real plan: the layout is fixed after
-            self.checks -= 1
-            self._check(list(info))
-
-    def _check(self, info: list) -> None:
-        if info != self.expected:
-            raise RuntimeError(
-                f"FlashInfer planned decode batch {self.bs} unlike the plan its CUDA graph "
-                f"was captured with ({info} against {self.expected})"
-            )

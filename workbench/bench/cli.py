@@ -96,7 +96,8 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     _on_off(p, "overlap", None, "overlap scheduling (default: on with CUDA, off on a CPU)",
             also="--disable-overlap-schedule")  # fmt: skip
-    _on_off(p, "cuda-graph", True, "CUDA graphs for decode batches (default: on)",
+    _on_off(p, "cuda-graph", True, "CUDA graphs for decode, prefill and mixed steps, up to "
+            "--option cuda_graph_max_tokens=N tokens (default: on)",
             also="--disable-cuda-graph")  # fmt: skip
     p.add_argument(
         "--fused-kernels",

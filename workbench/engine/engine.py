@@ -22,7 +22,9 @@ from ..models.weights import build_model
 from ..stages import StageClock
 from .graph import GraphRunner
 from .inputs import fill_inputs
-from .placement import check_gpus, num_devices, rank_device, ranks_on, use_cpu_threads
+from .memory import check_fits, out_of_memory, pages_from_memory
+from .placement import check_gpus, num_devices, rank_device, use_cpu_threads
+from .prefill_graph import PrefillGraphRunner
 from .ranks import OneRank, Ranks
 from .ranks import start as start_ranks
 from .sampler import Sampler
@@ -57,7 +59,7 @@ class Engine:
         self.max_seq_len = config.max_seq_len or min(
             model_cfg.max_position_embeddings, config.max_seq_len_cap
         )
-        self._check_fits()
+        check_fits(config, model_cfg, self.device, self.tp)
         self.model = build_model(
             model_cfg,
             self.max_seq_len,
@@ -87,7 +89,8 @@ class Engine:
     def _build_memory(self, config: EngineConfig, model_cfg: ModelConfig) -> None:
         """The KV pool, the request table over it and the attention backend that reads them."""
         # NOTE: every rank must have the same slots: rank 0 allocates them for all
-        self.num_pages = config.num_pages or self.tp.min_int(self._pages_from_memory(), self.device)
+        pages = config.num_pages or pages_from_memory(config, model_cfg, self.device, self.tp)
+        self.num_pages = config.num_pages or self.tp.min_int(pages, self.device)
         self.pool = KVPool(
             model_cfg.num_layers,
             self.num_pages,
@@ -116,98 +119,83 @@ class Engine:
         )
 
     def _build_graphs(self, config: EngineConfig) -> None:
-        """The decode steps' CUDA graphs (on a GPU whose backend has them).
+        """The CUDA graphs of decode steps and of prefill and mixed steps (on a GPU whose
+        backend has them).
 
-        With cuda_graph=False, decode batches still run padded to the same sizes, only eagerly:
+        With cuda_graph=False, those steps still run padded to the same shapes, only eagerly:
         the same kernels on the same shapes, so outputs are identical either way."""
         self.graphs: GraphRunner | None = None
+        self.prefill_graphs: PrefillGraphRunner | None = None
         if self.device.type != "cuda" or not self.backend.supports_cuda_graph:
             return
         oom = None
+        common = (self.model, self.ctx, self.backend, self.table, self.pool.dummy_slot)
         try:
             self.graphs = GraphRunner(
-                self.model,
-                self.ctx,
-                self.backend,
-                self.table,
-                self.pool.dummy_slot,
+                *common,
                 self.device,
                 min(config.cuda_graph_max_bs, config.max_running_reqs),
                 capture=config.cuda_graph_enabled,
                 sample=config.fused_sampling_enabled,
             )
+            if config.cuda_graph_max_tokens:
+                self.prefill_graphs = PrefillGraphRunner(
+                    *common,
+                    self.device,
+                    config.cuda_graph_max_tokens,
+                    capture=config.cuda_graph_enabled,
+                )
         except torch.cuda.OutOfMemoryError as exc:
             oom = str(exc).split("\n")[0]
         # NOTE: raised outside the except block: the out-of-memory error's frames hold the
         # half-captured graphs' memory, and a chained error (kept by a notebook) keeps them
         if oom is not None:
-            self._out_of_memory(oom)
-
-    def _out_of_memory(self, cause: str) -> None:
-        """What ran out while the engine was built, and what to do: the KV pool took its share
-        of what was free, and another engine (or program) holds the rest."""
-        kv_gib = (
-            self.num_pages
-            * self.config.page_size
-            * self.model_config.kv_bytes_per_token(self.dtype.itemsize)
-            / 2**30
-        )
-        self.close()
-        gc.collect()
-        torch.cuda.empty_cache()
-        raise RuntimeError(
-            f"out of GPU memory capturing CUDA graphs, after the KV pool took {kv_gib:.1f} GiB "
-            f"(memory_ratio={self.config.memory_ratio} of the memory free when it was built): "
-            "another engine (in this process or another) holds the rest. close() it, or give "
-            "each engine a smaller memory_ratio (e.g. 0.4 for two side by side). "
-            f"torch: {cause}"
-        )
+            error = out_of_memory(config, self.model_config, self.num_pages, oom)
+            self.close()
+            gc.collect()
+            torch.cuda.empty_cache()
+            raise error
 
     def close(self) -> None:
         """Drop every tensor the engine holds (the caller then frees the cached memory); stop
         the other ranks."""
-        self.graphs = self.model = self.pool = self.table = self.backend = None
+        self.graphs = self.prefill_graphs = None
+        self.model = self.pool = self.table = self.backend = None
         self.ctx = self.sampler = None
         ranks, self.ranks = self.ranks, OneRank()
         ranks.close()
 
-    def _check_fits(self) -> None:
-        if self.device.type != "cuda":
-            return
-        sharing = ranks_on(self.config, self.tp.rank)
-        need = self.model_config.num_params() * self.dtype.itemsize // self.tp.size * sharing
-        free, _ = torch.cuda.mem_get_info(self.device)
-        if need > free:
-            raise ValueError(
-                f"model {self.config.model!r} needs {need / 2**30:.1f} GiB for its weights in "
-                f"{self.dtype}; the GPU has {free / 2**30:.1f} GiB free"
-            )
-
-    def _pages_from_memory(self) -> int:
-        per_token = self.model_config.kv_bytes_per_token(self.dtype.itemsize) // self.tp.size
-        if self.device.type == "cuda":
-            # NOTE: what memory_ratio leaves over is for activations, CUDA graphs and workspaces.
-            # ranks that share the GPU (gloo) each take their part of the ratio
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = free * self.config.memory_ratio / ranks_on(self.config, self.tp.rank)
-        else:
-            budget = self.config.kv_memory_gb * 2**30
-        pages = int(budget // (per_token * self.config.page_size))
-        if pages < 1:
-            raise ValueError("no memory left for the KV cache after loading the model")
-        return pages
+    def runner(self, batch: Batch) -> GraphRunner | PrefillGraphRunner | None:
+        """The graph runner that runs this batch padded (captured or eager), None: it runs
+        unpadded and eagerly."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs
+        if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            return self.prefill_graphs
+        return None
 
     def uses_graph(self, batch: Batch) -> bool:
-        """Whether this batch runs through the padded decode path (captured or eager)."""
-        return self.graphs is not None and self.graphs.can_run(batch)
+        """Whether this batch runs through a padded graph path (captured or eager), which
+        writes its new page-table entries on the device itself."""
+        return self.runner(batch) is not None
 
     @property
     def captures_graphs(self) -> bool:
-        """Whether the padded decode steps replay captured CUDA graphs (not run eagerly)."""
+        """Whether the padded steps replay captured CUDA graphs (not run eagerly)."""
         return self.graphs is not None and self.graphs.capture
 
     def padded_size(self, batch: Batch) -> int:
-        return self.graphs.padded_size(batch.size) if self.uses_graph(batch) else batch.size
+        """The requests the batch runs as (padded rows included)."""
+        runner = self.runner(batch)
+        return batch.size if runner is None else runner.padded_rows(batch)
+
+    def padded_tokens(self, batch: Batch) -> int:
+        """The tokens the batch runs as, padding included (of a prepared batch: its ledger)."""
+        runner = self.runner(batch)
+        if runner is self.prefill_graphs and runner is not None:
+            return runner.padded_tokens(batch)
+        _, cached, device_len = batch.ledger
+        return int((device_len - cached).sum()) + self.padded_size(batch) - batch.size
 
     def prepare(self, batch: Batch) -> None:
         """The inputs (`fill_inputs`) and attention metadata (`plan`) of a batch whose ledger
@@ -218,16 +206,20 @@ class Engine:
     def fill_inputs(self, batch: Batch) -> None:
         """The batch's device inputs: a CUDA graph's static buffers (one copy), or positions,
         input ids, KV slots and sampled rows of its own (`inputs.py`)."""
-        if self.uses_graph(batch):
+        runner = self.runner(batch)
+        if runner is self.graphs and runner is not None:
             race = self.sampler.race_inputs(batch.reqs, batch.ledger[2] + 1)
-            self.graphs.fill_inputs(batch, race)
+            runner.fill_inputs(batch, race)
+        elif runner is not None:
+            runner.fill_inputs(batch)
         else:
             fill_inputs(batch, self.table)
 
     def plan(self, batch: Batch) -> None:
         """The attention metadata of a batch whose inputs are filled in."""
-        if self.uses_graph(batch):
-            self.graphs.plan(batch)
+        runner = self.runner(batch)
+        if runner is not None:
+            runner.plan(batch)
         else:
             self.backend.prepare(batch)
 
@@ -282,8 +274,9 @@ class Engine:
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [sampled requests, vocab] in the model's dtype."""
-        if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.replay(batch)  # (a replay needs no inference mode)
+        runner = self.runner(batch)
+        if runner is not None:
+            return runner.replay(batch)  # (a replay needs no inference mode)
         with torch.inference_mode(), self.ctx.running(batch) as ctx:
             return self.model(batch.input_ids, batch.positions, ctx, batch.sample_idx)
 
@@ -294,14 +287,15 @@ class Engine:
         reqs = batch.sampled_reqs
         if not reqs:
             return torch.zeros(0, dtype=torch.int32)
-        if self.uses_graph(batch) and self.graphs.sampled:
-            tokens = self.graphs.tokens(batch)  # sampled in the graph, into the token pool too
+        runner = self.runner(batch)
+        if runner is not None and runner.sampled:
+            tokens = runner.tokens(batch)  # sampled in the graph, into the token pool too
         else:
             sampled = batch.sampled_mask()
             launched_lens = batch.ledger[2][sampled]  # each sampled token's position
             tokens = self.sampler.sample(logits, self.sampler.prepare(reqs, launched_lens + 1))
-            if self.uses_graph(batch):
-                rows, cols = self.graphs.token_targets(batch)
+            if runner is not None:
+                rows, cols = runner.token_targets(batch)
             else:
                 rows, cols = to_device_many([batch.ledger[0][sampled], launched_lens], self.device)
             self.table.token_pool[rows, cols] = tokens  # where the next decode reads them

@@ -4,6 +4,7 @@ records do not depend on it. Without capture, the runner runs the same padded ba
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -139,6 +140,9 @@ class GraphRunner:
     def padded_size(self, size: int) -> int:
         return self._padded[size]
 
+    def padded_rows(self, batch: Batch) -> int:
+        return self._padded[batch.size]
+
     def fill_inputs(self, batch: Batch, race: tuple[np.ndarray, np.ndarray] | None) -> None:
         """Send the batch's inputs to the static buffers, padded with dummy requests: one copy.
         `race`: each request's temperature and Philox key when the graph samples them (None:
@@ -198,9 +202,33 @@ class GraphRunner:
         return self.outputs[self.padded_size(batch.size)][1][: batch.size]
 
 
-class Staged:
-    """Where each input of a padded decode batch of `bs` lies in the staged bytes: the same
-    layout on the host (packed each step) and on the device (the graph's static inputs)."""
+class Layout:
+    """Where each input of a graph lies in its staged bytes: the same layout on the host
+    (packed each step) and on the device (the graph's static inputs). `fields`: name, numpy
+    dtype and length of each."""
+
+    def __init__(self, fields: Iterable[tuple[str, type, int]]) -> None:
+        self.fields: list[tuple[str, np.dtype, int, int]] = []  # name, dtype, offset, length
+        at = 0
+        for name, dtype, n in fields:
+            self.fields.append((name, np.dtype(dtype), at, n))
+            at += -(-n * np.dtype(dtype).itemsize // 16) * 16  # each starts 16-byte aligned
+        self.nbytes = at
+
+    def views(self, buffer: np.ndarray | torch.Tensor) -> dict:
+        """Each field as a view of `buffer` (uint8, host numpy or device torch)."""
+        if isinstance(buffer, np.ndarray):
+            return {
+                name: buffer[at : at + n * dt.itemsize].view(dt) for name, dt, at, n in self.fields
+            }
+        return {
+            name: buffer[at : at + n * dt.itemsize].view(_TORCH_DTYPES[dt.type])
+            for name, dt, at, n in self.fields
+        }
+
+
+class Staged(Layout):
+    """The inputs of a padded decode batch of `bs` requests."""
 
     FIELDS = (  # name, dtype, length beyond bs
         ("rows", np.int64, 0),  # table rows
@@ -216,24 +244,7 @@ class Staged:
     )
 
     def __init__(self, bs: int) -> None:
-        self.fields: list[tuple[str, np.dtype, int, int]] = []  # name, dtype, offset, length
-        at = 0
-        for name, dtype, extra in self.FIELDS:
-            n = bs + extra
-            self.fields.append((name, np.dtype(dtype), at, n))
-            at += -(-n * np.dtype(dtype).itemsize // 16) * 16  # each starts 16-byte aligned
-        self.nbytes = at
-
-    def views(self, buffer: np.ndarray | torch.Tensor) -> dict:
-        """Each field as a view of `buffer` (uint8, host numpy or device torch)."""
-        if isinstance(buffer, np.ndarray):
-            return {
-                name: buffer[at : at + n * dt.itemsize].view(dt) for name, dt, at, n in self.fields
-            }
-        return {
-            name: buffer[at : at + n * dt.itemsize].view(_TORCH_DTYPES[dt.type])
-            for name, dt, at, n in self.fields
-        }
+        super().__init__((name, dtype, bs + extra) for name, dtype, extra in self.FIELDS)
 
 
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32, np.float32: torch.float32}

@@ -70,7 +70,7 @@ class StepRecord:
     running: int  # requests in the running set after the step
     kv: KVState
     free_slots: int  # request slots free after the step
-    padded_size: int  # batch size as run (CUDA-graph decode pads with the dummy request)
+    padded_size: int  # requests as run (a CUDA graph's batch is padded to its shape)
     cuda_graph: bool
     overlapped: bool  # the next batch was launched before this one completed
     launched_at: float  # seconds since the run started
@@ -82,6 +82,7 @@ class StepRecord:
     host_stage_ms: tuple[float, ...] = ()
     tp_size: int = 1  # processes the step's forward ran on (tensor parallelism)
     simulated: bool = False  # timed by a twin's step costs (`workbench.twin`), not measured
+    padded_tokens: int = 0  # tokens as run, padding included (0: not known, a padded row each)
     # tensor parallelism: device_ms of ranks 1.. (rank 0's is device_ms), filled when the
     # history is read (`Probe.read_events`)
     rank_device_ms: list[float] | None = field(default=None, repr=False)
@@ -145,6 +146,13 @@ class StepRecord:
     @property
     def num_tokens(self) -> int:
         return sum(self._launched[_EXTEND])
+
+    @property
+    def padding_tokens(self) -> int:
+        """The tokens run beyond those computed (a padded graph's shape)."""
+        if self.padded_tokens:
+            return self.padded_tokens - self.num_tokens
+        return self.padded_size - self.size
 
     @property
     def wall_ms(self) -> float:
@@ -272,6 +280,7 @@ def build_record(
         kv=KVState(free=o.kv_free, evictable=o.kv_evictable, in_use=in_use, total=o.kv_total),
         free_slots=o.free_slots,
         padded_size=launched.padded_size,
+        padded_tokens=launched.padded_tokens,
         cuda_graph=launched.cuda_graph,
         overlapped=launched.overlapped,
         launched_at=launched.launched_at,

@@ -230,7 +230,7 @@ class TableRows:
             prefill_tokens=by_kind["prefill"],
             chunk_tokens=by_kind["chunk"],
             decode_tokens=by_kind["decode"],
-            padding_tokens=rec.padded_size - rec.size,
+            padding_tokens=rec.padding_tokens,
             sampled=by_kind["sampled"],
             decode_context=by_kind["decode_context"],
             prefill_pairs=by_kind["prefill_pairs"],

@@ -158,8 +158,12 @@ def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset())
     append, counted = out.append, host.append
     # NOTE: each accessor is a call into C++ and a run leaves hundreds of thousands of
     # events: the ones dropped (short host calls) go after as few calls as possible
-    for e in results.events():
-        kind = e.activity_type()
+    events = results.events()
+    # NOTE: torch 2.11's events have no activity_type() (2.13's do): every event is then asked
+    # its device type, as kinds outside both sets are
+    kinds = bool(events) and hasattr(events[0], "activity_type")
+    for e in events:
+        kind = e.activity_type() if kinds else ""
         if kind in _DEVICE_KINDS or (kind not in _HOST_KINDS and e.device_type() == cuda):
             duration = e.duration_ns()
             if duration <= 0:

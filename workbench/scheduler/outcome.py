@@ -39,6 +39,7 @@ class InFlight:
     overlapped: bool = False  # set when the next batch is launched before this is collected
     # its host time by stage, from launch to record (paused in between)
     clock: StageClock = field(default_factory=StageClock)
+    padded_tokens: int = 0  # tokens as run, padding included (0: not known)
 
     @property
     def rows(self) -> list[ReqView]:

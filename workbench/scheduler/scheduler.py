@@ -154,7 +154,7 @@ class Scheduler(EarlyEnds):
         if batch is None:
             self._check_not_stuck(admissions)
             return None
-        graph = self.engine.uses_graph(batch)  # a padded decode step (captured or eager)
+        graph = self.engine.uses_graph(batch)  # a padded graph step (captured or eager)
         with self._all_or_nothing(batch, clock):
             with clock.during("prepare", probe.range("batch.prepared")):
                 new_pages = self._prepare(batch, clock, graph)  # "prepare", then "plan"
@@ -172,7 +172,7 @@ class Scheduler(EarlyEnds):
         padded, launch_ms = self.engine.padded_size(batch), (self.clock() - started) * 1e3
         return InFlight(
             step, batch, admissions, device, started, padded, captured, page_rows, launch_ms,
-            clock=clock,
+            clock=clock, padded_tokens=self.engine.padded_tokens(batch),
         )  # fmt: skip
 
     def _prepare(self, batch: Batch, clock: StageClock, graph: bool) -> int:

@@ -64,6 +64,10 @@ class TwinEngine:
             return batch.size
         return next(s for s in self._sizes if s >= batch.size)
 
+    def padded_tokens(self, batch: Batch) -> int:
+        _, cached, device_len = batch.ledger
+        return int((device_len - cached).sum()) + self.padded_size(batch) - batch.size
+
     def fill_inputs(self, batch: Batch) -> None:
         """Nothing to build: no forward runs (the page table is written, as for a real one)."""
 

@@ -1,0 +1,107 @@
+"""FlashInfer's scheduler called directly, for wrappers captured in CUDA graphs.
+
+A captured wrapper's buffers, kernels and plan layout are fixed at capture; what changes per
+step is only the work split its scheduler writes to the workspace. `Replan` calls that
+scheduler (the wrapper's compiled module's ``plan``) with the arguments the wrapper's own
+plan() gives it for the fa2 backend (tensor-core decode runs the same prefill planner), and
+checks that it returns the plan the graph was captured with. The wrapper's plan() around it
+checks and copies again, per step, what the graph fixed once (about 0.1 ms of host time a
+decode step on the H200). Any other wrapper (CUDA-core decode, another FlashInfer whose
+wrapper lacks these attributes) keeps its plan() (`Replan.of` returns None).
+
+In CUDA-graph mode FlashInfer's planner sizes everything from the captured batch: `rows`
+requests and at most `total_rows` query tokens (the query tile from ``total_rows - rows + 1``,
+the grid from both), always splits the KV, and reads the real token count from the workspace,
+so one plan layout serves every batch that fits (FlashInfer 0.7.2, ``PrefillSplitQOKVIndptr``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+_ATTRIBUTES = (
+    "_cached_module",
+    "_plan_info",
+    "_float_workspace_buffer",
+    "_int_workspace_buffer",
+    "_pin_memory_int_workspace_buffer",
+)
+
+
+class Replan:
+    def __init__(
+        self,
+        wrapper: Any,
+        heads: tuple[int, int, int, int],
+        rows: int,
+        total_rows: int,
+        causal: bool,
+    ) -> None:
+        """`heads`: query heads, KV heads, head size and page size, as planned."""
+        num_heads, num_kv_heads, head_dim, page_size = heads
+        self.module, self.expected = wrapper._cached_module, list(wrapper._plan_info)
+        self.workspaces = (
+            wrapper._float_workspace_buffer,
+            wrapper._int_workspace_buffer,
+            wrapper._pin_memory_int_workspace_buffer,
+        )
+        self.decode_qo_indptr = torch.arange(rows + 1, dtype=torch.int32)  # a token a request
+        self.checks = 2  # the plans still compared with the captured one (each costs ~60 us)
+        self.middle = (total_rows, rows, num_heads, num_kv_heads, page_size, True)
+        # window_left, fixed split size, split-KV on, colocated CTAs, uniform q len
+        self.tail = (head_dim, head_dim, causal, -1, -1, False, 0, 0)
+        self.rows, self.total_rows = rows, total_rows
+
+    @classmethod
+    def of(cls, wrapper: Any, *args) -> Replan | None:
+        """A `Replan` of `wrapper` (planned once already), or None when it is not one this
+        knows (another backend, a custom module, another FlashInfer's attributes)."""
+        known = (
+            getattr(wrapper, "_backend", None) == "fa2"
+            and getattr(wrapper, "_jit_module", None) is None
+            and all(hasattr(wrapper, name) for name in _ATTRIBUTES)
+        )
+        return cls(wrapper, *args) if known else None
+
+    def __call__(
+        self, indptr: np.ndarray, kv_lens: np.ndarray, qo_indptr: np.ndarray | None = None
+    ) -> None:
+        """Plan for these page `indptr`, KV lengths and query `qo_indptr` (None: one query
+        token a request, decode), all on the host."""
+        qo = self.decode_qo_indptr if qo_indptr is None else torch.from_numpy(qo_indptr)
+        info = self.module.plan(
+            *self.workspaces,
+            qo,
+            torch.from_numpy(indptr),
+            torch.from_numpy(kv_lens),
+            *self.middle,
+            *self.tail,
+        )
+        if self.checks:  # the first (dummy) and the first real plan: the layout is fixed after
+            self.checks -= 1
+            self._check(list(info))
+
+    def _check(self, info: list) -> None:
+        if info != self.expected:
+            raise RuntimeError(
+                f"FlashInfer planned a batch of {self.rows} requests and {self.total_rows} "
+                f"query tokens unlike the plan its CUDA graph was captured with ({info} "
+                f"against {self.expected})"
+            )
+
+
+def split_kv_bytes(
+    rows: int, total_rows: int, num_heads: int, num_kv_heads: int, head_dim: int, sm_count: int
+) -> int:
+    """An upper bound of the float workspace a CUDA-graph prefill plan of `rows` requests and
+    `total_rows` query tokens reserves for its split KV (partial outputs and their softmax
+    sums): FlashInfer reserves them for the whole padded grid, whatever the batch."""
+    group = num_heads // num_kv_heads
+    tile = 128  # the largest query tile (rows of packed query heads)
+    split_ctas = 2 * sm_count // num_kv_heads
+    grid = max(split_ctas, -(-total_rows * group // tile) + rows - 1)
+    partial_rows = -(-grid * tile // group)
+    return num_heads * partial_rows * (head_dim + 1) * 4 + (1 << 20)  # + alignment
