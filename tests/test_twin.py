@@ -42,10 +42,15 @@ def workload(seed: int = 0, n: int = 10):
     return out
 
 
-def synthetic_costs(model: str = MODEL, device: str = "cpu", host_ms: float = 0.05, **meta):
-    """Step costs of known coefficients (no run needed)."""
+def synthetic_costs(
+    model: str = MODEL, device: str = "cpu", host_ms: float = 0.05, prompt_graph=False, **meta
+):
+    """Step costs of known coefficients (no run needed); `prompt_graph`: with costs of prompt
+    steps replayed as graphs (fitted on runs of an engine that had them)."""
     eager = DEVICE_FEATURES["eager"]
     graph = DEVICE_FEATURES["graph"]
+    paths = ("eager", "graph", "prompt_graph") if prompt_graph else ("eager", "graph")
+    prompt = Linear(DEVICE_FEATURES["prompt_graph"], (0.7, 0.3, 1.0, 0.5, 0.2, 0.01))
     return StepCosts(
         meta={
             "model": model,
@@ -62,13 +67,14 @@ def synthetic_costs(model: str = MODEL, device: str = "cpu", host_ms: float = 0.
         device={
             "eager": Linear(eager, (3.0, 1.0, 4.0, 2.0, 0.5, 0.3, 0.01)),
             "graph": Linear(graph, (0.8, 0.004, 0.02)),
+            **({"prompt_graph": prompt} if prompt_graph else {}),
         },
         host={
             path: {
                 s: Linear(HOST_FEATURES[s], (host_ms, 0.002, 0.01)[: len(HOST_FEATURES[s])])
                 for s in HOST_STAGES
             }
-            for path in ("eager", "graph")
+            for path in paths
         },
         between_ms=0.02,
     )
@@ -236,6 +242,38 @@ def test_with_overlap_a_step_takes_the_longer_of_its_host_and_its_device(host_ms
         assert (decode.wait_ms < 1e-9).all()  # host-bound: the tokens are always ready
     else:
         assert (decode.wait_ms > 0).all()
+
+
+@pytest.mark.parametrize("prompt_graph", [True, False])
+def test_a_gpu_twin_replays_prompt_steps_as_graphs_when_its_runs_did(prompt_graph):
+    """Costs fitted on runs of an engine that captured prefill and mixed steps: the twin pads
+    those steps to the same shapes as `PrefillGraphRunner` and times them on that path's
+    costs; costs of runs whose prompt steps ran eagerly: the twin runs them eagerly too."""
+    from workbench.engine.prefill_graph import graph_shapes
+
+    costs = synthetic_costs(device="cuda", prompt_graph=prompt_graph, cuda_graph=True)
+    twin = Workbench(
+        MODEL, step_costs=costs, cuda_graph=True, cuda_graph_max_tokens=128,
+        max_extend_tokens=256, policy="mixed", max_running_reqs=16,
+    )  # fmt: skip
+    history = run_workload(twin, workload(seed=8, n=12))
+    steps = history.steps
+    prompt = steps[steps.phase != "decode"]
+    fits = prompt.num_tokens <= 128
+    assert fits.any() and (~fits).any()
+    assert (prompt.cuda_graph == (fits & prompt_graph)).all()
+    graphs = prompt[prompt.cuda_graph]
+    shapes = set(graph_shapes(128, 16, twin.engine.table.max_seq_len))
+    padded = set(zip(graphs.num_tokens + graphs.padding_tokens, graphs.padded_size))
+    assert padded <= shapes and bool(padded) == prompt_graph
+    assert (prompt[~prompt.cuda_graph].padding_tokens == 0).all()
+    device, _ = costs.predict_steps(steps)
+    assert np.allclose(steps.device_ms, device, rtol=0, atol=1e-6)
+    if prompt_graph:  # the prompt path's own costs, on the padded tokens
+        f = step_features(graphs)
+        assert (f.path == "prompt_graph").all()
+        want = costs.device["prompt_graph"]({c: f[c] for c in f})  # (above the host's 0.1 ms)
+        assert np.allclose(graphs.device_ms, want, rtol=0, atol=1e-6)
 
 
 def test_the_twins_error_is_shown_beside_the_real_runs_noise():

@@ -52,6 +52,22 @@ def row_sizes(tokens: int, max_rows: int) -> list[int]:
     return sorted({min(r, tokens, max_rows) for r in (*ROW_SIZES, max_rows)})
 
 
+def graph_shapes(max_tokens: int, max_rows: int, max_seq_len: int) -> list[tuple[int, int]]:
+    """The (tokens, rows) shapes captured, for request rows `max_seq_len` wide (a dummy request
+    of the capture attends to itself only, within the dummy row)."""
+    return [
+        (t, r)
+        for t in token_sizes(max_tokens)
+        for r in row_sizes(t, max_rows)
+        if -(-t // r) <= max_seq_len
+    ]
+
+
+def shape_for(shapes: list[tuple[int, int]], tokens: int, rows: int) -> tuple[int, int] | None:
+    """The smallest shape that holds `tokens` tokens of `rows` requests (None: none does)."""
+    return min((s for s in shapes if s[0] >= tokens and s[1] >= rows), default=None)
+
+
 def prefill_fields(tokens: int, rows: int) -> list[tuple[str, type, int]]:
     return [
         ("token_rows", np.int64, tokens),  # each token's table row
@@ -91,13 +107,7 @@ class PrefillGraphRunner:
         self.model, self.ctx, self.backend, self.table = model, ctx, backend, table
         self.dummy_slot, self.capture = dummy_slot, capture
         max_rows = table.max_running_reqs
-        # NOTE: a dummy request of the capture attends to itself only, within the dummy row
-        self.shapes = [
-            (t, r)
-            for t in token_sizes(max_tokens)
-            for r in row_sizes(t, max_rows)
-            if -(-t // r) <= table.max_seq_len
-        ]
+        self.shapes = graph_shapes(max_tokens, max_rows, table.max_seq_len)
         self.max_tokens = max(t for t, _ in self.shapes)
         self.layouts = {s: Layout(prefill_fields(*s)) for s in self.shapes}
         size = max(layout.nbytes for layout in self.layouts.values())
@@ -123,9 +133,7 @@ class PrefillGraphRunner:
             return shape
         shape = None
         if batch.is_prefill:
-            tokens, rows = sum(r.extend_len for r in batch.reqs), batch.size
-            fits = [s for s in self.shapes if s[0] >= tokens and s[1] >= rows]
-            shape = min(fits, default=None)
+            shape = shape_for(self.shapes, sum(r.extend_len for r in batch.reqs), batch.size)
         self._last = (batch, shape)
         return shape
 

@@ -26,6 +26,8 @@ from .runs import check_same_setup, named_runs, steps_of
 
 VERSION = 1
 _FORWARD, _SAMPLE = HOST_STAGES.index("forward"), HOST_STAGES.index("sample")
+# the paths whose costs a path the runs never took uses, in turn
+_STANDS_IN = {"graph": ("eager",), "prompt_graph": ("eager",), "eager": ("prompt_graph",)}
 # what a twin takes from the runs it was fitted on (the recorded engine's setup)
 SETUP = ("model", "device", "device_name", "dtype", "tp_size")
 
@@ -58,7 +60,7 @@ class StepCosts:
     def predict(self, f: Mapping[str, float]) -> tuple[float, tuple[float, ...]]:
         """A step's device ms and host ms per stage (`HOST_STAGES` order) from its features
         (`features.batch_features`)."""
-        device, host = self._times("graph" if f["graph"] else "eager", f)
+        device, host = self._times(f["path"], f)
         return float(device), host
 
     def predict_steps(self, steps) -> tuple[np.ndarray, np.ndarray]:
@@ -76,8 +78,9 @@ class StepCosts:
     def _times(self, path: str, f) -> tuple:
         """Device ms (at least the host's enqueueing: its forward and sample stages) and host ms
         per stage, of one step's features or of arrays of them; a path the runs never took
-        uses the other's costs."""
-        fit = path if path in self.device else next(iter(self.device))
+        uses another's costs (a prompt step's, those of the other path of prompt steps)."""
+        fit = next((p for p in (path, *_STANDS_IN[path]) if p in self.device), None)
+        fit = fit or next(iter(self.device))
         host = tuple(self.host[fit][s](f) for s in HOST_STAGES)
         return np.maximum(self.device[fit](f), host[_FORWARD] + host[_SAMPLE]), host
 

@@ -4,9 +4,12 @@ predicts the step's time on the `Timeline` instead of running it.
 
 What it keeps of the engine it stands for (`Engine`): the model's config (context length, EOS
 ids, KV bytes), the KV pool's size (`num_pages`: given, or as many KV tokens as the recorded
-engine had), the request slots, and which decode steps run padded as CUDA graphs (those of a GPU
-engine up to `cuda_graph_max_bs`, padded to the same sizes). Every request gets a token that is
-never EOS, so it runs to its `max_tokens`.
+engine had), the request slots, and which steps run padded as CUDA graphs: the decode steps of a
+GPU engine up to `cuda_graph_max_bs`, and its prefill and mixed steps up to
+`cuda_graph_max_tokens` when the recorded runs had such graphs (runs of an engine that ran those
+steps eagerly fitted costs of eager prompt steps only: the twin then runs them eagerly too),
+padded to the same shapes. Every request gets a token that is never EOS, so it runs to its
+`max_tokens`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..core import Batch
 from ..distributed import SINGLE
 from ..engine.engine import DeviceStep
 from ..engine.graph import capture_sizes
+from ..engine.prefill_graph import graph_shapes, shape_for
 from ..engine.ranks import OneRank
 from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
@@ -50,21 +54,41 @@ class TwinEngine:
         dummy_slot = self.num_pages * config.page_size
         self.table.write_row(self.table.dummy_row, 0, np.full(width, dummy_slot, np.int32))
         # a GPU engine runs decode steps padded to its graphs' sizes
-        self._sizes = None
+        self._sizes, self._shapes = None, []
         if str(meta["device"]).startswith("cuda"):
             self._sizes = capture_sizes(min(config.cuda_graph_max_bs, config.max_running_reqs))
+            if config.cuda_graph_max_tokens and "prompt_graph" in costs.device:
+                rows = config.max_running_reqs
+                self._shapes = graph_shapes(config.cuda_graph_max_tokens, rows, width)
         self.captures_graphs = self._sizes is not None and config.cuda_graph
+        self._last: tuple[Batch | None, tuple[int, int] | None] = (None, None)
         self._token = next(t for t in range(100, model_cfg.vocab_size) if t not in _eos(model_cfg))
 
+    def _prompt_shape(self, batch: Batch) -> tuple[int, int] | None:
+        """As the real engine's `PrefillGraphRunner.shape`: from the tokens as launched."""
+        if not batch.is_prefill or not self._shapes:
+            return None
+        if self._last[0] is not batch:
+            tokens = sum(r.extend_len for r in batch.reqs)
+            self._last = (batch, shape_for(self._shapes, tokens, batch.size))
+        return self._last[1]
+
     def uses_graph(self, batch: Batch) -> bool:
-        return self._sizes is not None and batch.phase == "decode" and batch.size <= self._sizes[-1]
+        if batch.phase == "decode":
+            return self._sizes is not None and batch.size <= self._sizes[-1]
+        return self._prompt_shape(batch) is not None
 
     def padded_size(self, batch: Batch) -> int:
         if not self.uses_graph(batch):
             return batch.size
+        if batch.phase != "decode":
+            return self._prompt_shape(batch)[1]
         return next(s for s in self._sizes if s >= batch.size)
 
     def padded_tokens(self, batch: Batch) -> int:
+        shape = self._prompt_shape(batch)
+        if shape is not None:
+            return shape[0]
         _, cached, device_len = batch.ledger
         return int((device_len - cached).sum()) + self.padded_size(batch) - batch.size
 
@@ -77,8 +101,9 @@ class TwinEngine:
     def run_batch(self, batch: Batch, clock: StageClock | None = None) -> DeviceStep:
         """The step on the timeline: its predicted host and device times; every request's
         ledger moved past it, a token for each sampled one."""
-        graph = self.uses_graph(batch)
-        features = batch_features(batch, self.padded_size(batch), graph and self.captures_graphs)
+        graph = self.uses_graph(batch) and self.captures_graphs
+        rows, tokens = self.padded_size(batch), self.padded_tokens(batch)
+        features = batch_features(batch, rows, tokens, graph)
         device_ms, host_ms = self.costs.predict(features)
         predicted = self.timeline.launch(device_ms, host_ms)
         self.timeline.pending[id(batch)] = predicted  # the probe reads it at collect, record

@@ -1,9 +1,10 @@
 """What a step's cost is fitted on: its composition, the same whether read from a recorded
 steps table or from a batch the twin is about to run.
 
-A step runs one of two paths. A CUDA-graph decode step ("graph") replays one captured graph of
-its padded size; every other step ("eager": prefill, mixed, a decode step on the CPU or too large
-to capture) launches the layers one by one. Per step:
+A step runs one of three paths. A CUDA-graph decode step ("graph") replays one captured graph of
+its padded size; a prefill or mixed step of a captured shape ("prompt_graph") replays one of
+its padded tokens and requests; every other step ("eager": on the CPU, too large to capture, or
+of an engine without such graphs) launches the layers one by one. Per step:
 
 - `rows`: the requests as run (a graph pads them); `tokens`: the tokens computed (thousands,
   padding included), and `tokens_over`: those beyond `KNEE` (the matmuls stop being bound by
@@ -27,10 +28,18 @@ if TYPE_CHECKING:
     from ..core import Batch
 
 KNEE = 512  # tokens
-PATHS = ("graph", "eager")
+PATHS = ("graph", "prompt_graph", "eager")
 # the features of each path's device time, and of each host stage's time (both paths)
 DEVICE_FEATURES = {
     "graph": ("1", "rows", "decode_context"),
+    "prompt_graph": (
+        "prompt",
+        "tokens",
+        "tokens_over",
+        "prefill_pairs",
+        "decode_context",
+        "sampled",
+    ),
     "eager": (
         "prompt",
         "decode",
@@ -79,11 +88,12 @@ def step_features(steps: pd.DataFrame) -> pd.DataFrame:
             "older workbench; record it again to fit step costs on it"
         )
     tokens = (steps.num_tokens + steps.padding_tokens).to_numpy(dtype=float)
-    graph = (steps.phase == "decode") & steps.cuda_graph.astype(bool)
+    graph = steps.cuda_graph.astype(bool).to_numpy()
     phase = steps.phase.astype(str)
+    decode = (phase == "decode").to_numpy()
     frame = pd.DataFrame(
         {
-            "path": np.where(graph, "graph", "eager"),
+            "path": np.select([graph & decode, graph], ["graph", "prompt_graph"], "eager"),
             "phase": phase.to_numpy(),
             "1": 1.0,
             "prompt": (phase != "decode").to_numpy(dtype=float),
@@ -101,13 +111,15 @@ def step_features(steps: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def batch_features(batch: Batch, padded_size: int, graph: bool) -> dict[str, float]:
-    """The features of a batch about to run (its ledger as launched), as `step_features`
-    gives them for the step it becomes."""
+def batch_features(
+    batch: Batch, padded_size: int, padded_tokens: int, graph: bool
+) -> dict[str, float]:
+    """The features of a batch about to run (its ledger as launched) as `step_features` gives
+    them for the step it becomes, and its `path`; `graph`: it replays a captured graph."""
     _, cached, device_len = batch.ledger
     nd = batch.num_decode
     extend = device_len[nd:] - cached[nd:]
-    tokens = int(extend.sum()) + nd + (padded_size - batch.size)
+    tokens = padded_tokens
     pairs = int((extend * cached[nd:]).sum() + (extend * (extend + 1) // 2).sum())
     phase = batch.phase
     return {
@@ -121,5 +133,5 @@ def batch_features(batch: Batch, padded_size: int, graph: bool) -> dict[str, flo
         "decode_context": int(device_len[:nd].sum()) / 1e3,
         "sampled": float(len(batch.sampled_reqs)),
         "prefill_rows": float(batch.size - nd),
-        "graph": graph,
+        "path": ("graph" if phase == "decode" else "prompt_graph") if graph else "eager",
     }
