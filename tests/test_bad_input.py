@@ -169,6 +169,12 @@ def test_bad_sampling_values(llm, kwargs, error, message):
         (dict(policy="shortest_first"), ValueError, "policy must be one of .*mixed"),
         (dict(overlap="no"), TypeError, "overlap must be True or False, got 'no'"),
         (dict(cuda_graph=1), TypeError, "cuda_graph must be True or False"),
+        (
+            dict(cuda_graph_max_tokens=20000),
+            ValueError,
+            r"cuda_graph_max_tokens must be an integer in \[0, 16384\], got 20000",
+        ),
+        (dict(cuda_graph_max_tokens=-1), ValueError, "cuda_graph_max_tokens must be an integer"),
         (dict(max_seq_len=0), ValueError, "max_seq_len must be an integer >= 1, got 0"),
         (dict(max_seq_len=-5), ValueError, "max_seq_len must be an integer >= 1, got -5"),
         (dict(num_pages=2.5), TypeError, "num_pages must be an integer"),
