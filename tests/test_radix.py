@@ -144,6 +144,18 @@ def test_a_shared_prefix_submitted_together_is_computed_once():
     assert [o["token_ids"] for o in outputs] == hf_greedy("tiny-qwen3", prompts, 4)
 
 
+@pytest.mark.parametrize(
+    ("threshold", "prefix_len", "waits"), [(4, 3, 0), (4, 6, 7), (32, 31, 0), (32, 40, 7)]
+)
+def test_a_request_waits_exactly_when_it_shares_the_threshold(threshold, prefix_len, waits):
+    """The rule at its edge, for thresholds below and above the 16 first tokens admission
+    groups prompts by: 8 prompts submitted together sharing `prefix_len` tokens."""
+    llm = LLM("tiny-llama", max_running_reqs=16, share_threshold=threshold)
+    _, steps = run(llm, shared_prefix_workload(8, prefix_len), greedy(2))
+    reasons = [a.reason for s in steps for a in s.admissions]
+    assert reasons.count("wait_for_prefix") == waits
+
+
 def test_without_waiting_one_batch_computes_the_prefix_for_everyone():
     """The other side of the guarantee: requests admitted into the same batch cannot share
     what none of them has computed yet."""
