@@ -30,8 +30,10 @@ def prepare_batch(
     count = int(new_slots.sum()) // ps
     if count > 0:
         pages = cache.allocate_pages(count)
-        for req, alloc_len in zip(reqs, end.tolist()):
-            req.alloc_len = alloc_len
+        # NOTE: only those that gained pages (a few of a decode batch's 256 a step at page 16);
+        # the others' alloc_len is this `end` already
+        for i in np.flatnonzero(new_slots).tolist():
+            reqs[i].alloc_len = int(end[i])
         slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
         table.write_slots(
             np.repeat(rows, new_slots), ranges(first, end), slots, device=device_table
