@@ -276,6 +276,17 @@ def test_a_gpu_twin_replays_prompt_steps_as_graphs_when_its_runs_did(prompt_grap
         assert np.allclose(graphs.device_ms, want, rtol=0, atol=1e-6)
 
 
+def test_a_twin_captures_what_the_recorded_engine_captured_unless_told_otherwise():
+    costs = synthetic_costs(
+        device="cuda", prompt_graph=True, cuda_graph=True, cuda_graph_max_tokens=64,
+        cuda_graph_max_bs=32,
+    )  # fmt: skip
+    recorded = Workbench(MODEL, step_costs=costs).engine.config
+    assert (recorded.cuda_graph_max_tokens, recorded.cuda_graph_max_bs) == (64, 32)
+    given = Workbench(MODEL, step_costs=costs, cuda_graph_max_tokens=128).engine.config
+    assert (given.cuda_graph_max_tokens, given.cuda_graph_max_bs) == (128, 32)
+
+
 def test_the_twins_error_is_shown_beside_the_real_runs_noise():
     real = shared(lambda: Workbench(MODEL, page_size=1, num_pages=NUM_PAGES), "twin", 1)
     runs = {}

@@ -215,6 +215,7 @@ class LLM:
             "overlap": self.scheduler.overlap,
             "cuda_graph": config.cuda_graph_enabled,
             "cuda_graph_max_bs": config.cuda_graph_max_bs,
+            "cuda_graph_max_tokens": config.cuda_graph_max_tokens,
             "record": self.record,
             **self.scheduler.probe.window.meta(),  # what chose the profiled steps
         }

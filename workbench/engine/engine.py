@@ -139,12 +139,15 @@ class Engine:
                 sample=config.fused_sampling_enabled,
             )
             if config.cuda_graph_max_tokens:
-                self.prefill_graphs = PrefillGraphRunner(
-                    *common,
-                    self.device,
-                    config.cuda_graph_max_tokens,
-                    capture=config.cuda_graph_enabled,
-                )
+                try:
+                    self.prefill_graphs = PrefillGraphRunner(
+                        *common,
+                        self.device,
+                        config.cuda_graph_max_tokens,
+                        capture=config.cuda_graph_enabled,
+                    )
+                except NotImplementedError:  # a FlashInfer whose planner we cannot call alone
+                    self.prefill_graphs = None
         except torch.cuda.OutOfMemoryError as exc:
             oom = str(exc).split("\n")[0]
         # NOTE: raised outside the except block: the out-of-memory error's frames hold the

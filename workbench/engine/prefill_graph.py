@@ -108,7 +108,6 @@ class PrefillGraphRunner:
         self.dummy_slot, self.capture = dummy_slot, capture
         max_rows = table.max_running_reqs
         self.shapes = graph_shapes(max_tokens, max_rows, table.max_seq_len)
-        self.max_tokens = max(t for t, _ in self.shapes)
         self.layouts = {s: Layout(prefill_fields(*s)) for s in self.shapes}
         size = max(layout.nbytes for layout in self.layouts.values())
         self.staged = torch.zeros(size, dtype=torch.uint8, device=device)
@@ -155,7 +154,7 @@ class PrefillGraphRunner:
             for shape in sorted(self.shapes, reverse=True):  # largest first: the rest reuse it
                 x = self._stage_dummies(shape)
                 metadata = self.backend.prefill_graph_metadata(shape, x["out_loc"], x)
-                if metadata is None:
+                if metadata is None:  # the engine then runs prompt steps eagerly
                     raise NotImplementedError("FlashInfer's prefill planner is not one we know")
                 self.metadata[shape] = metadata
                 if self.capture:

@@ -42,8 +42,14 @@ def twin_settings(costs: StepCosts, model: str, options: dict[str, Any]) -> dict
     overlap, page_size = options.get("overlap"), options.get("page_size")
     if page_size is None:  # the recorded runs' pages, else the recorded device's default
         page_size = meta.get("page_size") or default_page_size(recorded_type)
+    graphs = {  # the recorded engine's graphs, unless given
+        name: meta[name]
+        for name in ("cuda_graph_max_bs", "cuda_graph_max_tokens")
+        if options.get(name) is None and meta.get(name) is not None
+    }
     return {
         **options,
+        **graphs,
         "device": "cpu",
         "page_size": page_size,
         "dtype": meta["dtype"],

@@ -176,6 +176,8 @@ def fit_step_costs(runs) -> StepCosts:
         "max_running_reqs": first.get("max_running_reqs"),
         "cuda_graph": bool(first.get("cuda_graph", False)),
         "cuda_graph_max_bs": first.get("cuda_graph_max_bs", 256),
+        # (runs recorded before prefill graphs: none)
+        "cuda_graph_max_tokens": first.get("cuda_graph_max_tokens", 0),
         "runs": list(named),
         "steps": int(len(steps)),
     }
