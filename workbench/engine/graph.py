@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..core import Batch
-from ..device import staging
+from ..device import Staging, staging
 
 if TYPE_CHECKING:
     from ..attention.base import AttentionBackend
@@ -163,12 +163,7 @@ class GraphRunner:
         x["temperatures"][:size], x["temperatures"][size:] = temperatures, 0.0
         x["keys"][:size], x["keys"][size:] = keys, 0
         self.backend.paged_lens(kv_lens, x["indptr"], x["last_page_len"])
-        # NOTE: through the staging ring's pinned memory, which stays unchanged until the copy
-        # has run (the host bytes above are rewritten next step)
-        host = self.host[bs]
-        ring, pinned = self.ring.region(len(host))
-        ring[:] = host
-        self.staged[: len(host)].copy_(pinned, non_blocking=True)
+        send_staged(self.ring, self.host[bs], self.staged)
         batch.attn_metadata = self.metadata[bs]
         self._plan = (bs, x["indptr"], kv_lens)
 
@@ -200,6 +195,16 @@ class GraphRunner:
     def tokens(self, batch: Batch) -> torch.Tensor:
         """The tokens the last replay of the batch's graph sampled (when `sampled`)."""
         return self.outputs[self.padded_size(batch.size)][1][: batch.size]
+
+
+def send_staged(ring: Staging, host: np.ndarray, staged: torch.Tensor) -> None:
+    """A graph's inputs, packed in `host`, to its static device buffer `staged`: one copy.
+
+    Through the staging ring's pinned memory, which stays unchanged until the copy has run (the
+    host bytes are rewritten next step)."""
+    pinned_np, pinned = ring.region(len(host))
+    pinned_np[:] = host
+    staged[: len(host)].copy_(pinned, non_blocking=True)
 
 
 class Layout:

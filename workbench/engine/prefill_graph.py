@@ -29,7 +29,7 @@ import torch
 
 from ..core import Batch
 from ..device import staging
-from .graph import Layout
+from .graph import Layout, send_staged
 from .inputs import ranges
 
 if TYPE_CHECKING:
@@ -228,11 +228,7 @@ class PrefillGraphRunner:
         kv_lens = x["kv_lens"]
         kv_lens[:n], kv_lens[n:] = device_len, 1  # a padded request reads the dummy page
         self.backend.paged_lens(kv_lens, x["kv_indptr"], x["last_page_len"])
-        # NOTE: through the staging ring's pinned memory, unchanged until the copy has run
-        host = self.host[shape]
-        ring, pinned = self.ring.region(len(host))
-        ring[:] = host
-        self.staged[: len(host)].copy_(pinned, non_blocking=True)
+        send_staged(self.ring, self.host[shape], self.staged)
         batch.attn_metadata = self.metadata[shape]
         self._plan = (shape, qo, x["kv_indptr"], kv_lens)
 
