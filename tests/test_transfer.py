@@ -125,3 +125,29 @@ def test_the_graph_inputs_layout_keeps_fields_apart_and_aligned():
         for i, (name, view) in enumerate(views.items()):
             assert len(view) == bs + (name == "indptr")
             assert (view == i + 1).all() and (device[name].numpy() == i + 1).all()
+
+
+def test_every_prompt_step_that_fits_finds_a_graph_that_pads_it_little():
+    """Every batch of at most `cuda_graph_max_tokens` tokens and as many requests as fit them
+    gets a captured shape: the smallest that holds it, at most twice its tokens up to 512 and
+    half as many again above, and rows that hold its requests."""
+    from workbench.engine.prefill_graph import graph_shapes, shape_for, token_sizes
+
+    for max_tokens, max_rows in ((4096, 256), (300, 8), (16384, 64)):
+        shapes = graph_shapes(max_tokens, max_rows, max_seq_len=8192)
+        assert max(t for t, _ in shapes) == max_tokens == token_sizes(max_tokens)[-1]
+        for tokens in range(1, max_tokens + 1, 7):
+            for rows in {
+                1,
+                min(tokens, max_rows),
+                min(tokens, 9, max_rows),
+                min(tokens, 40, max_rows),
+            }:
+                shape = shape_for(shapes, tokens, rows)
+                assert shape is not None and shape[0] >= tokens and shape[1] >= rows
+                assert shape[0] <= max(16, 2 * tokens if tokens <= 512 else 1.5 * tokens)
+                bigger = [s for s in shapes if s[0] >= tokens and s[1] >= rows]
+                assert shape == min(bigger)
+        assert shape_for(shapes, max_tokens + 1, 1) is None
+    # a dummy request of the capture attends within the dummy row: no shape wider than it
+    assert all(-(-t // r) <= 100 for t, r in graph_shapes(4096, 256, max_seq_len=100))

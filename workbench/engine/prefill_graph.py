@@ -6,8 +6,8 @@ host work sets the step's length: 8 to 19 ms a step whatever its tokens, where a
 mixed step of Qwen3-0.6B has 2.1 ms of kernels (README, "Prefill and mixed steps are the
 host's"). A replay launches them all at once.
 
-Shapes: `token_sizes` up to `cuda_graph_max_tokens` (powers of two, then halfway steps, so
-padding costs at most a third above 512 tokens), each with a few row counts (`row_sizes`: 8,
+Shapes: `token_sizes` up to `cuda_graph_max_tokens` (powers of two, then halfway steps, so a
+step above 512 tokens runs at most half as many again), each with a few row counts (`row_sizes`: 8,
 32 and as many as fit), so that a chunk alone and a chunk with a full decode batch both find
 a graph that pads them little. A batch takes the smallest shape that holds its tokens and its
 requests. Padding: the tokens past the batch's are the dummy request's (they write the pool's
