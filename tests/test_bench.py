@@ -163,6 +163,7 @@ def test_bench_reports_the_steps_with_prompt_tokens():
     )
     assert 0 < r["prompt_step_tokens"] <= 16
     assert 0 < r["prompt_step_forward_ms"] <= r["prompt_step_device_ms"]
+    assert r["prompt_step_graphs"] == 0  # (the CPU captures none)
 
 
 def test_bench_splits_the_run_by_phase_and_batch_size():

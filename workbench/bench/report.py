@@ -90,7 +90,10 @@ def _print_decode_step(r: dict) -> None:
             why = ": launching their layers one by one set their length, not the GPU"
         else:
             why = ""
+        graphs = r.get("prompt_step_graphs", 0)
+        replayed = f" ({graphs} replayed a CUDA graph)" if graphs else ""
         print(
-            f"steps with prompt tokens: {r['prompt_steps']}, median {r['prompt_step_tokens']:,.0f} "
-            f"tokens, host forward stage {forward:.2f} ms, device {device:.2f} ms{why}"
+            f"steps with prompt tokens: {r['prompt_steps']}{replayed}, median "
+            f"{r['prompt_step_tokens']:,.0f} tokens, host forward stage {forward:.2f} ms, device "
+            f"{device:.2f} ms{why}"
         )

@@ -32,11 +32,12 @@ class StepTime(NamedTuple):
     batch_size: int
     kv_tokens: int  # KV tokens the step read, over all its rows
     host: HostTime
-    # a step with prompt tokens (eager): its tokens, the host's forward stage (launching the
-    # layers) and its device time; 0 for a decode step (its timer is not read)
+    # a step with prompt tokens: its tokens, the host's forward stage (launching the layers, or
+    # replaying a graph) and its device time; 0 for a decode step (its timer is not read)
     tokens: int = 0
     forward_ms: float = 0.0
     device_ms: float = 0.0
+    graph: bool = False  # it replayed a captured CUDA graph
 
 
 def step_time(outcome: StepOutcome) -> StepTime:
@@ -50,8 +51,9 @@ def step_time(outcome: StepOutcome) -> StepTime:
         return step
     tokens = int((batch.ledger[2] - batch.ledger[1]).sum())
     device_ms = launched.device.timer.elapsed_ms()  # (collected: no wait)
+    forward_ms = launched.clock.ms["forward"]
     return step._replace(
-        tokens=tokens, forward_ms=launched.clock.ms["forward"], device_ms=device_ms
+        tokens=tokens, forward_ms=forward_ms, device_ms=device_ms, graph=launched.cuda_graph
     )
 
 
@@ -65,6 +67,7 @@ class PromptSteps(NamedTuple):
     tokens: float
     forward_ms: float
     device_ms: float
+    graphs: int = 0  # of them replayed a CUDA graph
 
 
 def prompt_steps(steps: list[StepTime]) -> PromptSteps:
@@ -77,6 +80,7 @@ def prompt_steps(steps: list[StepTime]) -> PromptSteps:
         statistics.median(s.tokens for s in prompt),
         statistics.median(s.forward_ms for s in prompt),
         statistics.median(s.device_ms for s in prompt),
+        sum(s.graph for s in prompt),
     )
 
 

@@ -165,6 +165,7 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
         prompt_step_tokens=prompt.tokens,
         prompt_step_forward_ms=round(prompt.forward_ms, 3),
         prompt_step_device_ms=round(prompt.device_ms, 3),
+        prompt_step_graphs=prompt.graphs,
         request_rate=args.request_rate,
         profiled_steps=int(llm.history.steps.profiled.sum()) if args.record == "full" else None,
         profile_steps=llm.scheduler.probe.window.text if args.record == "full" else None,

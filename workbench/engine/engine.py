@@ -195,7 +195,7 @@ class Engine:
     def padded_tokens(self, batch: Batch) -> int:
         """The tokens the batch runs as, padding included (of a prepared batch: its ledger)."""
         runner = self.runner(batch)
-        if runner is self.prefill_graphs and runner is not None:
+        if runner is not None and runner is self.prefill_graphs:
             return runner.padded_tokens(batch)
         _, cached, device_len = batch.ledger
         return int((device_len - cached).sum()) + self.padded_size(batch) - batch.size
@@ -210,13 +210,12 @@ class Engine:
         """The batch's device inputs: a CUDA graph's static buffers (one copy), or positions,
         input ids, KV slots and sampled rows of its own (`inputs.py`)."""
         runner = self.runner(batch)
-        if runner is self.graphs and runner is not None:
-            race = self.sampler.race_inputs(batch.reqs, batch.ledger[2] + 1)
-            runner.fill_inputs(batch, race)
-        elif runner is not None:
-            runner.fill_inputs(batch)
-        else:
+        if runner is None:
             fill_inputs(batch, self.table)
+        elif runner is self.graphs:  # a decode graph samples too
+            runner.fill_inputs(batch, self.sampler.race_inputs(batch.reqs, batch.ledger[2] + 1))
+        else:
+            runner.fill_inputs(batch)
 
     def plan(self, batch: Batch) -> None:
         """The attention metadata of a batch whose inputs are filled in."""
