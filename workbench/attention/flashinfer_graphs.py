@@ -33,14 +33,12 @@ class GraphWrappers:
 
     def _init_graph_wrappers(self) -> None:
         self.graph_wrappers: dict[int, Any] = {}  # decode: batch size -> wrapper
-        self.graph_indptr: dict[int, torch.Tensor] = {}  # each one's indptr buffer
         self._graph_indices: torch.Tensor | None = None  # shared by all graph wrappers
         self._replans: dict[int, Replan | None] = {}  # each decode graph wrapper's planner
-        # prefill and mixed: (tokens, rows) -> wrapper, and its planner
-        self.prefill_graph_wrappers: dict[tuple[int, int], Any] = {}
+        # prefill and mixed: (tokens, rows) -> its wrapper's planner; the workspaces they share
         self._prefill_replans: dict[tuple[int, int], Replan] = {}
-        # their workspaces (float, int, pinned int), shared (`_share_int_workspace`)
-        self._prefill_workspaces: tuple | None = None
+        self._prefill_floats: torch.Tensor | None = None
+        self._prefill_ints: tuple[torch.Tensor, torch.Tensor] | None = None  # device, pinned
 
     def paged_lens(self, kv_lens: np.ndarray, indptr: np.ndarray, last_page_len: np.ndarray):
         """`paged_lens` for this pool's page size."""
@@ -63,7 +61,7 @@ class GraphWrappers:
             paged_kv_last_page_len_buffer=last_page_len,
             backend="fa2",
         )
-        self.graph_wrappers[bs], self.graph_indptr[bs] = wrapper, indptr
+        self.graph_wrappers[bs] = wrapper
         kv_lens = np.ones(bs, dtype=np.int32)
         self._plan(wrapper, None, self._paged(kv_lens), self._graph_indices[:0])
         heads = (self.num_heads, self.num_kv_heads, self.head_dim, self.page_size)
@@ -101,18 +99,10 @@ class GraphWrappers:
             replan(indptr, kv_lens)
         self._unlaunched = True
 
-    def graph_indices(self, bs: int, rows: torch.Tensor) -> None:
-        """Inside a decode graph of `bs` requests: their page ids, from the device's page table
-        and the `indptr` the last plan copied, into the buffer the graph wrappers read."""
-        from ..kernels.page_indices import page_indices
-
-        page_indices(
-            self.table.page_table, rows, self.graph_indptr[bs], self._graph_indices, self.page_size
-        )
-
-    def prefill_graph_indices(self, rows: torch.Tensor, indptr: torch.Tensor) -> None:
-        """Inside a prefill graph: the page ids of the requests in `rows`, as `indptr` (the
-        graph's buffer) places them, into the buffer the graph wrappers read."""
+    def graph_indices(self, rows: torch.Tensor, indptr: torch.Tensor) -> None:
+        """Inside a graph: the page ids of the requests in `rows`, as the graph's `indptr`
+        buffer places them (its last plan's), from the device's page table into the buffer the
+        graph wrappers read."""
         from ..kernels.page_indices import page_indices
 
         buffer = self.graph_indices_buffer()
@@ -158,7 +148,7 @@ class GraphWrappers:
         replan = Replan.of(wrapper, heads, rows, tokens, True)
         if replan is None:
             return None
-        self.prefill_graph_wrappers[shape], self._prefill_replans[shape] = wrapper, replan
+        self._prefill_replans[shape] = replan
         self.plan_prefill_replay(shape, qo, kv.indptr_np, kv_lens)  # checks it plans the same
         return FlashInferMetadata(wrapper, out_loc)
 
@@ -175,31 +165,31 @@ class GraphWrappers:
         """The float workspace of the prefill graphs, shared (one replays at a time): the
         eager wrappers' when the split KV of `tokens` x `rows` fits in it (called largest
         first)."""
-        if self._prefill_workspaces is None:
+        if self._prefill_floats is None:
             sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
             need = split_kv_bytes(
                 rows, tokens, self.num_heads, self.num_kv_heads, self.head_dim, sm_count
             )
-            floats = self.workspace
+            self._prefill_floats = self.workspace
             if need > WORKSPACE_BYTES:
-                floats = torch.zeros(need, dtype=torch.uint8, device=self.device)
-            self._prefill_workspaces = (floats, None, None)
-        return self._prefill_workspaces[0]
+                self._prefill_floats = torch.zeros(need, dtype=torch.uint8, device=self.device)
+        return self._prefill_floats
 
     def _share_int_workspace(self, wrapper: Any) -> None:
         """Give `wrapper` the int workspace (device and pinned) of the first prefill graph
         wrapper: FlashInfer allocates 8 MB of each per wrapper, and a prefill graph's plan is
         always written again before it replays (stream order keeps the device copy's turn; the
-        pinned one is reused only after its copy ran, `_before_plan`)."""
-        floats, ints, pinned = self._prefill_workspaces
-        if ints is None or not hasattr(wrapper, "_int_workspace_buffer"):
-            self._prefill_workspaces = (
-                floats,
-                getattr(wrapper, "_int_workspace_buffer", None),
-                getattr(wrapper, "_pin_memory_int_workspace_buffer", None),
-            )
+        pinned one is reused only after its copy ran, `_before_plan`). A wrapper without these
+        attributes keeps its own (and `Replan` refuses it)."""
+        names = ("_int_workspace_buffer", "_pin_memory_int_workspace_buffer")
+        if not all(hasattr(wrapper, n) for n in names):
             return
-        wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer = ints, pinned
+        if self._prefill_ints is None:
+            self._prefill_ints = tuple(getattr(wrapper, n) for n in names)
+        else:
+            wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer = (
+                self._prefill_ints
+            )
 
 
 def paged_lens(

@@ -195,10 +195,10 @@ class Engine:
     def padded_tokens(self, batch: Batch) -> int:
         """The tokens the batch runs as, padding included (of a prepared batch: its ledger)."""
         runner = self.runner(batch)
-        if runner is not None and runner is self.prefill_graphs:
+        if runner is not None:
             return runner.padded_tokens(batch)
         _, cached, device_len = batch.ledger
-        return int((device_len - cached).sum()) + self.padded_size(batch) - batch.size
+        return int((device_len - cached).sum())
 
     def prepare(self, batch: Batch) -> None:
         """The inputs (`fill_inputs`) and attention metadata (`plan`) of a batch whose ledger

@@ -4,14 +4,17 @@ records do not depend on it. Without capture, the runner runs the same padded ba
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
 
 from ..core import Batch
 from ..device import Staging, staging
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ..attention.base import AttentionBackend
@@ -79,7 +82,7 @@ class GraphRunner:
         # NOTE: the host wrote these entries in its own copy only (`prepare_batch`); padded rows
         # write the dummy row's first entry, which holds the dummy slot already
         self.table.page_table[rows, positions] = x["slots"]
-        self.backend.graph_indices(bs, rows)
+        self.backend.graph_indices(rows, x["indptr"])
         logits = self.model(input_ids, positions, self.ctx, self.sample_idx[:bs])
         if not self.sample:
             return logits, None
@@ -124,15 +127,8 @@ class GraphRunner:
 
     def _capture(self, bs: int, batch: Batch, pool, stream: torch.cuda.Stream) -> None:
         with self.ctx.running(batch), torch.inference_mode():
-            for _ in range(2):  # warm up: no lazy initialisation inside the capture
-                self._run(bs)
-            graph = torch.cuda.CUDAGraph()
-            # NOTE: with tensor parallelism NCCL's watchdog thread queries events while this
-            # thread captures; "thread_local" keeps its calls legal (the default mode fails them)
-            mode = "thread_local" if self.model.tp.size > 1 else "global"
-            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=mode):
-                self.outputs[bs] = self._run(bs)
-        self.graphs[bs] = graph
+            run = functools.partial(self._run, bs)
+            self.graphs[bs], self.outputs[bs] = capture(run, pool, stream, self.model.tp.size)
 
     def can_run(self, batch: Batch) -> bool:
         return batch.phase == "decode" and batch.size <= self.max_bs
@@ -142,6 +138,9 @@ class GraphRunner:
 
     def padded_rows(self, batch: Batch) -> int:
         return self._padded[batch.size]
+
+    def padded_tokens(self, batch: Batch) -> int:
+        return self._padded[batch.size]  # a token a request
 
     def fill_inputs(self, batch: Batch, race: tuple[np.ndarray, np.ndarray] | None) -> None:
         """Send the batch's inputs to the static buffers, padded with dummy requests: one copy.
@@ -195,6 +194,21 @@ class GraphRunner:
     def tokens(self, batch: Batch) -> torch.Tensor:
         """The tokens the last replay of the batch's graph sampled (when `sampled`)."""
         return self.outputs[self.padded_size(batch.size)][1][: batch.size]
+
+
+def capture(run: Callable[[], T], pool, stream: torch.cuda.Stream, tp_size: int):
+    """`run` warmed up twice (no lazy initialisation inside the capture), then captured into a
+    CUDA graph on `stream`, in the graph memory `pool`: the graph and what `run` returned (its
+    outputs, which each replay rewrites)."""
+    for _ in range(2):
+        run()
+    graph = torch.cuda.CUDAGraph()
+    # NOTE: with tensor parallelism NCCL's watchdog thread queries events while this thread
+    # captures; "thread_local" keeps its calls legal (the default mode fails them)
+    mode = "thread_local" if tp_size > 1 else "global"
+    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=mode):
+        outputs = run()
+    return graph, outputs
 
 
 def send_staged(ring: Staging, host: np.ndarray, staged: torch.Tensor) -> None:

@@ -22,6 +22,7 @@ the same shapes, so outputs are identical either way (as for decode, `graph.py`)
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,7 +30,7 @@ import torch
 
 from ..core import Batch
 from ..device import staging
-from .graph import Layout, send_staged
+from .graph import Layout, capture, send_staged
 from .inputs import ranges
 
 if TYPE_CHECKING:
@@ -179,13 +180,8 @@ class PrefillGraphRunner:
         batch = Batch([], "prefill")
         batch.attn_metadata = self.metadata[shape]
         with self.ctx.running(batch), torch.inference_mode():
-            for _ in range(2):  # warm up: no lazy initialisation inside the capture
-                self._run(shape)
-            graph = torch.cuda.CUDAGraph()
-            mode = "thread_local" if self.model.tp.size > 1 else "global"  # as graph.py says
-            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=mode):
-                self._run(shape)
-        self.graphs[shape] = graph
+            run = functools.partial(self._run, shape)
+            self.graphs[shape], _ = capture(run, pool, stream, self.model.tp.size)
 
     def _run(self, shape: tuple[int, int]) -> None:
         """One padded step from the staged inputs (what a graph captures); its logits into
@@ -195,7 +191,7 @@ class PrefillGraphRunner:
         # NOTE: the host wrote these entries in its own copy only (`prepare_batch`); padding
         # tokens write the dummy row's first entry, which holds the dummy slot already
         self.table.page_table[token_rows, positions] = x["slots"]
-        self.backend.prefill_graph_indices(x["rows"], x["kv_indptr"])
+        self.backend.graph_indices(x["rows"], x["kv_indptr"])
         input_ids = self.table.token_pool[token_rows, positions]
         logits = self.model(input_ids, positions, self.ctx, x["sample_idx"])
         self.logits[: shape[1]].copy_(logits)
