@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from workbench import SamplingParams, Workbench, fit_step_costs, load_run, load_step_costs
 from workbench.runs import RunHistory
 from workbench.stages import HOST_STAGES
-from workbench.twin.costs import Linear, StepCosts
+from workbench.twin.costs import MIN_SHAPE_STEPS, Linear, StepCosts
 from workbench.twin.features import DEVICE_FEATURES, HOST_FEATURES, step_features
 from workbench.twin.replay import replay_requests
 from workbench.twin.validate import validate_twin, validation_summary
@@ -182,6 +183,49 @@ def test_a_fitted_cost_model_recovers_a_known_cost_function_and_the_twin_reprodu
     assert np.allclose(history.steps.device_ms, expected, rtol=0, atol=1e-6)  # (rounded to ns)
     assert np.allclose(history.steps.host_ms, expected_host, rtol=0, atol=1e-5)
     assert "prefill" in str(fitted) and "decode" in fitted.summary()
+
+
+def test_a_captured_shape_keeps_its_own_factor_on_the_fit(tmp_path):
+    """Decode steps timed as CUDA-graph replays by a known function, one batch size's graph 10%
+    slower than the function says (its own kernels): the fit keeps that size's factor, and its
+    predictions come back to the recorded times; a size replayed too rarely has none."""
+    truth = synthetic_costs()
+    wb = shared(lambda: Workbench(MODEL, num_pages=20000), "twin", "large")
+    wb.reset()
+    wb.reconfigure(max_extend_tokens=256, policy="mixed")
+    rng = random.Random(6)  # 12 prompts at once, 30 to 60 tokens out: decode batches of 12 to 1
+    requests = [
+        ([rng.randrange(1000, 9000) for _ in range(rng.randint(20, 60))],
+         SamplingParams(max_tokens=rng.randint(30, 60), ignore_eos=True), 0)
+        for _ in range(12)
+    ]  # fmt: skip
+    run = run_workload(wb, requests)
+    steps = run.steps.copy()
+    decode = (steps.phase == "decode").to_numpy()
+    steps.loc[decode, "cuda_graph"] = True
+    sizes = steps.padded_size[decode].value_counts()
+    slow, rare = int(sizes.index[0]), sizes[sizes < MIN_SHAPE_STEPS].index
+    assert sizes.iloc[0] >= MIN_SHAPE_STEPS and len(rare), "the workload should have both"
+    f = step_features(steps)
+    device = truth.predict_steps(steps)[0]
+    device[decode] = truth.device["graph"]({c: f[c].to_numpy()[decode] for c in f})
+    device[decode & (steps.padded_size == slow).to_numpy()] *= 1.1
+    steps["device_ms"] = device
+    for stage in HOST_STAGES:  # (the host's enqueueing below the device's time)
+        steps[f"host_{stage}_ms"] = truth.host["eager"][stage]({c: f[c] for c in f})
+    fitted = fit_step_costs(RunHistory({**run.tables(), "steps": steps}, run.meta))
+    factors = fitted.shapes["graph"]
+    assert set(factors) == {str(n) for n in sizes.index if sizes[n] >= MIN_SHAPE_STEPS}
+    assert all(factors[str(slow)] > 1.05 * v for k, v in factors.items() if k != str(slow))
+    predicted = fitted.predict_steps(steps)[0][decode]
+    error = np.abs(predicted / device[decode] - 1)
+    chosen = (steps.padded_size[decode] == slow).to_numpy()
+    assert np.median(error[chosen]) < 0.01, "the slow shape's steps, with its factor"
+    without = replace(fitted, shapes={})  # the fit alone takes in part of the slow shape
+    alone = np.abs(without.predict_steps(steps)[0][decode][chosen] / device[decode][chosen] - 1)
+    assert np.median(alone) > 5 * np.median(error[chosen])
+    assert "per captured shape (real / fit): " in fitted.summary()
+    assert load_step_costs(fitted.save(tmp_path / "c.json")).shapes == fitted.shapes
 
 
 def test_saved_costs_round_trip_and_other_models_are_refused(tmp_path):

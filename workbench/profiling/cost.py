@@ -17,18 +17,21 @@ _EVENT_COST_US: dict[str, float] = {}
 
 def event_cost_us(device: torch.device) -> float:
     """What the profiler adds to the host per event it records on `device` (NaN before a session
-    started there): the difference, per call, of the fastest of three rounds of 200 calls that
+    started there): the difference, per call, of the fastest of seven rounds of 200 calls that
     each record one event (a one-element add: an operator on the CPU; on a GPU, where only
     CUDA runtime calls and ranges are recorded on the host, its kernel launch), with and
     without the profiler. An estimate: the events a step records differ from that call."""
     return _EVENT_COST_US.get(device.type, math.nan)
 
 
-def _call_us(device: torch.device, calls: int = 200) -> float:
-    """Host microseconds per call of a one-element add on `device`, the fastest of 3 rounds."""
+def _call_us(device: torch.device, calls: int = 200, rounds: int = 7) -> float:
+    """Host microseconds per call of a one-element add on `device`, the fastest of `rounds`.
+
+    Seven: with three, a busy host (tests on both cores) once made the unprofiled rounds the
+    slower ones and the estimate 0."""
     x = torch.zeros(1, device=device)
     best = math.inf
-    for _ in range(3):
+    for _ in range(rounds):
         began = time.perf_counter_ns()
         for _ in range(calls):
             x.add_(1)

@@ -4,7 +4,11 @@
 path (`features.PATHS`), the device time and each host stage's time as a sum of non-negative
 costs per feature (`features.py`: a constant per kind of step, per request, per thousand tokens, per
 million prompt attention pairs, per thousand KV tokens read, ...), plus the host's time between
-two scheduler steps. It says what it learnt (`summary()`, or print it) and how far each phase's
+two scheduler steps. A CUDA graph's device time has a part of its own besides: each captured
+shape runs kernels chosen for its size (a decode graph of one request took 1.62 ms on the H200
+where the fit over all sizes said 1.54), so each shape the runs replayed often enough keeps the
+median ratio of its steps' device time to the fit's (`shapes`); a shape they did not replay
+takes the fit alone. It says what it learnt (`summary()`, or print it) and how far each phase's
 steps are from it; `save(path)` and `load_step_costs(path)` keep it as JSON. A twin
 (`Workbench(model, step_costs=costs)`) runs on it.
 """
@@ -30,6 +34,8 @@ _FORWARD, _SAMPLE = HOST_STAGES.index("forward"), HOST_STAGES.index("sample")
 _STANDS_IN = {"graph": ("eager",), "prompt_graph": ("eager",), "eager": ("prompt_graph",)}
 # what a twin takes from the runs it was fitted on (the recorded engine's setup)
 SETUP = ("model", "device", "device_name", "dtype", "tp_size")
+# the calibration steps a captured shape needs for its own factor (fewer: the fit alone)
+MIN_SHAPE_STEPS = 20
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class StepCosts:
     host: dict[str, dict[str, Linear]]  # path -> host stage -> ms
     between_ms: float  # host time between two scheduler steps (the loop around them)
     errors: list[dict] = field(default_factory=list)  # per phase: how far its steps are
+    # graph path -> captured shape (`shape_keys`) -> real device ms / the fit's, median
+    shapes: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def predict(self, f: Mapping[str, float]) -> tuple[float, tuple[float, ...]]:
         """A step's device ms and host ms per stage (`HOST_STAGES` order) from its features
@@ -82,7 +90,19 @@ class StepCosts:
         fit = next((p for p in (path, *_STANDS_IN[path]) if p in self.device), None)
         fit = fit or next(iter(self.device))
         host = tuple(self.host[fit][s](f) for s in HOST_STAGES)
-        return np.maximum(self.device[fit](f), host[_FORWARD] + host[_SAMPLE]), host
+        device = self.device[fit](f) * self._shape_factor(path, f)
+        return np.maximum(device, host[_FORWARD] + host[_SAMPLE]), host
+
+    def _shape_factor(self, path: str, f):
+        """The captured shape's own factor on the fit (1 for a shape the runs did not
+        replay often enough, and off the graph paths), of one step or of arrays of them."""
+        factors = self.shapes.get(path)
+        if not factors:
+            return 1.0
+        keys = shape_keys(path, f["rows"], f["tokens"])
+        if isinstance(keys, str):
+            return factors.get(keys, 1.0)
+        return np.array([factors.get(k, 1.0) for k in keys])
 
     # -- what it says ---------------------------------------------------------------------
     def summary(self) -> str:
@@ -99,6 +119,9 @@ class StepCosts:
                 if any(self.host[path][s].coef)
             )
             lines.append(f"  host, {path}: {host} (ms)")
+            if self.shapes.get(path):
+                factors = ", ".join(f"{k}: {v:.3f}" for k, v in self.shapes[path].items())
+                lines.append(f"  device, {path}, per captured shape (real / fit): {factors}")
         lines.append(f"  host between steps: {self.between_ms:.4g} ms")
         for e in self.errors:
             lines.append(
@@ -123,6 +146,7 @@ class StepCosts:
             "host": {p: {s: linear(f) for s, f in st.items()} for p, st in self.host.items()},
             "between_ms": self.between_ms,
             "errors": self.errors,
+            "shapes": self.shapes,
         }
 
     @classmethod
@@ -139,6 +163,7 @@ class StepCosts:
             host={p: {s: linear(d) for s, d in st.items()} for p, st in data["host"].items()},
             between_ms=float(data["between_ms"]),
             errors=list(data["errors"]),
+            shapes={p: dict(d) for p, d in data.get("shapes", {}).items()},  # (older: none)
         )
 
     def save(self, path: str | Path) -> Path:
@@ -162,12 +187,14 @@ def fit_step_costs(runs) -> StepCosts:
     if len(steps) < 8:
         raise ValueError(f"step costs need at least 8 recorded steps, the runs have {len(steps)}")
     features = step_features(steps)
-    device, host = {}, {}
+    device, host, shapes = {}, {}, {}
     for path in PATHS:
         rows = (features.path == path).to_numpy()
         if rows.sum() < len(DEVICE_FEATURES[path]):
             continue
         device[path], host[path] = _fit_path(features[rows], steps[rows], path)
+        if path != "eager":
+            shapes[path] = _shape_factors(features[rows], steps[rows], path, device[path])
     first = next(iter(named.values())).meta
     meta = {
         **setup,
@@ -181,7 +208,7 @@ def fit_step_costs(runs) -> StepCosts:
         "runs": list(named),
         "steps": int(len(steps)),
     }
-    costs = StepCosts(meta, device, host, _between_ms(named))
+    costs = StepCosts(meta, device, host, _between_ms(named), shapes=shapes)
     return replace(costs, errors=_errors(costs, steps))
 
 
@@ -210,6 +237,28 @@ def _fit_path(features, steps, path: str) -> tuple[Linear, dict[str, Linear]]:
         coef, _ = robust_nnls(features[list(names)].to_numpy(), np.nan_to_num(y))
         host[stage] = Linear(names, tuple(float(c) for c in coef))
     return device, host
+
+
+def shape_keys(path: str, rows, tokens):
+    """The captured shape of a graph step (one, or arrays of them) from its features: its
+    padded requests ("8"), and for a prompt graph its padded tokens too ("8x128")."""
+    if np.ndim(rows) == 0:
+        return f"{int(rows)}" if path == "graph" else f"{int(rows)}x{round(tokens * 1e3)}"
+    return [shape_keys(path, r, t) for r, t in zip(rows, tokens)]
+
+
+def _shape_factors(features, steps, path: str, fit: Linear) -> dict[str, float]:
+    """Per captured shape replayed at least `MIN_SHAPE_STEPS` times: the median ratio of its
+    steps' device time to the fit's, in the order of the shapes' sizes."""
+    fitted = fit({c: features[c].to_numpy() for c in fit.features})
+    ratio = steps.device_ms.to_numpy(dtype=float) / np.maximum(fitted, 1e-9)
+    keys = np.array(shape_keys(path, features.rows.to_numpy(), features.tokens.to_numpy()))
+    out = {}
+    for key in sorted(set(keys.tolist()), key=lambda k: [int(n) for n in k.split("x")]):
+        chosen = keys == key
+        if chosen.sum() >= MIN_SHAPE_STEPS:
+            out[key] = round(float(np.median(ratio[chosen])), 4)
+    return out
 
 
 def _between_ms(named: dict) -> float:
