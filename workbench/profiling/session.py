@@ -65,8 +65,7 @@ class ProfilerSession:
         with measure_event_cost(self._device), _quiet_stderr():
             _prepare_profiler(config, self._activities)
             _enable_profiler(config, self._activities, scopes)
-        # NOTE: kineto's times are on the Unix clock; the records', on the run's clock.
-        self._offset_us = self._clock() * 1e6 - time.time_ns() / 1e3
+        self._offset_us = clock_offset_us(self._clock)
         self._results_of = _disable_profiler
         _RUNNING.add(self)
         _SECONDS["start"] += time.perf_counter() - began
@@ -91,6 +90,23 @@ class ProfilerSession:
             _RUNNING.discard(self)
             with _quiet_stderr():
                 disable()
+
+
+def clock_offset_us(clock: Callable[[], float], tries: int = 7) -> float:
+    """The run's clock (`clock`, seconds) less the Unix clock (kineto's), in microseconds.
+
+    Read as the run's clock between two Unix readings, from the try whose two readings were
+    closest: a process preempted between two single readings (a loaded 2-core machine) would
+    otherwise shift every event of the session by the pause, and a hook range would land on
+    the step before its own."""
+    best = None
+    for _ in range(tries):
+        before = time.time_ns()
+        ours = clock()
+        after = time.time_ns()
+        if best is None or after - before < best[0]:
+            best = (after - before, ours * 1e6 - (before + after) / 2e3)
+    return best[1]
 
 
 # NOTE: kineto is one profiler per process, so "a session runs" is a fact of the process: rank 0's
