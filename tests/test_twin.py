@@ -226,6 +226,63 @@ def test_a_captured_shape_keeps_its_own_factor_on_the_fit(tmp_path):
     assert np.median(alone) > 5 * np.median(error[chosen])
     assert "per captured shape (real / fit): " in fitted.summary()
     assert load_step_costs(fitted.save(tmp_path / "c.json")).shapes == fitted.shapes
+    # the costs name the decode steps of a shape replayed too rarely for its own factor, and
+    # only them (the few prompt steps were too few to fit a path of their own)
+    named = fitted.uncalibrated(steps)
+    assert "eager" not in fitted.device and (named[~decode] == "eager: no calibration step").all()
+    rare_steps = decode & steps.padded_size.isin(rare).to_numpy()
+    assert (named[decode] != "").tolist() == rare_steps[decode].tolist()
+    for reason, size in zip(named[rare_steps], steps.padded_size[rare_steps]):
+        assert reason == f"shape {size}: {sizes[size]} calibration steps"
+
+
+def test_the_costs_name_what_their_calibration_did_not_cover(tmp_path):
+    """Costs fitted on short prompts in chunks of 32 with at most 4 requests running say, of a
+    run with long prompts in chunks of 256 and 12 running, which of its steps lie beyond what
+    they were fitted on and why; of their own steps, none; of a path never fitted, that it
+    was not; `validate_twin` gives each setting's share of such steps."""
+    wb = shared(lambda: Workbench(MODEL, num_pages=20000), "twin", "large")
+    wb.reset()
+    wb.reconfigure(max_extend_tokens=32, policy="mixed", max_running_reqs=4)
+    calibration = run_workload(wb, workload(seed=2, n=8))
+    costs = fit_step_costs(calibration)
+    assert not (costs.uncalibrated(calibration.steps) != "").any()
+    assert "calibrated, eager: " in costs.summary()
+    wb.reset()
+    wb.reconfigure(max_extend_tokens=256, policy="mixed", max_running_reqs=12)
+    rng = random.Random(9)
+    long = [
+        ([rng.randrange(1000, 9000) for _ in range(rng.randint(150, 250))],
+         SamplingParams(max_tokens=12, ignore_eos=True), 0)
+        for _ in range(12)
+    ]  # fmt: skip
+    wider = run_workload(wb, long)
+    named = costs.uncalibrated(wider.steps)
+    steps = wider.steps
+    spans = costs.ranges["eager"]
+    tokens = (steps.num_tokens + steps.padding_tokens) / 1e3
+    beyond = tokens > spans["tokens"][1] + 0.1 * (spans["tokens"][1] - spans["tokens"][0])
+    assert beyond.any()
+    for reason, over, value in zip(named, beyond, tokens):
+        said = [r for r in reason.split("; ") if r.startswith("tokens ")]
+        assert said == (
+            [f"tokens {value:.4g} > {spans['tokens'][1]:.4g} (1k tokens)"] if over else []
+        )
+    assert any("sampled 12 > " in r for r in named)  # 12 running, where 4 were
+    # a path the calibration never took
+    as_graphs = steps.assign(cuda_graph=steps.phase == "decode")
+    named = costs.uncalibrated(as_graphs)
+    decode = (steps.phase == "decode").to_numpy()
+    assert all(r == "graph: no calibration step" for r in named[decode])
+    # a loaded copy says the same; validate_twin gives the share per setting
+    loaded = load_step_costs(costs.save(tmp_path / "costs.json"))
+    assert (loaded.uncalibrated(steps) == costs.uncalibrated(steps)).all()
+    twin = Workbench(MODEL, step_costs=costs, max_extend_tokens=256, max_running_reqs=12)
+    twins = twin.compare({"wider": {}}, long, progress=False)
+    table = validate_twin({"wider": wider}, twins)
+    share = (costs.uncalibrated(twins["wider"].steps) != "").mean() * 100
+    assert share > 0
+    assert np.allclose(table.uncalibrated_pct, share)
 
 
 def test_saved_costs_round_trip_and_other_models_are_refused(tmp_path):

@@ -36,6 +36,10 @@ _STANDS_IN = {"graph": ("eager",), "prompt_graph": ("eager",), "eager": ("prompt
 SETUP = ("model", "device", "device_name", "dtype", "tp_size")
 # the calibration steps a captured shape needs for its own factor (fewer: the fit alone)
 MIN_SHAPE_STEPS = 20
+# how far beyond the calibrated range of a feature a step may be and still count as within it,
+# as a share of the range's width
+RANGE_SLACK = 0.1
+_CONSTANT = frozenset({"1", "prompt", "decode"})  # features that are the same on every step
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,10 @@ class StepCosts:
     errors: list[dict] = field(default_factory=list)  # per phase: how far its steps are
     # graph path -> captured shape (`shape_keys`) -> real device ms / the fit's, median
     shapes: dict[str, dict[str, float]] = field(default_factory=dict)
+    # path -> device feature -> (lowest, highest) over the calibration steps of that path
+    ranges: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    # graph path -> captured shape -> how many calibration steps replayed it
+    shape_steps: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def predict(self, f: Mapping[str, float]) -> tuple[float, tuple[float, ...]]:
         """A step's device ms and host ms per stage (`HOST_STAGES` order) from its features
@@ -104,6 +112,41 @@ class StepCosts:
             return factors.get(keys, 1.0)
         return np.array([factors.get(k, 1.0) for k in keys])
 
+    def uncalibrated(self, steps) -> np.ndarray:
+        """Per step of a steps table: what the calibration runs did not cover in its
+        composition, "" where they did. Reasons, joined by "; ": its path was never taken
+        ("eager: no calibration step"; its time then comes from another path's fit), its
+        captured shape was replayed fewer than `MIN_SHAPE_STEPS` times, too few for a factor
+        of its own ("shape 8x1024: 2 calibration steps"), or a feature lies beyond the range
+        the calibration steps of its path spanned, by more than `RANGE_SLACK` of its width
+        ("decode_context 13.4 > 11.1 (1k KV tokens read)"). Costs saved before ranges were
+        kept say nothing of features and shapes."""
+        features = step_features(steps)
+        out = np.full(len(features), "", dtype=object)
+        for path in PATHS:
+            rows = np.flatnonzero((features.path == path).to_numpy())
+            if not len(rows):
+                continue
+            if path not in self.device:
+                out[rows] = f"{path}: no calibration step"
+                continue
+            f = features.iloc[rows]
+            reasons: list[list[str]] = [[] for _ in rows]
+            if path in self.shape_steps:
+                seen = self.shape_steps[path]
+                keys = shape_keys(path, f.rows.to_numpy(), f.tokens.to_numpy())
+                for i, key in enumerate(keys):
+                    if seen.get(key, 0) < MIN_SHAPE_STEPS:
+                        reasons[i].append(f"shape {key}: {seen.get(key, 0)} calibration steps")
+            for name, (lo, hi) in self.ranges.get(path, {}).items():
+                values, slack = f[name].to_numpy(dtype=float), RANGE_SLACK * (hi - lo) + 1e-9
+                over, under = values > hi + slack, values < lo - slack
+                for i in np.flatnonzero(over | under).tolist():
+                    sign, bound = (">", hi) if over[i] else ("<", lo)
+                    reasons[i].append(f"{name} {values[i]:.4g} {sign} {bound:.4g} ({UNITS[name]})")
+            out[rows] = ["; ".join(r) for r in reasons]
+        return out
+
     # -- what it says ---------------------------------------------------------------------
     def summary(self) -> str:
         m = self.meta
@@ -122,6 +165,11 @@ class StepCosts:
             if self.shapes.get(path):
                 factors = ", ".join(f"{k}: {v:.3f}" for k, v in self.shapes[path].items())
                 lines.append(f"  device, {path}, per captured shape (real / fit): {factors}")
+            if self.ranges.get(path):
+                spans = ", ".join(
+                    f"{name} {lo:.4g}-{hi:.4g}" for name, (lo, hi) in self.ranges[path].items()
+                )
+                lines.append(f"  calibrated, {path}: {spans}")
         lines.append(f"  host between steps: {self.between_ms:.4g} ms")
         for e in self.errors:
             lines.append(
@@ -147,6 +195,8 @@ class StepCosts:
             "between_ms": self.between_ms,
             "errors": self.errors,
             "shapes": self.shapes,
+            "ranges": {p: {n: list(r) for n, r in d.items()} for p, d in self.ranges.items()},
+            "shape_steps": self.shape_steps,
         }
 
     @classmethod
@@ -163,7 +213,13 @@ class StepCosts:
             host={p: {s: linear(d) for s, d in st.items()} for p, st in data["host"].items()},
             between_ms=float(data["between_ms"]),
             errors=list(data["errors"]),
-            shapes={p: dict(d) for p, d in data.get("shapes", {}).items()},  # (older: none)
+            # (older: none of these three)
+            shapes={p: dict(d) for p, d in data.get("shapes", {}).items()},
+            ranges={
+                p: {n: (float(r[0]), float(r[1])) for n, r in d.items()}
+                for p, d in data.get("ranges", {}).items()
+            },
+            shape_steps={p: dict(d) for p, d in data.get("shape_steps", {}).items()},
         )
 
     def save(self, path: str | Path) -> Path:
@@ -187,14 +243,19 @@ def fit_step_costs(runs) -> StepCosts:
     if len(steps) < 8:
         raise ValueError(f"step costs need at least 8 recorded steps, the runs have {len(steps)}")
     features = step_features(steps)
-    device, host, shapes = {}, {}, {}
+    device, host, shapes, ranges, shape_steps = {}, {}, {}, {}, {}
     for path in PATHS:
         rows = (features.path == path).to_numpy()
         if rows.sum() < len(DEVICE_FEATURES[path]):
             continue
-        device[path], host[path] = _fit_path(features[rows], steps[rows], path)
+        f = features[rows]
+        device[path], host[path] = _fit_path(f, steps[rows], path)
+        names = [n for n in DEVICE_FEATURES[path] if n not in _CONSTANT]
+        ranges[path] = {n: (float(f[n].min()), float(f[n].max())) for n in names}
         if path != "eager":
-            shapes[path] = _shape_factors(features[rows], steps[rows], path, device[path])
+            shapes[path] = _shape_factors(f, steps[rows], path, device[path])
+            keys = shape_keys(path, f.rows.to_numpy(), f.tokens.to_numpy())
+            shape_steps[path] = {k: int(n) for k, n in zip(*np.unique(keys, return_counts=True))}
     first = next(iter(named.values())).meta
     meta = {
         **setup,
@@ -208,7 +269,9 @@ def fit_step_costs(runs) -> StepCosts:
         "runs": list(named),
         "steps": int(len(steps)),
     }
-    costs = StepCosts(meta, device, host, _between_ms(named), shapes=shapes)
+    between = _between_ms(named)
+    costs = StepCosts(meta, device, host, between, shapes=shapes, ranges=ranges)
+    costs = replace(costs, shape_steps=shape_steps)
     return replace(costs, errors=_errors(costs, steps))
 
 

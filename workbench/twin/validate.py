@@ -8,7 +8,9 @@ like it with " #1", " #2", ... after it. The last two figures of each setting ar
 per-step device-time error of the step costs on the real runs' own steps: over every step, and
 over the steps with prompt tokens alone (prefill and mixed: few beside the decode steps, so the
 first hides how far off they are; on a GPU their time is the host's launching, which changes
-from run to run).
+from run to run). Every row also says how much of the twin's run was outside what the step costs
+were calibrated on (`uncalibrated_pct`: the share of its steps that `StepCosts.uncalibrated`
+names a reason for), so a large error can be told from a guess.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ _REPEAT = re.compile(r"\s*#\d+$")
 
 
 def validate_twin(real_runs, twin_runs, costs: StepCosts | None = None):
-    """A table (pandas): setting, figure, real, predicted, error_pct, noise_pct. `costs`: the
-    step costs for the per-step error (None: those the twin runs say they ran on)."""
+    """A table (pandas): setting, figure, real, predicted, error_pct, noise_pct,
+    uncalibrated_pct. `costs`: the step costs for the per-step error and the calibration's
+    coverage (None: those the twin runs say they ran on)."""
     import pandas as pd
 
     real = _by_setting(named_runs(real_runs))
@@ -42,10 +45,14 @@ def validate_twin(real_runs, twin_runs, costs: StepCosts | None = None):
             )
         measured = [run_figures(h) for h in reals]
         predicted = run_figures(twin)
+        step_costs = costs if costs is not None else _costs_of(twin, name)
+        guessed = step_costs.uncalibrated(twin.steps) != ""
+        uncalibrated = float(guessed.mean() * 100) if len(guessed) else np.nan
         for figure in FIGURES:
             values = np.array([m[figure] for m in measured], dtype=float)
-            rows.append(_row(name, figure, values, predicted[figure]))
-        step_costs = costs if costs is not None else _costs_of(twin, name)
+            rows.append(
+                _row(name, figure, values, predicted[figure]) | {"uncalibrated_pct": uncalibrated}
+            )
         errors = np.array([_step_errors(step_costs, h) for h in reals])  # [run, all / prompt]
         for figure, per_run in zip((STEP_ERROR, PROMPT_STEP_ERROR), errors.T):
             known = per_run[~np.isnan(per_run)]
@@ -58,6 +65,7 @@ def validate_twin(real_runs, twin_runs, costs: StepCosts | None = None):
                     "predicted": np.nan,
                     "error_pct": error,
                     "noise_pct": np.nan,
+                    "uncalibrated_pct": uncalibrated,
                 }
             )
     return pd.DataFrame(rows)
