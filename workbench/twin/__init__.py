@@ -5,7 +5,8 @@
     twin.add_request(...); twin.run()    # steps, records, tables, views: as a real run's
     validate_twin(real_runs, twin_runs)  # its error, beside the real runs' own noise
 
-`costs.py` fits what a step costs from its composition (`features.py`); `engine.py` is an
+`costs.py` fits what a step costs from its composition (`features.py`), and `coverage.py`
+says where those costs are guessing; `engine.py` is an
 engine with the recorded engine's tables and no model; `probe.py` and `timeline.py` put the
 predicted times on a virtual clock; `validate.py` compares twin runs with real ones;
 `replay.py` turns a saved run back into requests.

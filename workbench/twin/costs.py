@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from ..stages import HOST_STAGES
-from .features import DEVICE_FEATURES, HOST_FEATURES, PATHS, UNITS, step_features
+from .coverage import MIN_SHAPE_STEPS, uncalibrated
+from .features import DEVICE_FEATURES, HOST_FEATURES, PATHS, UNITS, shape_keys, step_features
 from .fit import robust_nnls
 from .runs import check_same_setup, named_runs, steps_of
 
@@ -34,11 +35,6 @@ _FORWARD, _SAMPLE = HOST_STAGES.index("forward"), HOST_STAGES.index("sample")
 _STANDS_IN = {"graph": ("eager",), "prompt_graph": ("eager",), "eager": ("prompt_graph",)}
 # what a twin takes from the runs it was fitted on (the recorded engine's setup)
 SETUP = ("model", "device", "device_name", "dtype", "tp_size")
-# the calibration steps a captured shape needs for its own factor (fewer: the fit alone)
-MIN_SHAPE_STEPS = 20
-# how far beyond the calibrated range of a feature a step may be and still count as within it,
-# as a share of the range's width
-RANGE_SLACK = 0.1
 _CONSTANT = frozenset({"1", "prompt", "decode"})  # features that are the same on every step
 
 
@@ -114,38 +110,8 @@ class StepCosts:
 
     def uncalibrated(self, steps) -> np.ndarray:
         """Per step of a steps table: what the calibration runs did not cover in its
-        composition, "" where they did. Reasons, joined by "; ": its path was never taken
-        ("eager: no calibration step"; its time then comes from another path's fit), its
-        captured shape was replayed fewer than `MIN_SHAPE_STEPS` times, too few for a factor
-        of its own ("shape 8x1024: 2 calibration steps"), or a feature lies beyond the range
-        the calibration steps of its path spanned, by more than `RANGE_SLACK` of its width
-        ("decode_context 13.4 > 11.1 (1k KV tokens read)"). Costs saved before ranges were
-        kept say nothing of features and shapes."""
-        features = step_features(steps)
-        out = np.full(len(features), "", dtype=object)
-        for path in PATHS:
-            rows = np.flatnonzero((features.path == path).to_numpy())
-            if not len(rows):
-                continue
-            if path not in self.device:
-                out[rows] = f"{path}: no calibration step"
-                continue
-            f = features.iloc[rows]
-            reasons: list[list[str]] = [[] for _ in rows]
-            if path in self.shape_steps:
-                seen = self.shape_steps[path]
-                keys = shape_keys(path, f.rows.to_numpy(), f.tokens.to_numpy())
-                for i, key in enumerate(keys):
-                    if seen.get(key, 0) < MIN_SHAPE_STEPS:
-                        reasons[i].append(f"shape {key}: {seen.get(key, 0)} calibration steps")
-            for name, (lo, hi) in self.ranges.get(path, {}).items():
-                values, slack = f[name].to_numpy(dtype=float), RANGE_SLACK * (hi - lo) + 1e-9
-                over, under = values > hi + slack, values < lo - slack
-                for i in np.flatnonzero(over | under).tolist():
-                    sign, bound = (">", hi) if over[i] else ("<", lo)
-                    reasons[i].append(f"{name} {values[i]:.4g} {sign} {bound:.4g} ({UNITS[name]})")
-            out[rows] = ["; ".join(r) for r in reasons]
-        return out
+        composition, "" where they did (`coverage.uncalibrated`)."""
+        return uncalibrated(steps, self.device, self.ranges, self.shape_steps)
 
     # -- what it says ---------------------------------------------------------------------
     def summary(self) -> str:
@@ -300,14 +266,6 @@ def _fit_path(features, steps, path: str) -> tuple[Linear, dict[str, Linear]]:
         coef, _ = robust_nnls(features[list(names)].to_numpy(), np.nan_to_num(y))
         host[stage] = Linear(names, tuple(float(c) for c in coef))
     return device, host
-
-
-def shape_keys(path: str, rows, tokens):
-    """The captured shape of a graph step (one, or arrays of them) from its features: its
-    padded requests ("8"), and for a prompt graph its padded tokens too ("8x128")."""
-    if np.ndim(rows) == 0:
-        return f"{int(rows)}" if path == "graph" else f"{int(rows)}x{round(tokens * 1e3)}"
-    return [shape_keys(path, r, t) for r, t in zip(rows, tokens)]
 
 
 def _shape_factors(features, steps, path: str, fit: Linear) -> dict[str, float]:

@@ -135,3 +135,11 @@ def batch_features(
         "prefill_rows": float(batch.size - nd),
         "path": ("graph" if phase == "decode" else "prompt_graph") if graph else "eager",
     }
+
+
+def shape_keys(path: str, rows, tokens):
+    """The captured shape of a graph step (one, or arrays of them) from its features: its
+    padded requests ("8"), and for a prompt graph its padded tokens too ("8x128")."""
+    if np.ndim(rows) == 0:
+        return f"{int(rows)}" if path == "graph" else f"{int(rows)}x{round(tokens * 1e3)}"
+    return [shape_keys(path, r, t) for r, t in zip(rows, tokens)]
