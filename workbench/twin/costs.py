@@ -235,9 +235,10 @@ def fit_step_costs(runs) -> StepCosts:
         "runs": list(named),
         "steps": int(len(steps)),
     }
-    between = _between_ms(named)
-    costs = StepCosts(meta, device, host, between, shapes=shapes, ranges=ranges)
-    costs = replace(costs, shape_steps=shape_steps)
+    costs = StepCosts(
+        meta, device, host, _between_ms(named), shapes=shapes, ranges=ranges,
+        shape_steps=shape_steps,
+    )  # fmt: skip
     return replace(costs, errors=_errors(costs, steps))
 
 
