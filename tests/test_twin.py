@@ -241,7 +241,8 @@ def test_the_costs_name_what_their_calibration_did_not_cover(tmp_path):
     run with long prompts in chunks of 256 and 12 running, which of its steps lie beyond what
     they were fitted on and why; of their own steps, none; of a path never fitted, that it
     was not; `validate_twin` gives each setting's share of such steps."""
-    wb = shared(lambda: Workbench(MODEL, num_pages=20000), "twin", "large")
+    # (an engine of its own: the others of this file keep every request slot)
+    wb = shared(lambda: Workbench(MODEL, num_pages=20000, max_running_reqs=12), "twin", 12)
     wb.reset()
     wb.reconfigure(max_extend_tokens=32, policy="mixed", max_running_reqs=4)
     calibration = run_workload(wb, workload(seed=2, n=8))
