@@ -12,7 +12,6 @@ import random
 import pytest
 
 from workbench import SamplingParams, StepError, Workbench
-from workbench.core import Req
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
 from .conftest import CPU_AND_GPU, INDUCTION
@@ -49,7 +48,8 @@ def workbench(device: str, **settings) -> Workbench:
 def inject(monkeypatch, wb: Workbench, stage: str, at: int, error=InjectedFault) -> None:
     """Raise `error` the `at`-th time the stage runs: after allocating (prepare), instead of
     the forward or the sampling (`Engine.sample`: with CUDA graphs the sampler runs inside the
-    graph), or while appending a sampled token on the host (collect)."""
+    graph), or once the sampled tokens are appended on the host, before any request ends
+    (collect)."""
     from workbench.scheduler import scheduler as module
 
     calls = [0]
@@ -73,7 +73,7 @@ def inject(monkeypatch, wb: Workbench, stage: str, at: int, error=InjectedFault)
     elif stage == "sample":
         monkeypatch.setattr(wb.engine, "sample", wrap(wb.engine.sample, before=True))
     else:
-        monkeypatch.setattr(Req, "append_host", wrap(Req.append_host, before=True))
+        monkeypatch.setattr(module, "append_tokens", wrap(module.append_tokens, before=False))
 
 
 def submit(wb: Workbench, seed: int) -> dict[int, list[int]]:

@@ -182,16 +182,18 @@ class DeviceTimer:
         if self.cuda:
             self.started = torch.cuda.Event(enable_timing=True)
             self.stopped = torch.cuda.Event(enable_timing=True)
+            # NOTE: looked up once: `record()` without a stream looks it up each time
+            self._stream = torch.cuda.current_stream(device)
 
     def start(self) -> None:
         if self.cuda:
-            self.started.record()
+            self.started.record(self._stream)
         else:
             self._t = time.perf_counter()
 
     def stop(self) -> None:
         if self.cuda:
-            self.stopped.record()
+            self.stopped.record(self._stream)
         else:
             self._ms = (time.perf_counter() - self._t) * 1e3
 

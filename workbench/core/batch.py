@@ -69,9 +69,21 @@ class Batch:
         """Each request's ledger now."""
         return [ReqView.of(r, i < self.num_decode) for i, r in enumerate(self.reqs)]
 
-    def snapshot(self) -> None:
+    def snapshot(self, after: Batch | None = None) -> None:
         """Keep the requests' lengths as launched (`ledger`, `max_lens`), before the forward
-        moves them."""
+        moves them. `after`: the batch launched just before this one. When both decode the
+        same requests in the same order, each has completed exactly one token since `after`
+        launched (`Req.complete_all`), so the ledger follows from its ledger, without a pass
+        over the requests (that pass cost a decode batch of 256 about 80 us a step)."""
+        if (
+            after is not None
+            and self.phase == "decode" == after.phase
+            and after.reqs == self.reqs  # the same objects, in order (eq=False: identity)
+        ):
+            rows, _, device_len = after.ledger
+            self.ledger = np.stack([rows, device_len, device_len + 1])
+            self.max_lens = after.max_lens
+            return
         reqs = self.reqs
         self.ledger = np.array(
             [

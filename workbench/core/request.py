@@ -140,6 +140,14 @@ class Req:
         self.cached_len = self.device_len
         self.device_len += 1
 
+    @staticmethod
+    def complete_all(reqs: list[Req]) -> None:
+        """`complete_one()` of each request, written out: a call per request cost a decode
+        batch of 256 about 40 us of host time a step (the H200 machine's host, cProfile)."""
+        for req in reqs:
+            req.cached_len = n = req.device_len
+            req.device_len = n + 1
+
     def append_host(self, token: int) -> None:
         """Host side, once the sampled token has arrived."""
         self.token_ids.append(token)

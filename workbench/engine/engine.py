@@ -11,7 +11,7 @@ import torch
 from ..attention import create_backend
 from ..attention.context import ForwardContext
 from ..config import EngineConfig
-from ..core import Batch
+from ..core import Batch, Req
 from ..device import DeviceTimer, to_device_many
 from ..distributed import SINGLE, TPGroup
 from ..kvcache.pool import KVPool
@@ -241,8 +241,7 @@ class Engine:
             timer.start()
             self.backend.launched(timer)  # the plan's copies are behind its start
             logits = self.forward(batch)
-            for req in batch.reqs:
-                req.complete_one()
+            Req.complete_all(batch.reqs)
             clock.enter("sample")
             tokens = self.sample(batch, logits)
             timer.stop()  # behind the tokens' copy to the host

@@ -78,6 +78,7 @@ class EarlyEnds:
             # holds every page of the earlier. Freeing now is safe: the chunk in flight writes
             # its pages before any batch launched later runs (one stream).
             other.finish_reason, other.error = req.finish_reason, req.error
+            self.decode.running.pop(other, None)  # a prompt's last chunk joined it at launch
             keep, drop = (req, other) if req.alloc_len >= other.alloc_len else (other, req)
             self.free_req(keep)
             drop.released = True

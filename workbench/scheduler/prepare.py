@@ -11,16 +11,22 @@ from .cache import CacheManager
 
 
 def prepare_batch(
-    batch: Batch, cache: CacheManager, table: TableManager, device_table: bool = True
+    batch: Batch,
+    cache: CacheManager,
+    table: TableManager,
+    device_table: bool = True,
+    after: Batch | None = None,
 ) -> int:
     """Keep the batch's lengths as launched (`batch.ledger`) and allocate the pages of its new
     tokens in the page table; returns the number of KV pages allocated. The engine builds the
     batch's inputs from the ledger and the table (`Engine.prepare`). `device_table` False: the
-    new entries go to the host's table only (a CUDA-graph decode step writes the device's)."""
+    new entries go to the host's table only (a CUDA-graph decode step writes the device's).
+    `after`: the batch launched just before, whose ledger may give this one's
+    (`Batch.snapshot`)."""
     ps, reqs = cache.page_size, batch.reqs
     # NOTE: one pass over the requests; the rest is whole-array work (per-request numpy calls
     # cost a decode batch of 256 about 0.5 ms of host time per step on a CPU here).
-    batch.snapshot()
+    batch.snapshot(after)
     rows, cached, device_len = batch.ledger
     first, end = cached, device_len
     if ps > 1:  # whole pages

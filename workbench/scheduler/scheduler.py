@@ -57,6 +57,7 @@ class Scheduler(EarlyEnds):
         self.eos_ids = frozenset(engine.model_config.eos_token_ids)
         self.finished: dict[int, Req] = {}  # uid -> request, until the caller collects it
         self.in_flight: InFlight | None = None  # overlap: the batch launched but not collected
+        self._launched: Batch | None = None  # the batch launched last (`Batch.snapshot`)
         self.step_index = 0
         self._next_uid = 0
 
@@ -155,9 +156,10 @@ class Scheduler(EarlyEnds):
             self._check_not_stuck(admissions)
             return None
         graph = self.engine.uses_graph(batch)  # a padded graph step (captured or eager)
+        after, self._launched = self._launched, None  # this batch, once it has launched
         with self._all_or_nothing(batch, clock):
             with clock.during("prepare", probe.range("batch.prepared")):
-                new_pages = self._prepare(batch, clock, graph)  # "prepare", then "plan"
+                new_pages = self._prepare(batch, clock, graph, after)  # "prepare", then "plan"
             page_rows = probe.batch_prepared(step, batch, new_pages, self.table)
             captured = graph and self.engine.captures_graphs
             probe.forward_begin(step, batch, captured)
@@ -166,6 +168,7 @@ class Scheduler(EarlyEnds):
             probe.forward_end(step, batch)
             clock.enter("share")
             self._share_prompts(batch)
+        self._launched = batch
         self.decode.filter_reqs(batch)
         self.step_index += 1
         clock.enter(None)
@@ -175,10 +178,11 @@ class Scheduler(EarlyEnds):
             clock=clock, padded_tokens=self.engine.padded_tokens(batch),
         )  # fmt: skip
 
-    def _prepare(self, batch: Batch, clock: StageClock, graph: bool) -> int:
+    def _prepare(self, batch: Batch, clock: StageClock, graph: bool, after: Batch | None) -> int:
         """The batch's KV pages and inputs, then its attention metadata; the pages allocated.
-        A CUDA-graph step writes its new page-table entries on the device itself."""
-        new_pages = prepare_batch(batch, self.cache, self.table, device_table=not graph)
+        A CUDA-graph step writes its new page-table entries on the device itself. `after`: the
+        batch launched just before (`Batch.snapshot`)."""
+        new_pages = prepare_batch(batch, self.cache, self.table, not graph, after)
         self.engine.fill_inputs(batch)
         clock.enter("plan")
         self.engine.plan(batch)
@@ -234,9 +238,12 @@ class Scheduler(EarlyEnds):
                 raw = launched.device.tokens.tolist()
             probe.sample_end(step, batch, raw, start)
             clock.enter("collect")
-            tokens, finished = append_tokens(batch, raw, self.eos_ids)
-            for req in finished:
+            tokens, ends = append_tokens(batch, raw, self.eos_ids)
+            finished = [req for req, _ in ends]
+            for req, reason in ends:  # all ended before any hook runs (a hook may fail)
+                req.finish_reason = reason
                 self._end(req)
+            for req in finished:
                 probe.request_finish(step, req)
             self._free_finished(batch)
         clock.enter(None)
@@ -278,6 +285,7 @@ class Scheduler(EarlyEnds):
         self.prefill.queue.clear()
         self.decode.running.clear()
         self.finished.clear()
+        self._launched = None
         self.cache.evict(self.cache.total_size)
         self.step_index = 0
         self.probe.restart()

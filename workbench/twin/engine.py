@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..core import Batch
+from ..core import Batch, Req
 from ..distributed import SINGLE
 from ..engine.engine import DeviceStep
 from ..engine.graph import capture_sizes
@@ -108,8 +108,7 @@ class TwinEngine:
         predicted = self.timeline.launch(device_ms, host_ms)
         self.timeline.pending[id(batch)] = predicted  # the probe reads it at collect, record
         launch, self.launches = self.launches, self.launches + 1
-        for req in batch.reqs:
-            req.complete_one()
+        Req.complete_all(batch.reqs)
         tokens = np.full(len(batch.sampled_reqs), self._token, dtype=np.int32)
         return DeviceStep(tokens, predicted.done, SimTimer(device_ms), 1, launch)
 
