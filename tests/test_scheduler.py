@@ -104,3 +104,32 @@ def test_integrity_check_catches_a_leak_and_a_double_free(tiny_llm):
     with pytest.raises(AssertionError, match="freed twice"):
         cache.free_slots(slots[:1])
     tiny_llm.check_integrity()  # the refused free changed nothing
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_each_batch_launches_with_its_requests_own_lengths(overlap, monkeypatch):
+    """A decode batch after one of the same requests takes its ledger from that batch's
+    (`Batch.snapshot(after)`): at every launch it equals a fresh read of the requests, through
+    joins, ends at different lengths and an abort."""
+    from workbench.core import Batch
+
+    llm = LLM("tiny-llama", max_extend_tokens=16, max_running_reqs=8, overlap=overlap)
+    snapshot, seen = Batch.snapshot, []
+
+    def checked(batch, after=None):
+        snapshot(batch, after)
+        fresh = Batch(batch.reqs, batch.phase, batch.num_decode)
+        snapshot(fresh)
+        assert (batch.ledger == fresh.ledger).all() and (batch.max_lens == fresh.max_lens).all()
+        seen.append(after is not None and after.reqs == batch.reqs and batch.phase == "decode")
+
+    monkeypatch.setattr(Batch, "snapshot", checked)
+    ids = [llm.encode(p) for p in PROMPTS]
+    uids = llm.add_requests(ids, [SamplingParams(max_tokens=3 + 2 * k) for k in range(len(ids))])
+    for _ in range(6):
+        llm.scheduler.step()
+    llm.scheduler.abort(uids[-1])
+    while llm.scheduler.step() is not None:
+        pass
+    llm.check_integrity()
+    assert any(seen) and not all(seen)  # both ways were taken
