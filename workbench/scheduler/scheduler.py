@@ -240,7 +240,7 @@ class Scheduler(EarlyEnds):
             clock.enter("collect")
             tokens, ends = append_tokens(batch, raw, self.eos_ids)
             finished = [req for req, _ in ends]
-            for req, reason in ends:  # all ended before any hook runs (a hook may fail)
+            for req, reason in ends:  # all ended before any hook runs (Ctrl-C in one)
                 req.finish_reason = reason
                 self._end(req)
             for req in finished:
