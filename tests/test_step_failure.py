@@ -166,3 +166,35 @@ def test_generate_after_a_failed_step_leaves_nothing_behind(device, monkeypatch)
     out = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
     assert [o["token_ids"] for o in out] == [pattern_continuation(p, 8) for p in prompts]
     llm.check_integrity()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_interrupt_in_a_finish_hook_loses_no_request(device, overlap):
+    """Ctrl-C while a `request.finish` hook runs, in a step where several requests end: each
+    request that step ended keeps its ending (none is left with a reason but never finished),
+    and the engine serves on."""
+    wb = workbench(device, overlap=overlap, max_extend_tokens=256)
+    rng = random.Random(5)
+    prompts = pattern_prompts(rng, [20, 24, 28, 32], 5)
+    uids = [wb.add_request(p, SamplingParams(max_tokens=6, ignore_eos=True)) for p in prompts]
+    calls = []
+
+    def interrupt(event):
+        calls.append(event.uid)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    handle = wb.hooks.add("request.finish", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        wb.run(progress=False)
+    handle.remove()
+    wb.check_integrity()
+    wb.run(progress=False)
+    wb.check_integrity()
+    outputs = {o["uid"]: o for o in wb.outputs()}
+    assert set(outputs) == set(uids)
+    for uid, prompt in zip(uids, prompts):
+        got, want = outputs[uid]["token_ids"], pattern_continuation(prompt, 6)
+        assert outputs[uid]["finish_reason"] in ("length", "error") and got == want[: len(got)]
+    assert sum(o["finish_reason"] == "length" for o in outputs.values()) >= 2  # ended together
