@@ -87,6 +87,20 @@ def submit(wb: Workbench, seed: int) -> dict[int, list[int]]:
     }
 
 
+def finish_the_rest(wb: Workbench, prompts: dict[int, list[int]], n: int) -> dict[int, dict]:
+    """Run what is left, then: the pool is clean, every request has ended, by its length or
+    an error, with tokens that begin its pattern's continuation of `n` tokens. The outputs."""
+    wb.run(progress=False)
+    wb.check_integrity()
+    outputs = {o["uid"]: o for o in wb.outputs()}
+    assert set(outputs) == set(prompts)
+    for uid, prompt in prompts.items():
+        got = outputs[uid]["token_ids"]
+        assert outputs[uid]["finish_reason"] in ("length", "error")
+        assert got == pattern_continuation(prompt, n)[: len(got)]
+    return outputs
+
+
 @pytest.mark.parametrize("at", [4, 9])  # early: chunks in flight; later: decodes
 @pytest.mark.parametrize("stage", ["prepare", "forward", "sample", "collect"])
 @pytest.mark.parametrize("overlap", [False, True])
@@ -139,14 +153,8 @@ def test_an_interrupt_inside_a_step_frees_its_batch_too(device, overlap, monkeyp
         wb.run(progress=False)
     wb.check_integrity()
     monkeypatch.undo()
-    wb.run(progress=False)
-    wb.check_integrity()
-    outputs = {o["uid"]: o for o in wb.outputs()}
-    assert {o["finish_reason"] for o in outputs.values()} <= {"length", "error"}
+    outputs = finish_the_rest(wb, prompts, 10)
     assert sum(o["finish_reason"] == "error" for o in outputs.values()) >= 1
-    for uid, prompt in prompts.items():
-        got = outputs[uid]["token_ids"]
-        assert got == pattern_continuation(prompt, 10)[: len(got)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -190,11 +198,5 @@ def test_an_interrupt_in_a_finish_hook_loses_no_request(device, overlap):
         wb.run(progress=False)
     handle.remove()
     wb.check_integrity()
-    wb.run(progress=False)
-    wb.check_integrity()
-    outputs = {o["uid"]: o for o in wb.outputs()}
-    assert set(outputs) == set(uids)
-    for uid, prompt in zip(uids, prompts):
-        got, want = outputs[uid]["token_ids"], pattern_continuation(prompt, 6)
-        assert outputs[uid]["finish_reason"] in ("length", "error") and got == want[: len(got)]
+    outputs = finish_the_rest(wb, dict(zip(uids, prompts)), 6)
     assert sum(o["finish_reason"] == "length" for o in outputs.values()) >= 2  # ended together

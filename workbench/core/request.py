@@ -148,13 +148,9 @@ class Req:
             req.cached_len = n = req.device_len
             req.device_len = n + 1
 
-    def append_host(self, token: int) -> None:
-        """Host side, once the sampled token has arrived."""
-        self.token_ids.append(token)
-
     def end_reason(self, token: int, eos_ids: frozenset[int]) -> str | None:
-        """Host side, after `append_host(token)`: "stop" at an EOS token (unless ignored),
-        "length" at its last token, else None."""
+        """Host side, once `token` is appended to `token_ids` (`scheduler/collect.py`): "stop"
+        at an EOS token (unless ignored), "length" at its last token, else None."""
         if token in eos_ids and not self.sampling.ignore_eos:
             return "stop"
         # NOTE: the host's count, not remain_len: with overlap the device side is a step ahead
@@ -174,9 +170,6 @@ class ChunkedReq(Req):
 
     It returns to the head of the queue and continues with the slot and cache handle it holds.
     """
-
-    def append_host(self, token: int) -> None:
-        raise RuntimeError("a ChunkedReq must not be sampled")
 
     @property
     def can_decode(self) -> bool:
