@@ -1,15 +1,19 @@
 """The twin against a directory of recorded runs (`record_twin_runs.py`): the closing figures.
 
-    python notebooks/data/validate_twin_runs.py RECORDED_DIR
+    python notebooks/data/validate_twin_runs.py RECORDED_DIR [--candidates DIR --calibration NAME...]
 
 Fits step costs on the calibration runs, simulates every held-out setting at each load with the
 same requests the GPU served, and prints `validation_summary` (median and worst |error| per
 figure, the real runs' median noise) and, per figure, policy and load, whether the twin picks
-the real runs' best chunk size.
+the real runs' best chunk size. `--calibration` fits on the named runs instead (of RECORDED_DIR's
+calibration runs and of `--candidates`, a directory of more of them recorded the same way:
+`notebooks/data/twin/candidates/<model>`), e.g. `--calibration "calib chunk 128 mixed load 70%
+#1" ...`, to compare choices of calibration on the same held-out runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -25,10 +29,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 from record_twin_runs import HELD_OUT, twin_requests  # noqa: E402
 
 
-def main(directory: Path) -> None:
+def main(directory: Path, candidates: Path | None = None, calibration: list[str] = ()) -> None:
     index = json.loads((directory / "index.json").read_text())
     runs = {name: load_run(directory / r["file"]) for name, r in index["runs"].items()}
-    costs = fit_step_costs({n: r for n, r in runs.items() if n.startswith("calib")})
+    chosen = {n: r for n, r in runs.items() if n.startswith("calib")}
+    if candidates is not None:
+        more = json.loads((candidates / "index.json").read_text())
+        chosen |= {n: load_run(candidates / r["file"]) for n, r in more["runs"].items()}
+    if calibration:
+        missing = sorted(set(calibration) - set(chosen))
+        if missing:
+            raise SystemExit(f"no calibration run {missing}; there are {sorted(chosen)}")
+        chosen = {n: chosen[n] for n in calibration}
+    costs = fit_step_costs(chosen)
     print(costs)
     real = {n: r for n, r in runs.items() if not n.startswith("calib")}
     recorded = {re.sub(r"\s*#\d+$", "", n) for n in real}
@@ -67,4 +80,9 @@ def best_chunks(table: pd.DataFrame) -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--candidates", type=Path, help="a directory of more calibration runs")
+    parser.add_argument("--calibration", nargs="+", default=(), help="the runs to fit on")
+    args = parser.parse_args()
+    main(args.directory, args.candidates, args.calibration)
