@@ -1,13 +1,15 @@
 """Record the real runs notebook 06 calibrates the twin on and checks it against.
 
-    python notebooks/data/record_twin_runs.py dummy:qwen3-0.6b OUT_DIR [--requests 128]
+    python notebooks/data/record_twin_runs.py dummy:qwen3-0.6b OUT_DIR [--requests 64]
 
 On one GPU (the runs under notebooks/data/twin/ were recorded on an H200): one engine, overlap
 on, record="light". First the workload with every request at time 0 (its duration gives the
-capacity, in requests/s); then three calibration settings at 70% of it, and the twelve held-out
-settings (chunk 64, 512, 2048, 8192 x the three policies) at 50% and 90%, each run twice (the
-real runs' own noise). The same requests every time (`twin_requests`), arriving by a Poisson
-process of the rate. Each run is saved as OUT_DIR/<name>.parquet.
+capacity, in requests/s); then three calibration settings on a workload that sweeps the load
+(`ramp_requests`: 96 other requests, half arriving at 30% of capacity, then the rest at 100%),
+and the twelve held-out settings (chunk 64, 512, 2048, 8192 x the three policies) at 50% and
+90%, each run twice (the real runs' own noise). The held-out runs serve the same requests every
+time (`twin_requests`), arriving by a Poisson process of the rate. Each run is saved as
+OUT_DIR/<name>.parquet.
 """
 
 from __future__ import annotations
@@ -23,11 +25,15 @@ from workbench.bench.online import poisson_arrivals
 from workbench.bench.workload import random_workload
 from workbench.runs import RunHistory
 
+# NOTE: chosen among 26 recorded calibration runs (notebooks/data/twin/candidates/, README
+# "Figures"): small prompt chunks beside many decoding requests; a lone prompt of every size,
+# then full decode batches; prompts of several requests at once and long decode-only stretches
 CALIBRATION = {
-    "calib chunk 128 prefill_first": dict(max_extend_tokens=128, policy="prefill_first"),
-    "calib chunk 1024 mixed": dict(max_extend_tokens=1024, policy="mixed"),
+    "calib chunk 64 mixed": dict(max_extend_tokens=64, policy="mixed"),
+    "calib chunk 2048 prefill_first": dict(max_extend_tokens=2048, policy="prefill_first"),
     "calib chunk 4096 decode_first": dict(max_extend_tokens=4096, policy="decode_first"),
 }
+CALIBRATION_REQUESTS = 96
 CHUNKS = (64, 512, 2048, 8192)
 POLICIES = ("prefill_first", "decode_first", "mixed")
 HELD_OUT = {f"chunk {c} {p}": dict(max_extend_tokens=c, policy=p) for c in CHUNKS for p in POLICIES}
@@ -38,6 +44,22 @@ def twin_requests(num_requests: int, rate: float, seed: int = 0) -> list[tuple]:
     arriving at `rate` requests/s (inf: all at time 0); (ids, sampling, arrival seconds)."""
     work = random_workload(num_requests, (100, 1024), (32, 256), seed)
     times = poisson_arrivals(num_requests, rate, seed)
+    return [
+        (ids, SamplingParams(max_tokens=n, ignore_eos=True), at)
+        for ids, n, at in zip(work.prompts, work.output_lens, times)
+    ]
+
+
+def ramp_requests(num_requests: int, capacity: float, seed: int = 1) -> list[tuple]:
+    """A calibration workload that sweeps the load: requests drawn as `twin_requests` draws
+    them (another seed: none is a held-out request), the first half arriving at 30% of
+    `capacity` (requests/s) and the second at 100%. One run then holds lone prompts of every
+    size on an idle engine and, later, full batches with a queue behind them."""
+    half = num_requests // 2
+    work = random_workload(num_requests, (100, 1024), (32, 256), seed)
+    calm = poisson_arrivals(half, 0.3 * capacity, seed)
+    busy = poisson_arrivals(num_requests - half, capacity, seed + 1)
+    times = calm + [calm[-1] + t for t in busy]
     return [
         (ids, SamplingParams(max_tokens=n, ignore_eos=True), at)
         for ids, n, at in zip(work.prompts, work.output_lens, times)
@@ -84,16 +106,23 @@ def main(argv: list[str]) -> None:
         capacity = n / float(offline.requests.finish_s.max())
         save(offline, args.out / "offline.parquet")
     # the held-out settings' first runs before any repeat: a budget cut leaves whole sweeps
-    plan = [] if args.only else [(CALIBRATION, 0.7, 1)]
+    plan = [] if args.only else [(CALIBRATION, "ramp", 1)]
     plan += [(HELD_OUT, load, r) for r in range(1, args.repeats + 1) for load in (0.5, 0.9)]
     index = {"model": args.model, "requests": n, "capacity_rps": capacity, "runs": {}}
     for settings, load, repeat in plan:
-        requests = twin_requests(n, load * capacity)
+        if load == "ramp":
+            requests, count, at = (
+                ramp_requests(CALIBRATION_REQUESTS, capacity),
+                CALIBRATION_REQUESTS,
+                "ramp 30-100%",
+            )
+        else:
+            requests, count, at = twin_requests(n, load * capacity), n, f"load {load:.0%}"
         started = time.perf_counter()
         for name, options in settings.items():
             if time.perf_counter() - begun > args.budget_s:
                 break
-            name = f"{name} load {load:.0%} #{repeat}"
+            name = f"{name} {at} #{repeat}"
             if args.only and args.only not in name:
                 continue
             run = wb.compare({name: options}, requests, progress=False, arrival="time")[name]
@@ -101,9 +130,9 @@ def main(argv: list[str]) -> None:
                 name.replace(" ", "_").replace("%", "pct").replace("#", "") + ".parquet"
             )
             save(run, path)
-            index["runs"][name] = {"file": path.name, "load": load, **options}
+            index["runs"][name] = {"file": path.name, "load": load, "requests": count, **options}
         print(
-            f"{settings is CALIBRATION and 'calibration' or 'held out'} at {load:.0%} "
+            f"{settings is CALIBRATION and 'calibration' or 'held out'} at {at} "
             f"#{repeat}: {time.perf_counter() - started:.1f} s",
             flush=True,
         )

@@ -1,12 +1,12 @@
 """The twin against a directory of recorded runs (`record_twin_runs.py`): the closing figures.
 
-    python notebooks/data/validate_twin_runs.py RECORDED_DIR [--candidates DIR --calibration NAME...]
+    python notebooks/data/validate_twin_runs.py DIR [--candidates MORE --calibration NAME ...]
 
 Fits step costs on the calibration runs, simulates every held-out setting at each load with the
 same requests the GPU served, and prints `validation_summary` (median and worst |error| per
 figure, the real runs' median noise) and, per figure, policy and load, whether the twin picks
-the real runs' best chunk size. `--calibration` fits on the named runs instead (of RECORDED_DIR's
-calibration runs and of `--candidates`, a directory of more of them recorded the same way:
+the real runs' best chunk size. `--calibration` fits on the named runs instead (of DIR's
+calibration runs and of `--candidates` MORE, a directory of more of them recorded the same way:
 `notebooks/data/twin/candidates/<model>`), e.g. `--calibration "calib chunk 128 mixed load 70%
 #1" ...`, to compare choices of calibration on the same held-out runs.
 """
@@ -47,7 +47,7 @@ def main(directory: Path, candidates: Path | None = None, calibration: list[str]
     recorded = {re.sub(r"\s*#\d+$", "", n) for n in real}
     twin = Workbench(index["model"], step_costs=costs, overlap=True)
     twins, started = {}, time.perf_counter()
-    for load in sorted({r["load"] for r in index["runs"].values() if r["load"] != 0.7}):
+    for load in sorted({index["runs"][name]["load"] for name in real}):
         settings = {f"{name} load {load:.0%}": s for name, s in HELD_OUT.items()}
         settings = {name: s for name, s in settings.items() if name in recorded}
         requests = twin_requests(index["requests"], load * index["capacity_rps"])
