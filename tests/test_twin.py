@@ -224,6 +224,12 @@ def test_a_captured_shape_keeps_its_own_factor_on_the_fit(tmp_path):
     without = replace(fitted, shapes={})  # the fit alone takes in part of the slow shape
     alone = np.abs(without.predict_steps(steps)[0][decode][chosen] / device[decode][chosen] - 1)
     assert np.median(alone) > 5 * np.median(error[chosen])
+    # a size replayed too rarely takes the factor of the nearest size that has one
+    with_factor, fit_alone = fitted.predict_steps(steps)[0], without.predict_steps(steps)[0]
+    for size in rare:
+        nearest = min(factors, key=lambda k: abs(np.log2(int(k)) - np.log2(size)))
+        at = decode & (steps.padded_size == size).to_numpy()
+        assert np.allclose(with_factor[at] / fit_alone[at], factors[nearest]), size
     assert "per captured shape (real / fit): " in fitted.summary()
     assert load_step_costs(fitted.save(tmp_path / "c.json")).shapes == fitted.shapes
     # the costs name the decode steps of a shape replayed too rarely for its own factor, and
