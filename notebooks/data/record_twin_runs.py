@@ -25,7 +25,7 @@ from workbench.bench.online import poisson_arrivals
 from workbench.bench.workload import random_workload
 from workbench.runs import RunHistory
 
-# NOTE: chosen among 26 recorded calibration runs (notebooks/data/twin/candidates/, README
+# NOTE: chosen among 21 recorded calibration runs of 0.6B (notebooks/data/twin/candidates/, README
 # "Figures"): small prompt chunks beside many decoding requests; a lone prompt of every size,
 # then full decode batches; prompts of several requests at once and long decode-only stretches
 CALIBRATION = {

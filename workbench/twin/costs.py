@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..stages import HOST_STAGES
-from .coverage import MIN_SHAPE_STEPS, uncalibrated
+from .coverage import MIN_SHAPE_STEPS, shape_factor, uncalibrated
 from .features import DEVICE_FEATURES, HOST_FEATURES, PATHS, UNITS, shape_keys, step_features
 from .fit import robust_nnls
 from .runs import check_same_setup, named_runs, steps_of
@@ -99,27 +99,15 @@ class StepCosts:
         return np.maximum(device, host[_FORWARD] + host[_SAMPLE]), host
 
     def _shape_factor(self, path: str, f):
-        """The captured shape's own factor on the fit, of one step or of arrays of them: for
-        a decode graph the runs did not replay often enough, the factor of the nearest size
-        they did (a graph of 64 requests takes 32's: kernels chosen for a size change little
-        from one size to the next; the fit alone was 6% short of 64's on the H200); 1 for such
-        a prompt graph, and off the graph paths."""
+        """The captured shape's factor on the fit (`coverage.shape_factor`; 1 off the graph
+        paths), of one step or of arrays of them."""
         factors = self.shapes.get(path)
         if not factors:
             return 1.0
         keys = shape_keys(path, f["rows"], f["tokens"])
         if isinstance(keys, str):
-            return self._factor_of(path, factors, keys)
-        return np.array([self._factor_of(path, factors, k) for k in keys])
-
-    @staticmethod
-    def _factor_of(path: str, factors: Mapping[str, float], key: str) -> float:
-        if key in factors:
-            return factors[key]
-        if path != "graph":
-            return 1.0
-        size = np.log2(int(key))
-        return factors[min(factors, key=lambda k: abs(np.log2(int(k)) - size))]
+            return shape_factor(path, factors, keys)
+        return np.array([shape_factor(path, factors, k) for k in keys])
 
     def uncalibrated(self, steps) -> np.ndarray:
         """Per step of a steps table: what the calibration runs did not cover in its
