@@ -139,3 +139,22 @@ def test_abort_with_overlap_and_cuda_graphs():
     outputs = {o["uid"]: o for o in wb.outputs()}
     assert outputs[victim]["finish_reason"] == "abort" and partial["completion_tokens"] < 20
     assert all(outputs[u]["completion_tokens"] == 20 for u in uids if u != victim)
+
+
+def test_a_chunk_step_waits_for_the_device_in_its_wait_stage():
+    """A prompt's chunk samples nothing, so there are no tokens to wait for; its record reads
+    the step's device time, and that wait belongs to the step's "wait", not to its recording.
+    Counted as recording (0.9 ms a chunk of 64 of Qwen3-0.6B on the H200, against 0.06 ms for
+    the record of any other step), it made every device-bound chunk step look host-bound."""
+    engine = make_llm(overlap=True, max_extend_tokens=64, record="light")
+    engine.generate(random_prompts(4, 600, 900, seed=9), SamplingParams(max_tokens=4))
+    steps = engine.history.steps
+    chunk = (steps.sampled == 0) & (steps.phase != "decode")
+    assert chunk.sum() >= 20, "the prompts should run in chunks of 64"
+    chunks, others = steps.host_record_ms[chunk], steps.host_record_ms[~chunk]
+    print(
+        f"\nrecord stage: chunk steps {chunks.median():.3f} ms, others {others.median():.3f} ms;"
+        f" chunk steps' wait {steps.wait_ms[chunk].median():.3f} ms"
+    )
+    assert chunks.median() <= 2 * others.median() + 0.05
+    engine.check_integrity()

@@ -287,13 +287,15 @@ class Probe(Observer):
             )
             self.hooks.emit("request.finish", event)
 
+    def times_device(self) -> bool:
+        return self.record != "off" or "step.end" in self.hooks
+
     def step_end(
         self, outcome: StepOutcome, occupancy: Callable[[], Occupancy]
     ) -> StepRecord | None:
         """The step's record, kept in the history (record="light" or "full") and handed to
-        "step.end"; None when neither wants it. `occupancy` is called only when a record is
-        built."""
-        if self.record == "off" and "step.end" not in self.hooks:
+        "step.end"; None when neither wants it. `occupancy` is called only for a record."""
+        if not self.times_device():
             return None
         began, clock = time.perf_counter(), outcome.launched.clock
         clock.enter("record")

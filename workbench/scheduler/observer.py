@@ -93,6 +93,10 @@ class Observer:
         """ "request.finish": a request ended. `between_steps`: not by a token of a step's
         record (an abort, or its step failed)."""
 
+    def times_device(self) -> bool:
+        """Whether the step's record will read its device time (`step_end`)."""
+        return False
+
     def step_end(self, outcome: StepOutcome, occupancy: Callable[[], Occupancy]) -> Any:
         """ "step.end": the step is complete; returns its record (None: none built).
         `occupancy` gives the queue and the KV pool after the step, when asked."""
