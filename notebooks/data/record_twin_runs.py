@@ -42,12 +42,7 @@ HELD_OUT = {f"chunk {c} {p}": dict(max_extend_tokens=c, policy=p) for c in CHUNK
 def twin_requests(num_requests: int, rate: float, seed: int = 0) -> list[tuple]:
     """The workload: prompts of 100-1,024 random tokens, 32-256 output tokens (EOS ignored),
     arriving at `rate` requests/s (inf: all at time 0); (ids, sampling, arrival seconds)."""
-    work = random_workload(num_requests, (100, 1024), (32, 256), seed)
-    times = poisson_arrivals(num_requests, rate, seed)
-    return [
-        (ids, SamplingParams(max_tokens=n, ignore_eos=True), at)
-        for ids, n, at in zip(work.prompts, work.output_lens, times)
-    ]
+    return _arriving(num_requests, seed, poisson_arrivals(num_requests, rate, seed))
 
 
 def ramp_requests(num_requests: int, capacity: float, seed: int = 1) -> list[tuple]:
@@ -56,10 +51,14 @@ def ramp_requests(num_requests: int, capacity: float, seed: int = 1) -> list[tup
     `capacity` (requests/s) and the second at 100%. One run then holds lone prompts of every
     size on an idle engine and, later, full batches with a queue behind them."""
     half = num_requests // 2
-    work = random_workload(num_requests, (100, 1024), (32, 256), seed)
     calm = poisson_arrivals(half, 0.3 * capacity, seed)
     busy = poisson_arrivals(num_requests - half, capacity, seed + 1)
-    times = calm + [calm[-1] + t for t in busy]
+    return _arriving(num_requests, seed, calm + [calm[-1] + t for t in busy])
+
+
+def _arriving(num_requests: int, seed: int, times: list[float]) -> list[tuple]:
+    """The workload's requests (drawn with `seed`), arriving at `times`."""
+    work = random_workload(num_requests, (100, 1024), (32, 256), seed)
     return [
         (ids, SamplingParams(max_tokens=n, ignore_eos=True), at)
         for ids, n, at in zip(work.prompts, work.output_lens, times)

@@ -33,14 +33,15 @@ def main(directory: Path, candidates: Path | None = None, calibration: list[str]
     index = json.loads((directory / "index.json").read_text())
     runs = {name: load_run(directory / r["file"]) for name, r in index["runs"].items()}
     chosen = {n: r for n, r in runs.items() if n.startswith("calib")}
-    if candidates is not None:
-        more = json.loads((candidates / "index.json").read_text())
-        chosen |= {n: load_run(candidates / r["file"]) for n, r in more["runs"].items()}
-    if calibration:
-        missing = sorted(set(calibration) - set(chosen))
+    if calibration:  # among DIR's calibration runs and the candidates
+        pool = dict(chosen)
+        if candidates is not None:
+            more = json.loads((candidates / "index.json").read_text())
+            pool |= {n: load_run(candidates / r["file"]) for n, r in more["runs"].items()}
+        missing = sorted(set(calibration) - set(pool))
         if missing:
-            raise SystemExit(f"no calibration run {missing}; there are {sorted(chosen)}")
-        chosen = {n: chosen[n] for n in calibration}
+            raise SystemExit(f"no calibration run {missing}; there are {sorted(pool)}")
+        chosen = {n: pool[n] for n in calibration}
     costs = fit_step_costs(chosen)
     print(costs)
     real = {n: r for n, r in runs.items() if not n.startswith("calib")}
