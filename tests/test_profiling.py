@@ -4,6 +4,7 @@ of steps) whose events land in the steps that caused them, page-table snapshots 
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
 
@@ -88,6 +89,12 @@ def test_profile_steps_limits_the_profiler_to_a_window(device, overlap):
         events = wb.history.events
         for step, group in events[events.category == "hook"].groupby("step"):
             assert Counter(group.name) == Counter(STEP_RANGES), step  # launch and collect
+        if device == "cuda":
+            # each window's stop tears CUPTI down (the unprofiled steps between run without
+            # it), and the next window brings it back with the CUDA graphs still replaying
+            assert os.environ.get("TEARDOWN_CUPTI") == "1"
+            kernels = events[events.category == "kernel"]
+            assert set(kernels.step) == profiled
 
 
 def test_profile_steps_is_checked():
