@@ -249,3 +249,19 @@ def test_requests_arrive_at_times_on_the_runs_clock():
             )
         with pytest.raises(ValueError, match="arrival"):
             wb.compare({"x": {}}, requests, progress=False, arrival="minutes")
+
+
+def test_a_gpu_profiler_lets_cupti_go_when_it_stops_unless_told_otherwise(monkeypatch):
+    """Kineto keeps CUPTI's callbacks after a session unless TEARDOWN_CUPTI=1, and every CUDA
+    call after a profiled window pays for them (a decode graph's launch 10x slower on the H200):
+    a GPU profiler of ours asks for the teardown; a user's own setting stands."""
+    from workbench.profiling import activities
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    activities(torch.device("cpu"))
+    assert "TEARDOWN_CUPTI" not in os.environ  # nothing to let go on a CPU
+    activities(torch.device("cuda"))
+    assert os.environ["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    activities(torch.device("cuda"))
+    assert os.environ["TEARDOWN_CUPTI"] == "0"

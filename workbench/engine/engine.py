@@ -19,6 +19,7 @@ from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
 from ..models.decoder import check_tp_size
 from ..models.weights import build_model
+from ..profiling import release_cupti_at_stop
 from ..stages import StageClock
 from .graph import GraphRunner
 from .inputs import fill_inputs
@@ -48,6 +49,8 @@ class Engine:
         self.tp = tp or SINGLE
         self.device = rank_device(config, self.tp.rank) if self.tp.size > 1 else config.torch_device
         self.num_devices = num_devices(config)  # GPUs the ranks run on (gloo's may share)
+        if self.device.type == "cuda":  # a profiler of the user's own leaves CUPTI behind too
+            release_cupti_at_stop()
         try:
             self._build(config, model_cfg)
         except BaseException:

@@ -17,7 +17,14 @@ from .events import (
     host_events_by_step,
     read_events,
 )
-from .session import ProfilerSession, activities, gc_paused, session_running, session_seconds
+from .session import (
+    ProfilerSession,
+    activities,
+    gc_paused,
+    release_cupti_at_stop,
+    session_running,
+    session_seconds,
+)
 
 __all__ = [
     "ALL_REDUCES",
@@ -33,6 +40,7 @@ __all__ = [
     "gc_paused",
     "host_events_by_step",
     "read_events",
+    "release_cupti_at_stop",
     "session_running",
     "session_seconds",
 ]

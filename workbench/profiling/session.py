@@ -30,14 +30,17 @@ def activities(device: torch.device) -> list:
 
 def release_cupti_at_stop() -> None:
     """Have kineto tear CUPTI down when a profiler stops (`TEARDOWN_CUPTI=1`, unless the
-    environment says otherwise), so that the steps after a profiled window run unprofiled.
+    environment says otherwise), so that the steps after a profiled window run unprofiled. Set
+    by every GPU engine when it is built (for profilers a user starts around it) and before
+    every profiler this package starts.
 
     NOTE: torch 2.11's kineto keeps CUPTI's callbacks subscribed after a session by default, and
     every later CUDA call pays for them. Measured on the H200 (dummy Qwen3-0.6B, decode steps,
     overlap, record off, after one 5-step profiler session): a decode graph's launch 120-215 us
     against 10-15, the host's time per step 0.85 / 1.18 ms at batch 8 / 256 against 0.25 / 0.43.
-    Kineto reads the variable when a session stops; CUDA 12.6 and later re-initialise CUPTI
-    with CUDA graphs safely (earlier ones crashed, which is why it is not kineto's default)."""
+    Set in the process before its first profiler starts, it took effect there. CUDA 12.6 and
+    later re-initialise CUPTI with CUDA graphs replaying (tests/test_profiling.py's windows);
+    earlier ones crashed, which is why kineto did not tear it down by default."""
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 
