@@ -265,3 +265,21 @@ def test_a_gpu_profiler_lets_cupti_go_when_it_stops_unless_told_otherwise(monkey
     monkeypatch.setenv("TEARDOWN_CUPTI", "0")
     activities(torch.device("cuda"))
     assert os.environ["TEARDOWN_CUPTI"] == "0"
+
+
+def test_a_window_chosen_by_predicate_counts_its_session_start_in_its_first_step():
+    """A predicate chooses a step once it is scheduled, so the profiler starts inside that
+    step: its start is host time the profiler added to the step (`profiler_ms`), on top of
+    the per-event estimate that the step after it also carries."""
+    from workbench.profiling import session_seconds
+
+    window = lambda s: s.phase == "decode" and 6 <= s.step < 9  # noqa: E731
+    with workbench("cpu", record="full", profile_steps=window) as wb:
+        submit(wb)
+        began = session_seconds()["start"]
+        wb.run(progress=False)
+        start_ms = (session_seconds()["start"] - began) * 1e3
+        steps = wb.history.steps.set_index("step")
+        first, second = steps.profiler_ms[6], steps.profiler_ms[7]
+        assert list(steps.index[steps.profiled]) == [6, 7, 8]
+        assert first - second >= 0.8 * start_ms > 0, (first, second, start_ms)

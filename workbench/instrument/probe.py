@@ -72,6 +72,7 @@ class Probe(Observer):
         self._marks: list[tuple[float, int, str]] = []  # seconds, step, "launch" | "collect"
         self._early: dict[int, list] = {}  # events of a batch launched before a session ended
         self._pending: dict[int, list] = {}
+        self._start_ms: dict[int, float] = {}  # a session started inside a chosen step: its ms
         self._chosen = ChosenSteps(self.window)  # the steps it chose this run
         # ended sessions not read yet: (read, marks, step -> the list its events go in)
         self._unread: list[tuple[Callable[[], list], list, dict[int, list]]] = []
@@ -91,7 +92,7 @@ class Probe(Observer):
         if self._session is not None:
             self._session.discard()
         self.read_events()  # the old history's, for whoever still holds it
-        self._marks, self._pending, self._early = [], {}, {}
+        self._marks, self._pending, self._early, self._start_ms = [], {}, {}, {}
         self._last_batch = None
         self.ranks.restart()
         self._chosen = ChosenSteps(self.window)
@@ -134,7 +135,12 @@ class Probe(Observer):
             step, lambda: StepView.of(step, batch, occupancy()), self.hooks.defer
         )
         if chosen:
-            self._start()
+            if not self._running:
+                began = time.perf_counter()
+                self._start()
+                # NOTE: inside the step's schedule stage, so host time the profiler added to it
+                # (on a GPU, CUPTI starts again for each window: `release_cupti_at_stop`)
+                self._start_ms[step] = (time.perf_counter() - began) * 1e3
         elif self._running and not self._chosen.awaiting:
             self.flush()
 
@@ -172,7 +178,7 @@ class Probe(Observer):
                         lists[step].extend(assigned)
                 for step, count in host_events_by_step(capture.host_us, marks).items():
                     if step in lists:
-                        lists[step].profiler_ms = count * cost_ms
+                        lists[step].profiler_ms = count * cost_ms + self._start_ms.pop(step, 0.0)
         placed = not self._running and self.ranks.read_events()
         if unread or placed:
             self.history.events_changed()
