@@ -72,7 +72,7 @@ class Probe(Observer):
         self._marks: list[tuple[float, int, str]] = []  # seconds, step, "launch" | "collect"
         self._early: dict[int, list] = {}  # events of a batch launched before a session ended
         self._pending: dict[int, list] = {}
-        self._start_ms: dict[int, float] = {}  # a session started inside a chosen step: its ms
+        self._start_ms: dict[int, float] = {}  # a session's start in the step it chose
         self._chosen = ChosenSteps(self.window)  # the steps it chose this run
         # ended sessions not read yet: (read, marks, step -> the list its events go in)
         self._unread: list[tuple[Callable[[], list], list, dict[int, list]]] = []
@@ -134,14 +134,10 @@ class Probe(Observer):
         chosen = batch is not None and self._chosen.choose(
             step, lambda: StepView.of(step, batch, occupancy()), self.hooks.defer
         )
-        if chosen:
-            if not self._running:
-                began = time.perf_counter()
-                self._start()
-                # NOTE: inside the step's schedule stage, so host time the profiler added to it
-                # (on a GPU, CUPTI starts again for each window: `release_cupti_at_stop`)
-                self._start_ms[step] = (time.perf_counter() - began) * 1e3
-        elif self._running and not self._chosen.awaiting:
+        if chosen and not self._running:  # NOTE: in the step's schedule stage: its host time
+            self._start()
+            self._start_ms[step] = self._session.start_ms
+        elif not chosen and self._running and not self._chosen.awaiting:
             self.flush()
 
     def flush(self) -> None:
@@ -241,8 +237,7 @@ class Probe(Observer):
 
     def cache_insert(self, step: int, uid: int, inserted_len: int, already_cached: int) -> None:
         if "cache.insert" in self.hooks:
-            event = ev.CacheInsert(step, uid, inserted_len, already_cached)
-            self.hooks.emit("cache.insert", event)
+            self.hooks.emit("cache.insert", ev.CacheInsert(step, uid, inserted_len, already_cached))
 
     def cache_evict(self, step: int, requested: int, freed: int) -> None:
         if "cache.evict" in self.hooks:
@@ -266,9 +261,8 @@ class Probe(Observer):
 
     def forward_begin(self, step: int, batch: Batch, graph: bool) -> None:
         if "forward.begin" in self.hooks:
-            num_tokens = sum(r.extend_len for r in batch.launched_views())
-            event = ev.ForwardBegin(step, batch.phase, batch.size, num_tokens, graph)
-            self.hooks.emit("forward.begin", event)
+            n, bs = sum(r.extend_len for r in batch.launched_views()), batch.size
+            self.hooks.emit("forward.begin", ev.ForwardBegin(step, batch.phase, bs, n, graph))
 
     def forward_end(self, step: int, batch: Batch) -> None:
         if "forward.end" in self.hooks:

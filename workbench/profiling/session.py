@@ -69,6 +69,7 @@ class ProfilerSession:
         self._activities = set(activities(device))
         self._results_of = None  # stops the session; gives kineto's results
         self._offset_us = 0.0
+        self.start_ms = 0.0  # what its last start took (on a GPU: CUPTI brought back each time)
 
     @property
     def running(self) -> bool:
@@ -88,7 +89,8 @@ class ProfilerSession:
         self._offset_us = clock_offset_us(self._clock)
         self._results_of = _disable_profiler
         _RUNNING.add(self)
-        _SECONDS["start"] += time.perf_counter() - began
+        seconds = time.perf_counter() - began
+        self.start_ms, _SECONDS["start"] = seconds * 1e3, _SECONDS["start"] + seconds
 
     def stop(self) -> Callable[[], Capture]:
         """End the session. Returns what reads its events, in the order kineto gives them:
