@@ -134,7 +134,7 @@ class Probe(Observer):
         chosen = batch is not None and self._chosen.choose(
             step, lambda: StepView.of(step, batch, occupancy()), self.hooks.defer
         )
-        if chosen and not self._running:  # NOTE: in the step's schedule stage: its host time
+        if chosen and not self._running:  # NOTE: a start inside the step: its host time
             self._start()
             self._start_ms[step] = self._session.start_ms
         elif not chosen and self._running and not self._chosen.awaiting:

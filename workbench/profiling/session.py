@@ -38,9 +38,9 @@ def release_cupti_at_stop() -> None:
     every later CUDA call pays for them. Measured on the H200 (dummy Qwen3-0.6B, decode steps,
     overlap, record off, after one 5-step profiler session): a decode graph's launch 120-215 us
     against 10-15, the host's time per step 0.85 / 1.18 ms at batch 8 / 256 against 0.25 / 0.43.
-    Set in the process before its first profiler starts, it took effect there. CUDA 12.6 and
-    later re-initialise CUPTI with CUDA graphs replaying (tests/test_profiling.py's windows);
-    earlier ones crashed, which is why kineto did not tear it down by default."""
+    Set in the process before its first profiler starts, it took effect there. With CUDA 13
+    there, CUPTI comes back for each window with CUDA graphs replaying (test_profiling's windows
+    on the H200); before CUDA 12.6 that crashed, which is why kineto kept it by default."""
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 
