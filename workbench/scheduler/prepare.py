@@ -28,6 +28,8 @@ def prepare_batch(
     # cost a decode batch of 256 about 0.5 ms of host time per step on a CPU here).
     batch.snapshot(after)
     rows, cached, device_len = batch.ledger
+    if batch.phase == "decode":
+        return _prepare_decode(batch, cache, table, device_table)
     first, end = cached, device_len
     if ps > 1:  # whole pages
         first = -(-cached // ps) * ps  # slots up to here were allocated before this batch
@@ -43,5 +45,31 @@ def prepare_batch(
         slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
         table.write_slots(
             np.repeat(rows, new_slots), ranges(first, end), slots, device=device_table
+        )
+    return count
+
+
+def _prepare_decode(
+    batch: Batch, cache: CacheManager, table: TableManager, device_table: bool
+) -> int:
+    """`prepare_batch` of a decode batch: each request computes the token at `cached`, which
+    needs a page of its own only when it begins one; the others' pages hold it already (about
+    50 us less a step than the general case at batch 256 on a CPU here, most of a decode
+    step's page bookkeeping)."""
+    ps, reqs = cache.page_size, batch.reqs
+    rows, cached, _ = batch.ledger
+    starting = np.flatnonzero(cached % ps == 0) if ps > 1 else np.arange(len(reqs))
+    count = len(starting)
+    if count > 0:
+        pages = cache.allocate_pages(count)
+        begins = cached[starting]
+        for i, begin in zip(starting.tolist(), begins.tolist()):
+            reqs[i].alloc_len = begin + ps
+        offsets = np.arange(ps)
+        table.write_slots(
+            np.repeat(rows[starting], ps),
+            (begins[:, None] + offsets).reshape(-1),
+            (pages[:, None] * ps + offsets).reshape(-1),
+            device=device_table,
         )
     return count
