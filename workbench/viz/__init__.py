@@ -8,9 +8,10 @@ ipywidgets)."""
 
 from . import charts
 from .charts import CHARTS, Chart
-from .compare import compare_chart, compare_table, request_latencies, sweep_chart
+from .compare import compare_chart, compare_table, request_latencies
 from .compare_summary import compare_summary
 from .report import write_report
+from .sweep import sweep_chart
 
 
 def _render_offline() -> None:
