@@ -60,8 +60,11 @@ gpu-check:
 	echo "gpu-check: $$([ $$fail = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - start )) s"; \
 	exit $$fail
 
+# JupyterLab refuses to start as root unless told it may (a container's user often is root)
+ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks
 
 format: $(STAMP)
 	$(PY) -m ruff check --fix workbench tests

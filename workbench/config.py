@@ -93,6 +93,9 @@ class EngineConfig:
     # may share one, so tensor parallelism can be studied on a single GPU: slow all-reduces
     # through the host, no CUDA graphs); None: nccl on cuda, gloo on the cpu
     tp_backend: str | None = None
+    # take every path a step can take once when the engine is built (`scheduler/warmup.py`), so
+    # no measured step pays a first use; False only for engines built to check something else
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         from . import validate as V
@@ -132,6 +135,7 @@ class EngineConfig:
             cpu_threads=V.optional_integer("cpu_threads", self.cpu_threads, 1, 4096),
             share_threshold=V.integer("share_threshold", self.share_threshold, 0),
             tp_size=V.integer("tp_size", self.tp_size, 1, 64),
+            warmup=V.boolean("warmup", self.warmup),
         )
         if self.tp_backend is not None:
             checked["tp_backend"] = V.choice("tp_backend", self.tp_backend, TP_BACKENDS)

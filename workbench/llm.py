@@ -24,6 +24,7 @@ from .instrument.probe import Probe
 from .instrument.window import KEEP, profile_window
 from .scheduler.outcome import StepOutcome
 from .scheduler.scheduler import Scheduler
+from .scheduler.warmup import warm_up
 from .twin.build import build_twin, twin_meta, twin_settings
 from .twin.costs import StepCosts
 
@@ -79,6 +80,7 @@ class LLM:
         )
         self.config.torch_dtype  # noqa: B018 (validates the dtype before anything is loaded)
         self.step_costs = step_costs
+        self.warmup_ms = 0.0  # what the engine's warm-up took when it was built (`warm_up`)
         if step_costs is None:
             self.engine = self._build_engine(probe)
         else:
@@ -95,6 +97,8 @@ class LLM:
         if (torchrun_rank(self.config) or 0) > 0:
             serve_under_torchrun(self.config)
         engine = Engine(self.config)
+        # every path a step can take, once, before the first measured step
+        self.warmup_ms = warm_up(engine) if self.config.warmup else 0.0
         probe.device = engine.device
         probe.cost = StepCost.for_engine(
             engine.model_config, engine.dtype, engine.device, engine.num_devices
@@ -217,6 +221,7 @@ class LLM:
             "cuda_graph_max_bs": config.cuda_graph_max_bs,
             "cuda_graph_max_tokens": config.cuda_graph_max_tokens,
             "record": self.record,
+            "warmup_ms": round(self.warmup_ms, 1),  # what the engine's warm-up took, when built
             **self.scheduler.probe.window.meta(),  # what chose the profiled steps
         }
         if self.step_costs is not None:  # a twin: what it stands for, and on what costs

@@ -10,8 +10,10 @@ FAMILY_COLORS = {
     "norm/rope/act": "#f4a261",
     "communication": "#8338ec",
     "other": "#b0b0b0",
-    "idle": "#eeeeee",
+    "between kernels": "#d9d9d9",  # the device's time outside the kernels it ran
+    "idle": "#f2f2f2",  # the device doing nothing of the step
 }
+NOT_PROFILED_COLOR = "#ffffff"  # a step the profiler did not record: outlined, not filled
 # hook ranges: warm pinks and browns, apart from every kernel family's colour above
 HOOK_COLORS = {
     "schedule.end": "#ff8fab",

@@ -9,7 +9,14 @@ from .history.history import RunTables
 
 class RunHistory(RunTables):
     """A run's tables (a saved run, or a snapshot of a live one), read-only, with the views
-    every history has: the dashboard and the report."""
+    every history has: the dashboard and the report. `repeats`: the runs of its setting when
+    `Workbench.compare(..., repeats=N)` ran it several times (itself among them, in the order
+    they ran), which `compare_table` and `compare_summary` read; a run alone is its only
+    one."""
+
+    def __init__(self, frames, meta: dict) -> None:
+        super().__init__(frames, meta)
+        self.repeats: tuple[RunHistory, ...] = (self,)
 
     def dashboard(self):
         """The dashboard's views of this run: the step slider, the request picker and every

@@ -20,7 +20,7 @@ from . import validate as V
 from .arrivals import Arrivals, Due
 from .compare_inputs import checked_requests, checked_settings
 from .core import SamplingParams
-from .history.record import StepRecord, build_record
+from .history.record import StepRecord, StepRecords, build_record
 from .instrument.hooks import HookRegistry
 from .llm import LLM, Prompt
 from .results import Results
@@ -169,13 +169,14 @@ class Workbench(Results):
         for observer in list(self._observers):
             observer(final)
 
-    def run(self, max_steps: int | None = None, progress: bool = True) -> list[StepRecord]:
-        """Step until every request is done (or `max_steps`); the records of those steps."""
+    def run(self, max_steps: int | None = None, progress: bool = True) -> StepRecords:
+        """Step until every request is done (or `max_steps`); the records of those steps (a
+        list that a notebook shows as one line)."""
         from tqdm.auto import tqdm
 
         max_steps = V.optional_integer("max_steps", max_steps, 0)
         progress = V.boolean("progress", progress)
-        records: list[StepRecord] = []
+        records = StepRecords()
         bar = tqdm(total=max_steps, desc="steps", unit="step", disable=not progress, leave=False)
         try:
             while max_steps is None or len(records) < max_steps:
@@ -263,34 +264,49 @@ class Workbench(Results):
         requests: Sequence[tuple] | None = None,
         progress: bool = True,
         arrival: str = "step",
+        repeats: int = 1,
     ) -> dict[str, RunHistory]:
-        """The same requests run under each named setting, one after another on this engine
-        (weights, KV pool and CUDA graphs loaded once); the runs, by name, for
-        `viz.compare_table` / `compare_chart`.
+        """The same requests run under each named setting on this engine (weights, KV pool
+        and CUDA graphs loaded once, warmed up when it was built); the runs, by name, for
+        `viz.compare_table` / `compare_summary` / `compare_chart`.
 
         `settings`: name -> `reconfigure` arguments, e.g.
         ``{"chunk 256": dict(max_extend_tokens=256), "mixed": dict(policy="mixed")}``;
         `requests`: ``(prompt, sampling)`` or ``(prompt, sampling, arrival)`` tuples, the
         arrival a step (`arrival="step"`) or seconds on the run's clock (`arrival="time"`: the
         engine serves them as they arrive, waiting when idle); by default the requests added
-        since the last reset, with their arrivals. Each run starts from an empty prefix
-        cache; afterwards the workbench holds the last one. Every setting and request is checked
-        before the first run starts."""
+        since the last reset, with their arrivals. `repeats`: how many times each setting
+        runs, in rounds (every setting once, then again), so that a slow spell of the machine
+        falls on every setting alike; each setting's run is then the first of its `repeats`
+        (a tuple of all of them, in the order they ran), and the tables give each figure's
+        mean and spread over them.
+
+        Every run starts from the same state: an empty prefix cache, nothing queued or
+        running, on an engine whose paths were all taken once before its first measured
+        step. Every setting and request is checked before the first run starts; afterwards
+        the workbench holds the last run."""
+        repeats = V.integer("repeats", repeats, 1)
         if requests is None:
             workload = list(self._submitted or self._previous)
             if not workload:
                 raise ValueError("requests is None and no request was added since the last reset")
         else:
             workload = checked_requests(self.llm, requests, arrival)
-        runs = {}
-        for name, options in checked_settings(self.llm, settings).items():
-            self.reset()
-            self.reconfigure(**options)
-            for request in workload:
-                self._add_again(request)
-            self.run(progress=progress)
-            runs[name] = self.snapshot(run=name, settings=options)
-        return runs
+        checked = checked_settings(self.llm, settings)
+        done: dict[str, list[RunHistory]] = {name: [] for name in checked}
+        for round_ in range(repeats):
+            for name, options in checked.items():
+                self.reset()
+                self.reconfigure(**options)
+                for request in workload:
+                    self._add_again(request)
+                self.run(progress=progress)
+                meta = {"repeat": round_} if repeats > 1 else {}
+                done[name].append(self.snapshot(run=name, settings=options, **meta))
+        for runs in done.values():
+            for run in runs:
+                run.repeats = tuple(runs)
+        return {name: runs[0] for name, runs in done.items()}
 
     def close(self) -> None:
         """Give back what the engine holds (GPU memory: weights, KV pool, CUDA graphs); the

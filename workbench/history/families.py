@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from .timing import add_timing_columns, device_on_host
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -73,8 +75,11 @@ def family(name: str, category: str) -> str:
 
 
 def breakdown_table(history) -> pd.DataFrame:
-    """ms per (step, family): kernels on a GPU, leaf operators on a CPU; `idle` fills up to the
-    step's wall time."""
+    """ms per (step, family) of the profiled steps: the kernels on a GPU (the leaf operators on
+    a CPU) by family; "between kernels", the rest of the step's device time (launch gaps on a
+    GPU; on the CPU, the forward's Python between its operators); "idle", the rest of the
+    step's span, the device doing nothing of the step (`timing.py`: the same idle as the steps
+    table's `idle_ms`). A step's rows add up to its span."""
     import pandas as pd
 
     events = history.events
@@ -87,8 +92,17 @@ def breakdown_table(history) -> pd.DataFrame:
     names["family"] = [family(n, c) for n, c in zip(names.name, names.category)]
     busy = names.groupby(["step", "family"], as_index=False).duration_us.sum()
     busy["ms"] = busy.duration_us / 1e3
-    wall = history.steps.set_index("step").wall_ms
-    total = busy.groupby("step").ms.sum()
-    idle = (wall.reindex(total.index) - total).clip(lower=0)
-    idle_rows = pd.DataFrame({"step": idle.index, "family": "idle", "ms": idle.values})
-    return pd.concat([busy[["step", "family", "ms"]], idle_rows], ignore_index=True)
+    steps = history.steps
+    if "idle_ms" not in steps:
+        steps = add_timing_columns(steps.copy(), device_on_host(history))
+    steps = steps.set_index("step").reindex(events.step.unique())
+    total = busy.groupby("step").ms.sum().reindex(steps.index, fill_value=0.0)
+    rest = {
+        "between kernels": (steps.device_ms - total).clip(lower=0),
+        "idle": steps.idle_ms,
+    }
+    rows = [
+        pd.DataFrame({"step": ms.index, "family": name, "ms": ms.to_numpy()})
+        for name, ms in rest.items()
+    ]
+    return pd.concat([busy[["step", "family", "ms"]], *rows], ignore_index=True)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from . import runfile
 from .pages import pages_at
 from .tables import TableRows
+from .timing import add_timing_columns, device_on_host
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -157,7 +158,7 @@ class RunTables(_Tables):
         return cls(*runfile.read(path))
 
     def tables(self) -> Mapping[str, pd.DataFrame]:
-        return self._frames
+        return _WithTiming(self._frames, device_on_host(self))
 
     def __len__(self) -> int:
         return len(self._frames["steps"])
@@ -172,8 +173,34 @@ class RunTables(_Tables):
         return f"{name}({len(self)} steps, {len(self.requests)} requests, {', '.join(facts)})"
 
 
+class _WithTiming(Mapping):
+    """A saved run's tables, its steps table with the timing columns (`timing.py`) added when
+    it was saved before them; the other tables as they are (read when first asked for)."""
+
+    def __init__(self, frames: Mapping[str, pd.DataFrame], on_host: bool) -> None:
+        self._frames, self._on_host = frames, on_host
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        frame = self._frames[name]
+        if name == "steps" and "span_ms" not in frame:
+            frame = add_timing_columns(frame, self._on_host)  # once: the frame keeps them
+        return frame
+
+    def __iter__(self):
+        return iter(self._frames)
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def __getattr__(self, name: str):  # what the frames' own mapping offers (`loaded()`)
+        return getattr(self._frames, name)
+
+
 def _build_tables(
-    records: list[StepRecord], arrivals: dict, aborts: dict, cost: StepCost | None = None
+    records: list[StepRecord],
+    arrivals: dict,
+    aborts: dict,
+    cost: StepCost | None = None,
 ) -> dict[str, pd.DataFrame]:
     rows = TableRows(cost)
     for rec in records:

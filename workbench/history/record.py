@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..core import Admission, ReqView
+from .timing import host_work_ms, is_host_bound
 
 if TYPE_CHECKING:
     from ..core import Batch
@@ -82,6 +83,7 @@ class StepRecord:
     host_stage_ms: tuple[float, ...] = ()
     tp_size: int = 1  # processes the step's forward ran on (tensor parallelism)
     simulated: bool = False  # timed by a twin's step costs (`workbench.twin`), not measured
+    device_on_host: bool = False  # the forward ran on the host's cores (a CPU engine)
     padded_tokens: int = 0  # tokens as run, padding included (0: not known, a padded row each)
     # tensor parallelism: device_ms of ranks 1.. (rank 0's is device_ms), filled when the
     # history is read (`Probe.read_events`)
@@ -159,6 +161,16 @@ class StepRecord:
         return (self.completed_at - self.launched_at) * 1e3
 
     @property
+    def host_work_ms(self) -> float:
+        """The host's own work, the device's left out (`history.timing`)."""
+        return host_work_ms(self.host_ms, self.device_ms, self.device_on_host)
+
+    @property
+    def host_bound(self) -> bool:
+        """Whether the host's own work took longer than the device's (`history.timing`)."""
+        return is_host_bound(self.host_ms, self.device_ms, self.device_on_host)
+
+    @property
     def uids(self) -> tuple[int, ...]:
         return self._launched[0]
 
@@ -190,8 +202,9 @@ class StepRecord:
         return f"StepRecord({self.summary()})"
 
     def _repr_html_(self) -> str:
-        """A compact table: plain HTML and inline styles, so it renders in any notebook front end
-        and in static exports (no widgets, no scripts)."""
+        """One line (the step, its batch, its times), the ledger folded under it (a click shows
+        it; `to_pandas()` gives it as a table): plain HTML and inline styles, so it renders in
+        any notebook front end and in static exports (no widgets, no scripts)."""
         cell = "padding:2px 8px;border-bottom:1px solid #ddd;text-align:right"
         head = "".join(
             f'<th style="{cell}">{h}</th>'
@@ -229,14 +242,49 @@ class StepRecord:
         waits = ", ".join(f"#{a.uid}: {a.reason}" for a in self.rejected[:8])
         more = f" (+{len(self.rejected) - 8})" if len(self.rejected) > 8 else ""
         waiting = f"<div>waiting: {html.escape(waits)}{more}</div>" if waits else ""
-        timing = (
-            f"{self.wall_ms:.1f} ms wall, {self.device_ms:.1f} ms device, "
-            f"{self.host_ms:.1f} ms host"
-        )
+        rows = "request" if self.size == 1 else "requests"
         return (
             f'<div style="font-family:monospace;font-size:12px">'
-            f"<div><b>{html.escape(self.summary())}</b> · {timing}</div>{waiting}"
-            f'<table style="border-collapse:collapse"><tr>{head}</tr>{"".join(body)}</table></div>'
+            f"<b>{html.escape(self.summary())}</b> · {html.escape(self.timing())}"
+            f"<details><summary>ledger of {self.size} {rows}</summary>{waiting}"
+            f'<table style="border-collapse:collapse"><tr>{head}</tr>{"".join(body)}</table>'
+            "</details></div>"
+        )
+
+    def timing(self) -> str:
+        """ "8.2 ms wall, 6.1 ms device, host's own work 1.9 ms" (`history.timing`; on the CPU
+        the device's work is the forward and sampling), and "host-bound" when it was."""
+        device = "forward and sampling" if self.device_on_host else "device"
+        said = f"{self.wall_ms:.1f} ms wall, {self.device_ms:.1f} ms {device}, "
+        said += f"host's own work {self.host_work_ms:.1f} ms"
+        return said + (", host-bound" if self.host_bound else "")
+
+
+class StepRecords(list):
+    """The records of the steps a call ran (`Workbench.run`): a list, shown as one line."""
+
+    def summary(self) -> str:
+        if not self:
+            return "no steps: nothing was waiting or running"
+        phases: dict[str, int] = {}
+        for record in self:
+            phases[record.phase] = phases.get(record.phase, 0) + 1
+        kinds = ", ".join(f"{n} {phase}" for phase, n in phases.items())
+        finished = sum(len(record.finished) for record in self)
+        first, last = self[0], self[-1]
+        seconds = last.completed_at - first.launched_at
+        steps = "step" if len(self) == 1 else "steps"
+        return (
+            f"{len(self)} {steps} ({first.step}-{last.step}: {kinds}) in {seconds:.2f} s, "
+            f"{finished} requests finished; the records: wb.history"
+        )
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        return (
+            f'<div style="font-family:monospace;font-size:12px">{html.escape(self.summary())}</div>'
         )
 
 
@@ -291,6 +339,9 @@ def build_record(
         host_stage_ms=host_stage_ms,
         tp_size=launched.device.tp_size,
         simulated=predicted_host_ms is not None,
+        # a CPU engine's timer is the wall clock around the forward it ran itself
+        device_on_host=predicted_host_ms is None
+        and not getattr(launched.device.timer, "cuda", True),
         page_rows=launched.page_rows,
         events=events,
         rank_device_ms=rank_device_ms,

@@ -13,6 +13,7 @@ from .frames import add_rank_columns, rounded, text_as_string
 from .rank_skew import add_skew_columns
 from .request_table import requests_table
 from .roofline import NO_COST
+from .timing import add_timing_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,6 +67,11 @@ class StepRow(NamedTuple):
     host_share_ms: float
     host_collect_ms: float
     host_record_ms: float
+    # `timing.py`: the host's own work (on the CPU without the forward and sampling, which
+    # are the device's work there) and whether it outlasted the device's; the steps' spans
+    # and idle time are added to the table from the rows in order
+    host_work_ms: float
+    host_bound: bool
     bytes_read: float  # weights once, the KV contexts read, the new tokens' KV written
     flops: float
     bound_ms: float  # the roofline's time for the step; NaN without a device spec
@@ -247,6 +253,8 @@ class TableRows:
             host_ms=rec.host_ms,
             wait_ms=rec.wait_ms,
             **{f"host_{stage}_ms": ms for stage, ms in zip(HOST_STAGES, split)},
+            host_work_ms=rec.host_work_ms,
+            host_bound=rec.host_bound,
             bytes_read=bound.bytes_read,
             flops=bound.flops,
             bound_ms=bound.bound_ms,
@@ -292,6 +300,7 @@ class TableRows:
         add_rank_columns(frames["steps"], self.rank_ms)
         add_rank_columns(frames["steps"], self.rank_clock_ms, "clock_offset_ms_rank")
         add_skew_columns(frames["steps"], frames["events"])
+        add_timing_columns(frames["steps"], device_on_host=False)  # (the rows have the rest)
         frames["requests"] = requests_table(frames["steps"], frames["ledger"], arrivals, aborts)
         return {name: text_as_string(rounded(frame)) for name, frame in frames.items()}
 

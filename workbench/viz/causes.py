@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from ..history.timing import add_timing_columns, device_on_host, run_timing
+
 # a refusal reason (`core.admission`), as a sentence says what the request waited for
 WAITED_FOR = {
     "no_token_budget": "for the token budget",
@@ -23,7 +25,7 @@ WAITED_FOR = {
 
 
 class Causes(NamedTuple):
-    """A run's figures of where its time went."""
+    """A run's figures of where its time went, and of how its prompts were scheduled."""
 
     steps: int
     mean_step_ms: float  # wall time
@@ -31,10 +33,14 @@ class Causes(NamedTuple):
     prompt_steps: int  # steps that computed prompt tokens (prefill or mixed)
     paused_steps: int  # of those, prefill steps while requests were running: decodes paused
     prompt_tokens_max: int  # the most prompt tokens one of them computed
-    prompt_device_share: float  # device time over wall time in those steps (NaN: none)
-    device_share: float  # device time over wall time in every step
-    host_bound: int | None  # steps whose host work outlasted the device's (None: not recorded)
+    prompt_device_share: float  # device time over their span (NaN: none)
+    device_share: float  # device busy: device time over the steps' span (`history.timing`)
+    host_bound: int | None  # host-bound steps (`history.timing`; None: not recorded)
     on_cpu: bool  # the forward ran on the host: its time is the device's, not host work
+    steps_per_prompt: float  # steps that computed a part of a request's prompt, mean (NaN: none)
+    chunked: int  # requests whose prompt took more than one step
+    prompts: int  # requests whose prompt was computed (in part or whole) in the run
+    mean_ttft_steps: float  # steps from arrival to the first token, the step itself included
 
     @property
     def queued_s(self) -> float:
@@ -43,17 +49,17 @@ class Causes(NamedTuple):
 
 def run_causes(history) -> Causes:
     """The figures of `Causes`. A request refused at a step waited that step's wall time (a
-    request-ms) for the reason it was refused (`history.admissions`). A step is host-bound when
-    the host's own work (schedule, prepare, launch, collect, record: `host_ms`) took longer than
-    the device's (`device_ms`); on the CPU the forward is the device's work, so it is taken out
-    of the host's."""
+    request-ms) for the reason it was refused (`history.admissions`). Host-bound steps and the
+    device's busy share are `history.timing`'s, as in every view."""
     steps = history.steps
-    on_cpu = str(getattr(history, "meta", {}).get("device", "")).startswith("cpu")
+    on_cpu = device_on_host(history)
+    timing = run_timing(steps, on_cpu)
+    if "span_ms" not in steps:
+        steps = add_timing_columns(steps.copy(), on_cpu)
     prompt = steps[(steps.prefill_tokens + steps.chunk_tokens) > 0]
-    host_bound = None
-    if "host_ms" in steps and steps.host_ms.notna().any():
-        own_ms = steps.host_ms - steps.device_ms if on_cpu else steps.host_ms
-        host_bound = int((own_ms > steps.device_ms).sum())
+    per_prompt = _steps_per_prompt(history.ledger)
+    requests = history.requests
+    ttft_steps = requests.first_token_step - requests.arrival_step + 1
     return Causes(
         steps=len(steps),
         mean_step_ms=float(steps.wall_ms.mean()) if len(steps) else math.nan,
@@ -66,10 +72,21 @@ def run_causes(history) -> Causes:
         if len(prompt)
         else 0,
         prompt_device_share=_share(prompt),
-        device_share=_share(steps),
-        host_bound=host_bound,
+        device_share=timing.device_busy_pct / 100,
+        host_bound=timing.host_bound,
         on_cpu=on_cpu,
+        steps_per_prompt=float(per_prompt.mean()) if len(per_prompt) else math.nan,
+        chunked=int((per_prompt > 1).sum()),
+        prompts=len(per_prompt),
+        mean_ttft_steps=float(ttft_steps.mean()) if ttft_steps.notna().any() else math.nan,
     )
+
+
+def _steps_per_prompt(ledger: pd.DataFrame) -> pd.Series:
+    """Per request, the steps that computed a part of its prompt (its chunks and its last
+    part, "prefill")."""
+    prompt = ledger[ledger.kind.isin(("chunk", "prefill"))]
+    return prompt.groupby("uid").step.nunique()
 
 
 def _queued_ms(history) -> dict[str, float]:
@@ -82,8 +99,9 @@ def _queued_ms(history) -> dict[str, float]:
 
 
 def _share(steps: pd.DataFrame) -> float:
-    wall_ms = steps.wall_ms.sum()
-    return float(steps.device_ms.sum() / wall_ms) if wall_ms > 0 else math.nan
+    """Device time over the steps' span (`history.timing`): how busy the device was in them."""
+    span_ms = steps.span_ms.sum()
+    return float(steps.device_ms.sum() / span_ms) if span_ms > 0 else math.nan
 
 
 def queued_phrase(causes: Causes, reasons: int = 2) -> str:

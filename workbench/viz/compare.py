@@ -16,6 +16,7 @@ from ..history.latency import inter_token_latencies, tpot
 from ..history.slo import check_slo, slo_figures
 from .causes import run_causes
 from .common import WIDTH, altair, binned_steps
+from .noise import combine, repeats_of, run_spreads, same_setting_floor, same_setting_groups
 from .report import summary
 
 # compare_table's default columns, in the order a comparison reads: throughput, the latencies
@@ -60,29 +61,60 @@ def request_latencies(history) -> pd.DataFrame:
 def compare_table(
     runs: Mapping[str, object], full: bool = False, slo: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
-    """One row per run, the columns of `SHORT`: output tokens/s; TTFT, ITL and TPOT in ms at
-    p50 and p99 (TTFT and TPOT over requests, ITL over the gaps of all requests); mean TTFT in
-    steps; the steps by phase; where the time went: the mean step's wall time, the device's
-    share of it, the host-bound steps and the request-seconds waited in the queue
-    (`viz.causes`). `compare_summary(runs)` says the same in sentences, with the causes.
+    """One row per setting, the columns of `SHORT`: output tokens/s; TTFT, ITL and TPOT in ms
+    at p50 and p99 (TTFT and TPOT over requests, ITL over the gaps of all requests); mean TTFT
+    in steps; the steps by phase; where the time went: the mean step's wall time, the share of
+    the steps' span the device was busy, the host-bound steps (`history.timing`: one
+    definition in every view) and the request-seconds waited in the queue (`viz.causes`).
+    `compare_summary(runs)` says the same in sentences, with the causes.
+
+    A setting's value in `runs` is a history, or its repeats (a sequence of histories, or a
+    history with `repeats`, as `Workbench.compare(..., repeats=N)` gives): each figure is then
+    the mean over them. Beside each figure that has one, a column "<figure> ±" gives its spread
+    (`viz.noise`): the whole range over the repeats, or half the width of a 95% bootstrap
+    interval over the run's requests or steps, whichever is larger (NaN: not known, e.g. a
+    count in a single run); at least the machine's step-to-step jitter in the run, and at least
+    how far apart two runs of one setting under different names are. A difference smaller than
+    the two settings' spreads together is noise.
 
     `full=True`: every figure: the report's headline figures, p90s and latency in steps, mean
     step times and against the roofline where the run has it (`bound_ms`, `achieved_gbps` of
     the steps table); for runs profiled with record="full", the mean ms per step of each kernel
-    family.
+    family. Figures no run has (the roofline of a CPU run) are left out.
 
     `slo` (ms limits, `history.slo`): goodput, attainment and each limit's pass rate too, in
     either view."""
     slo = None if slo is None else check_slo(slo)
-    rows, slo_columns = {}, {}
-    for label, history in runs.items():
-        rows[label] = _row(history)
-        if slo is not None:
-            figures = slo_figures(history, slo)
-            rows[label].update(figures)
-            slo_columns.update(dict.fromkeys(figures))
+    rows, spreads, slo_columns = {}, {}, {}
+    for label, value in runs.items():
+        repeats = repeats_of(value)
+        figures = []
+        for history in repeats:
+            row = _row(history)
+            if slo is not None:
+                extra = slo_figures(history, slo)
+                row.update(extra)
+                slo_columns.update(dict.fromkeys(extra))
+            figures.append(row)
+        own = [run_spreads(h, row) for h, row in zip(repeats, figures)]
+        rows[label], spreads[label] = combine(figures, own)
+        rows[label]["repeats"] = len(repeats)
     table = pd.DataFrame.from_dict(rows, orient="index")
-    return table if full else table[[*SHORT, *slo_columns]]
+    spread = pd.DataFrame.from_dict(spreads, orient="index")
+    groups = same_setting_groups({label: repeats_of(v)[0] for label, v in runs.items()})
+    for name, share in same_setting_floor(table, groups).items():
+        if name in spread:
+            floor = share * pd.to_numeric(table[name], errors="coerce").abs()
+            spread[name] = pd.concat([spread[name], floor], axis=1).max(axis=1)
+    names = list(table.columns) if full else [*SHORT, *slo_columns, "repeats"]
+    if full:
+        names = [n for n in names if table[n].notna().any()]  # nothing to show: left out
+    columns = {}
+    for name in names:
+        columns[name] = table[name] if name in table else pd.Series(None, index=table.index)
+        if name in spread and spread[name].notna().any():
+            columns[f"{name} ±"] = spread[name]
+    return pd.DataFrame(columns, index=table.index)
 
 
 def _row(history) -> dict:
@@ -97,6 +129,7 @@ def _row(history) -> dict:
             "mean TTFT (steps)": round(float(lat.ttft_steps.mean()), 2),
             "p90 TTFT (steps)": float(lat.ttft_steps.quantile(0.9)),
             "mean steps per output token": round(float(lat.tpot_steps.mean()), 3),
+            "steps per prompt": round(causes.steps_per_prompt, 2),
             **_percentiles("TTFT", lat.ttft_ms),
             **_percentiles("TPOT", lat.tpot_ms),
             **_percentiles("ITL", itl_ms),
@@ -115,7 +148,8 @@ def _row(history) -> dict:
     )
     breakdown = breakdown_table(history)
     if not breakdown.empty:
-        per_step = breakdown.groupby("family").ms.sum() / history.steps.step.nunique()
+        # over the steps profiled (a window may have left others out)
+        per_step = breakdown.groupby("family").ms.sum() / breakdown.step.nunique()
         row.update({f"{family} ms/step": round(float(ms), 3) for family, ms in per_step.items()})
     return row
 

@@ -1,94 +1,233 @@
-"""What a comparison of runs says, in sentences computed from their records: the best and the
-worst run for each figure a user came for, and why (`viz.causes`). Shown under the table in the
-notebooks; `compare_summary(runs)` for any runs."""
+"""What a comparison of runs says, in sentences computed from their records: for each figure a
+user came for (throughput, time to first token, inter-token latency, time per output token),
+the best and the worst setting where they differ by more than their noise (`viz.noise`), or
+that they tie within it and how large it is; and what differs between the runs in their
+records (steps per prompt, time to first token in steps, queue time by refusal reason,
+host-bound steps). Shown under the table in the notebooks; `compare_summary(runs)` for any
+runs."""
 
 from __future__ import annotations
 
+import html
+import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import pandas as pd
 
-from .causes import Causes, describe, prompt_phrase, queued_phrase, run_causes
+from ..history.timing import DEVICE_MEANING
+from .causes import Causes, describe, queued_phrase, run_causes
 from .compare import compare_table
+from .noise import repeats_of, same_setting_groups
 
 
-def compare_summary(runs: Mapping[str, object]) -> list[str]:
-    """Plain sentences from the runs' records: which run is best and which worst for
-    throughput, time to first token, inter-token latency and time per output token, each with
-    its cause (the steps and their length; the time queued by refusal reason; the steps with
-    prompt tokens and the device's occupancy in them); then each run's host-bound steps. A
-    figure within 5% in every run is said to be the same. With one run, the run described."""
-    causes = {label: run_causes(history) for label, history in runs.items()}
+class Summary(list):
+    """Sentences (a list of str) that read as text: `print(summary)` prints them one a line,
+    a notebook shows them as HTML."""
+
+    def __str__(self) -> str:
+        return "\n".join(self)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        items = "".join(f"<li>{html.escape(sentence)}</li>" for sentence in self)
+        return f'<ul style="margin:4px 0;padding-left:20px">{items}</ul>'
+
+
+class Verdict(NamedTuple):
+    """One figure across the settings: the best and the worst, or a tie (`best` empty)."""
+
+    best: list[str]  # the best setting, and those within noise of it (empty: a tie)
+    worst: list[str]  # the worst, and those within noise of it
+    between: list[str]  # within noise of the best and of the worst alike
+    noise: float  # the largest spread of the settings compared (NaN: not known)
+
+
+def compare_summary(runs: Mapping[str, object]) -> Summary:
+    """Sentences from the runs' records: for throughput, time to first token, inter-token
+    latency and time per output token, the best and the worst setting, named only where they
+    differ by more than their spreads together (`compare_table`'s "±" columns), each with what
+    differs in the records of the two; else that the settings tie within that noise. Then
+    each run's host-bound steps (`history.timing`). With one run, the run described."""
+    firsts = {label: repeats_of(value)[0] for label, value in runs.items()}
+    causes = {label: run_causes(history) for label, history in firsts.items()}
     if len(runs) < 2:
-        return [describe(label, c) for label, c in causes.items()]
+        return Summary(describe(label, c) for label, c in causes.items())
     table = compare_table(runs, full=True)
+    repeats = {label: len(repeats_of(value)) for label, value in runs.items()}
+    same = same_setting_groups(firsts)
+    figures = (
+        ("output tokens/s", "Throughput", True, _throughput_why),
+        ("p50 TTFT (ms)", "Time to first token", False, _ttft_why),
+        ("p50 ITL (ms)", "Inter-token latency", False, _itl_why),
+        ("p50 TPOT (ms)", "Time per output token", False, _itl_why),
+    )
     sentences = [
-        _throughput_sentence(table, causes),
-        _latency_sentence(table, causes, "TTFT", "Time to first token", _queued),
-        _latency_sentence(table, causes, "ITL", "Inter-token latency", _prompt_steps),
-        _latency_sentence(table, causes, "TPOT", "Time per output token", None),
+        _noise_sentence(repeats, same),
+        *(_figure_sentence(table, causes, *figure, same) for figure in figures),
+        _same_schedule(firsts),
         _host_sentence(causes),
     ]
-    return [sentence for sentence in sentences if sentence]
+    return Summary(sentence for sentence in sentences if sentence)
 
 
-def _ranked(table: pd.DataFrame, column: str, higher: bool) -> tuple[str, str] | str | None:
-    """(best, worst) run by `column`; "same" when they are within 5%; None with fewer than two
-    runs that have the figure."""
-    values = pd.to_numeric(table[column], errors="coerce").dropna()
+def verdict(
+    values: pd.Series, spreads: pd.Series, higher: bool, same: list[list[str]] = ()
+) -> Verdict | None:
+    """The best and worst of `values` where they differ by more than their spreads together;
+    the settings within that of the best (or worst) go with it. Runs of one setting (`same`:
+    groups of labels) are never apart: their difference is noise. None: fewer than two
+    values."""
+    values = pd.to_numeric(values, errors="coerce").dropna()
     if len(values) < 2:
         return None
-    best, worst = (
-        (values.idxmax(), values.idxmin()) if higher else (values.idxmin(), values.idxmax())
+    spreads = pd.to_numeric(spreads.reindex(values.index), errors="coerce")
+    noise = float(spreads.max()) if spreads.notna().any() else math.nan
+    best = values.idxmax() if higher else values.idxmin()
+    worst = values.idxmin() if higher else values.idxmax()
+
+    group = {label: i for i, labels in enumerate(same) for label in labels}
+
+    def apart(a: str, b: str) -> bool:
+        if a in group and group.get(a) == group.get(b):
+            return False
+        together = spreads[a] + spreads[b]
+        return not math.isnan(together) and abs(values[a] - values[b]) > together
+
+    if not apart(best, worst):
+        return Verdict([], [], [], noise)
+    order = values.sort_values(ascending=not higher).index
+    both = [x for x in order if not apart(best, x) and not apart(worst, x)]
+    return Verdict(
+        [x for x in order if not apart(best, x) and x not in both],
+        [x for x in reversed(order) if not apart(worst, x) and x not in both],
+        both,
+        noise,
     )
-    if abs(values[worst] - values[best]) <= 0.05 * abs(values[best]):
-        return "same"
-    return best, worst
 
 
-def _throughput_sentence(table: pd.DataFrame, causes: dict[str, Causes]) -> str | None:
-    column = "output tokens/s"
-    ranked = _ranked(table, column, higher=True)
-    values = table[column]
-    if ranked is None:
-        return None
-    if ranked == "same":
-        return f"Throughput is the same within 5% in every run ({_range(values, ' tokens/s')})."
-    best, worst = ranked
-    b, w = causes[best], causes[worst]
-    return (
-        f"Throughput is highest with {best} ({values[best]:,.0f} output tokens/s) and lowest "
-        f"with {worst} ({values[worst]:,.0f}): {best} took {b.steps:,} steps of "
-        f"{b.mean_step_ms:.1f} ms on average, {worst} {w.steps:,} of {w.mean_step_ms:.1f} ms."
-    )
-
-
-def _latency_sentence(table, causes: dict[str, Causes], name: str, title: str, cause) -> str:
-    """`title` at p50 and p99: the lowest and the highest run (by p50), and `cause(causes)` of
-    each of the two."""
-    p50, p99 = f"p50 {name} (ms)", f"p99 {name} (ms)"
-    ranked = _ranked(table, p50, higher=False)
-    if ranked is None:
+def _figure_sentence(table, causes, column: str, title: str, higher: bool, why, same) -> str:
+    if column not in table:
         return ""
-    if ranked == "same":
-        return f"{title} is the same within 5% in every run (p50 {_range(table[p50], ' ms')})."
-    best, worst = ranked
-    said = f"{title} is lowest with {best} ({_p50_p99(table, best, p50, p99)}) and highest "
-    said += f"with {worst} ({_p50_p99(table, worst, p50, p99)})"
-    best99 = _ranked(table, p99, higher=False)
-    if isinstance(best99, tuple) and best99[0] != best:
-        said += f"; at p99 {best99[0]} is lowest ({_ms(table.loc[best99[0], p99])})"
-    if cause is not None:
-        said += f". {worst} {cause(causes[worst])}; {best} {cause(causes[best])}"
+    values, spreads = table[column], table.get(f"{column} ±", pd.Series(dtype=float))
+    judged = verdict(values, spreads, higher, same)
+    if judged is None:
+        return ""
+    unit = f" {column}" if column.endswith("/s") else " ms"
+    if not judged.best:
+        noise = "not known" if math.isnan(judged.noise) else f"up to ± {_value(judged.noise)}"
+        what = "" if unit.endswith("/s") else f"{column.split(' ')[0]} "
+        said = f"{title} ties within noise ({what}{_range(values, unit)}; noise {noise}{unit})"
+        differs = why(causes, *_extremes(values, higher))
+        return said + (f"; what differs in the records: {differs}." if differs else ".")
+    best, worst = judged.best, judged.worst
+    higher_word, lower_word = ("highest", "lowest") if higher else ("lowest", "highest")
+    said = (
+        f"{title} is {higher_word} with {_names(best)} ({_figure(table, best[0], column)})"
+        f" and {lower_word} with {_names(worst)} ({_figure(table, worst[0], column)})"
+    )
+    if judged.between:
+        verb = "is" if len(judged.between) == 1 else "are"
+        said += f"; {_names(judged.between)} {verb} within noise of both"
+    differs = why(causes, best[0], worst[0])
+    return said + (f". From the records: {differs}." if differs else ".")
+
+
+def _extremes(values: pd.Series, higher: bool) -> tuple[str, str]:
+    numeric = pd.to_numeric(values, errors="coerce")
+    return (numeric.idxmax(), numeric.idxmin()) if higher else (numeric.idxmin(), numeric.idxmax())
+
+
+def _throughput_why(causes: dict[str, Causes], a: str, b: str) -> str:
+    x, y = causes[a], causes[b]
+    if x.steps == y.steps and abs(x.mean_step_ms - y.mean_step_ms) < 0.05 * y.mean_step_ms:
+        return ""
+    return (
+        f"{a} took {_count(x.steps, 'step')} of {x.mean_step_ms:.1f} ms on average, "
+        f"{b} {_count(y.steps, 'step')} of {y.mean_step_ms:.1f} ms"
+    )
+
+
+def _ttft_why(causes: dict[str, Causes], a: str, b: str) -> str:
+    """What differs between two runs in how their prompts were scheduled."""
+    x, y = causes[a], causes[b]
+    parts = []
+    if _differ(x.steps_per_prompt, y.steps_per_prompt):
+        parts.append(f"{_prompts_phrase(a, x)}, {_prompts_phrase(b, y)}")
+    if _differ(x.mean_ttft_steps, y.mean_ttft_steps):
+        parts.append(
+            f"the first token came {x.mean_ttft_steps:.2f} steps after arrival on average "
+            f"with {a}, {y.mean_ttft_steps:.2f} with {b}"
+        )
+    if _differ(x.queued_s, y.queued_s, 0.1):
+        parts.append(f"{a}'s requests {queued_phrase(x)}; {b}'s {queued_phrase(y)}")
+    return "; ".join(parts)
+
+
+def _prompts_phrase(label: str, c: Causes) -> str:
+    """ "chunk 16 split 3 of 4 prompts into chunks (2.25 steps a prompt on average)"."""
+    if not c.chunked:
+        return f"{label} computed every prompt in one step"
+    return (
+        f"{label} split {c.chunked} of {_count(c.prompts, 'prompt')} into chunks "
+        f"({c.steps_per_prompt:.2f} steps a prompt on average)"
+    )
+
+
+def _itl_why(causes: dict[str, Causes], a: str, b: str) -> str:
+    """What differs between two runs in the steps that ran beside the decodes."""
+    x, y = causes[a], causes[b]
+    parts = []
+    if x.prompt_steps != y.prompt_steps or x.paused_steps != y.paused_steps:
+        parts.append(
+            f"{a} ran {_count(x.prompt_steps, 'step')} with prompt tokens (up to "
+            f"{x.prompt_tokens_max:,} a step; {x.paused_steps} paused the running decodes), "
+            f"{b} {y.prompt_steps} (up to {y.prompt_tokens_max:,}; {y.paused_steps} paused them)"
+        )
+    if _differ(x.mean_step_ms, y.mean_step_ms, 0.05):
+        parts.append(
+            f"a step took {x.mean_step_ms:.1f} ms on average with {a}, "
+            f"{y.mean_step_ms:.1f} with {b}"
+        )
+    return "; ".join(parts)
+
+
+def _noise_sentence(repeats: dict[str, int], same: list[list[str]]) -> str:
+    counts = set(repeats.values())
+    if counts == {1}:
+        said = (
+            "Each setting ran once: a figure's noise is a bootstrap over its run's requests "
+            "(latencies) or steps (throughput), at least the machine's jitter between steps of "
+            "one shape; repeats=N in compare measures it over runs"
+        )
+    else:
+        n = f"{min(counts)}" if len(counts) == 1 else f"{min(counts)} to {max(counts)}"
+        said = (
+            f"Each setting ran {n} times, interleaved with the others: a figure is the mean of "
+            "its runs, its noise the larger of their range and a bootstrap over each run"
+        )
+    for labels in same:
+        said += f"; {_names(labels)} are one setting: how far apart they are is noise"
     return said + "."
 
 
-def _queued(causes: Causes) -> str:
-    return "had its requests " + queued_phrase(causes)
-
-
-def _prompt_steps(causes: Causes) -> str:
-    return "ran " + prompt_phrase(causes)
+def _same_schedule(firsts: Mapping[str, object]) -> str:
+    """Whether every run took the same steps (the same batches): then their times differ by
+    noise only, whatever their settings."""
+    shapes = {
+        label: tuple(
+            map(tuple, h.steps[["phase", "batch_size", "num_tokens"]].astype(str).to_numpy())
+        )
+        for label, h in firsts.items()
+    }
+    if len(set(shapes.values())) == 1:
+        return (
+            "Every run took the same steps (the same batches, step for step): the settings do "
+            "not change this workload's schedule, so their times differ by noise only."
+        )
+    return ""
 
 
 def _host_sentence(causes: dict[str, Causes]) -> str:
@@ -96,18 +235,42 @@ def _host_sentence(causes: dict[str, Causes]) -> str:
     if not known:
         return ""
     on_cpu = any(c.on_cpu for c in known.values())
-    cpu = "; on the CPU the forward counts as the device's" if on_cpu else ""
     each = ", ".join(f"{label} {c.host_bound} of {c.steps}" for label, c in known.items())
-    return f"Host-bound steps (the host's own work longer than the device's{cpu}): {each}."
+    where = f"; {DEVICE_MEANING[True]}" if on_cpu else ""
+    return f"Host-bound steps (the host's own work longer than the device's{where}): {each}."
 
 
-def _p50_p99(table: pd.DataFrame, run: str, p50: str, p99: str) -> str:
-    return f"p50 {_ms(table.loc[run, p50])}, p99 {_ms(table.loc[run, p99])}"
+def _differ(a: float, b: float, relative: float = 0.0) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return False
+    return abs(a - b) > max(1e-9, relative * max(abs(a), abs(b)))
 
 
-def _ms(ms: float) -> str:
-    return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
+def _figure(table: pd.DataFrame, run: str, column: str) -> str:
+    """ "p50 134 ± 8.2 ms", or "1,002 ± 31 output tokens/s"."""
+    value = table.loc[run, column]
+    spread = table.loc[run, f"{column} ±"] if f"{column} ±" in table else math.nan
+    noise = "" if pd.isna(spread) else f" ± {_value(spread)}"
+    if column.endswith("/s"):
+        return f"{_value(value)}{noise} {column}"
+    return f"{column.split(' ')[0]} {_value(value)}{noise} ms"
+
+
+def _value(value: float) -> str:
+    value = float(value)
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
 def _range(values: pd.Series, unit: str) -> str:
-    return f"{values.min():,.4g} to {values.max():,.4g}{unit}"
+    numeric = pd.to_numeric(values, errors="coerce")
+    return f"{_value(numeric.min())} to {_value(numeric.max())}{unit}"
+
+
+def _names(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

@@ -14,7 +14,9 @@ import time
 from typing import Any
 
 import ipywidgets as w
+import pandas as pd
 
+from ..history.timing import device_on_host
 from . import charts
 from .common import empty_chart
 
@@ -277,8 +279,7 @@ class Dashboard(w.VBox):
             f"{_count(int(row.batch_size), 'request')} · {_count(int(row.num_tokens), 'token')} · "
             f"queue {int(row.queue_len)} · running {int(row.running)} · "
             f"KV free {int(row.kv_free)}/{int(row.kv_total)}{waiting} · "
-            f"{row.wall_ms:.1f} ms"
-            + (f" (host {row.host_ms:.1f} ms)" if "host_ms" in row.index else "")
+            f"{_times(row, device_on_host(self.history))}"
             + (" · <i>simulated: predicted times</i>" if row.get("simulated", False) else "")
         )
 
@@ -310,6 +311,17 @@ def _fit(chart):
     return chart.properties(width=CHART_WIDTH).configure_legend(
         orient="bottom", direction="horizontal", columns=4, titleOrient="left"
     )
+
+
+def _times(row, on_host: bool) -> str:
+    """ "8.2 ms wall: device 6.1, host's own work 1.9" (`history.timing`; on the CPU the device's
+    work is the forward and sampling), and whether the step was host-bound."""
+    said = f"{row.wall_ms:.1f} ms wall"
+    if "host_work_ms" not in row.index or pd.isna(row.host_work_ms):
+        return said
+    device = "forward and sampling (CPU)" if on_host else "device"
+    said += f": {device} {row.device_ms:.1f}, host's own work {row.host_work_ms:.1f}"
+    return said + (" · <b>host-bound</b>" if bool(row.host_bound) else "")
 
 
 def _count(n: int, noun: str) -> str:

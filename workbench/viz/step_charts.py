@@ -7,12 +7,14 @@ import numpy as np
 import pandas as pd
 
 from ..history.families import breakdown_table, family
+from ..history.timing import DEVICE_STAGES, add_timing_columns, device_on_host
 from ..palette import (
     DEVICE_COLOR,
     FAMILY_COLORS,
     HOOK_COLORS,
     KIND_COLORS,
     KV_COLORS,
+    NOT_PROFILED_COLOR,
     STAGE_COLORS,
 )
 from .common import (
@@ -94,19 +96,27 @@ def kv_usage(history, highlight_step: int | None = None):
 
 
 def step_times(history, highlight_step: int | None = None):
-    """Each step's host time by stage (bars) against its device time (black): on a GPU, where
-    the bars rise above the line the device waited for the host (with overlap, a step takes
-    the longer of the two). On the CPU the forward is host work, so the bars cover the line.
-    Runs recorded before the split show their host time whole."""
+    """Each step's host time by stage (bars) against its device time (black), by the one
+    definition of `history.timing`: a step is host-bound where the host's own work (the bars)
+    rises above the device's (the line); with overlap such a step's length is the host's. On
+    the CPU the forward and sampling are the device's work (the line: they run on the host's
+    cores), so their stages are not among the bars. Runs recorded before the split show their
+    host time whole."""
     alt = altair()
     steps = history.steps
     if steps.empty:
         return empty_chart(alt, "no steps recorded yet")
-    names = {f"host_{stage}_ms": stage for stage in STAGE_COLORS}
-    colors = STAGE_COLORS
+    on_host = device_on_host(history)
+    if "host_bound" not in steps:
+        steps = add_timing_columns(steps.copy(), on_host)
+    own = [s for s in STAGE_COLORS if not (on_host and s in DEVICE_STAGES)]
+    names = {f"host_{stage}_ms": stage for stage in own}
+    colors = {stage: STAGE_COLORS[stage] for stage in own}
     if not set(names) <= set(steps.columns) or steps[list(names)].isna().all().all():
-        names, colors = {"host_ms": "host"}, {"host": STAGE_COLORS["forward"]}  # saved before
-    frame, x_title = binned_steps(steps, list(dict.fromkeys([*names, "device_ms", "host_ms"])))
+        # saved before the split: the host's own work whole
+        names, colors = {"host_work_ms": "host"}, {"host": STAGE_COLORS["forward"]}
+    columns = list(dict.fromkeys([*names, "device_ms", "host_work_ms"]))
+    frame, x_title = binned_steps(steps, columns)
     long = frame.melt(
         id_vars=["bin", "bin_end"], value_vars=list(names), var_name="stage", value_name="ms"
     )
@@ -124,6 +134,7 @@ def step_times(history, highlight_step: int | None = None):
         )
         .transform_calculate(stage_order=order_expr("stage", list(colors)))
     )
+    device_title = "forward and sampling (ms)" if on_host else "device (ms)"
     device = (
         alt.Chart(frame)
         .mark_rule(color=DEVICE_COLOR, strokeWidth=1.5)
@@ -133,13 +144,14 @@ def step_times(history, highlight_step: int | None = None):
             y=alt.Y("device_ms:Q", title="ms"),
             tooltip=[
                 "bin:Q",
-                alt.Tooltip("device_ms:Q", format=".3f", title="device (ms)"),
-                alt.Tooltip("host_ms:Q", format=".3f", title="host (ms)"),
+                alt.Tooltip("device_ms:Q", format=".3f", title=device_title),
+                alt.Tooltip("host_work_ms:Q", format=".3f", title="host's own work (ms)"),
             ],
         )
     )
-    above = int((steps.host_ms > steps.device_ms).sum())
-    title = f"Host time by stage, device time in black: host above device in {above} of "
+    bound = int(steps.host_bound.fillna(False).astype(bool).sum())
+    line = "the forward and sampling on the CPU" if on_host else "device time"
+    title = f"Host's own work by stage, {line} in black: host-bound in {bound} of "
     title += f"{len(steps)} steps"
     return with_rule(alt, alt.layer(bars, device), highlight_step).properties(
         width=WIDTH, height=150, title=title
@@ -189,30 +201,50 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
 
 
 def step_breakdown(history, highlight_step: int | None = None):
-    """Per step: device time by kernel family (attention, matmul, sampling, ...) and idle; and,
-    where the steps table has it, the step's roofline bound (`bound_ms`) as a line over its bar."""
+    """Per step: device time by kernel family (attention, matmul, sampling, ...), the device's
+    time between kernels and the idle rest of the step's span (`breakdown_table`); a step the
+    profiler did not record is an outlined bar of its span, "not profiled". Where the steps
+    table has it, the step's roofline bound (`bound_ms`) is a black line over its bar."""
     alt = altair()
     frame = breakdown_table(history)
     if frame.empty:
         return empty_chart(alt, "profiler events are recorded with record='full'")
-    width = max(1, int(np.ceil(frame.step.nunique() / MAX_BARS)))
-    bound = _bounds(history.steps, frame.step.unique(), width)
-    if width > 1:
+    steps = history.steps
+    if "span_ms" not in steps:
+        steps = add_timing_columns(steps.copy(), device_on_host(history))
+    profiled = frame.step.unique()
+    unprofiled = steps.loc[~steps.step.isin(profiled), ["step", "span_ms"]]
+    if len(unprofiled):
+        rest = pd.DataFrame(
+            {"step": unprofiled.step, "family": "not profiled", "ms": unprofiled.span_ms}
+        )
+        frame = pd.concat([frame, rest], ignore_index=True)
+    width = max(1, int(np.ceil(steps.step.nunique() / MAX_BARS)))
+    bound = _bounds(steps, profiled, width)
+    if width > 1:  # a bar is the mean step of its bin: each family's ms over every step in it
         frame = frame.assign(step=frame.step // width * width)
-        frame = frame.groupby(["step", "family"], as_index=False).ms.mean()
+        in_bin = steps.assign(step=steps.step // width * width).groupby("step").size()
+        frame = frame.groupby(["step", "family"], as_index=False).ms.sum()
+        frame["ms"] = frame.ms / frame.step.map(in_bin)
     frame = frame.assign(step_end=frame.step + width)
+    colors = {**FAMILY_COLORS, "not profiled": NOT_PROFILED_COLOR}
+    present = {f: c for f, c in colors.items() if f in set(frame.family)}
     chart = (
         alt.Chart(frame)
-        .mark_bar(stroke="white", strokeWidth=0.2)
+        .mark_bar(stroke="#999999", strokeWidth=0.3)
         .encode(
-            x=step_x(alt),
+            x=step_x(alt, "step", "step" if width == 1 else f"step (mean of {width})"),
             x2="step_end:Q",
             y=alt.Y("sum(ms):Q", title="ms"),
-            color=color_scale(alt, "family", FAMILY_COLORS),
+            color=color_scale(alt, "family", present),
+            order=alt.Order("family_order:Q"),
             tooltip=["step:Q", "family:N", alt.Tooltip("ms:Q", format=".2f")],
         )
+        .transform_calculate(family_order=order_expr("family", list(present)))
     )
     title = "Where each step's time went"
+    if len(unprofiled):
+        title += f" ({len(profiled)} of {len(steps)} steps profiled)"
     if bound is not None:
         # NOTE: one level segment per bar (x to x2), so the line follows the bars also where
         # only some steps were profiled
@@ -227,7 +259,7 @@ def step_breakdown(history, highlight_step: int | None = None):
             )
         )
         chart = alt.layer(chart, line)
-        title += " (black: the roofline bound)"
+        title += " · black: the roofline bound"
     return with_rule(alt, chart, highlight_step, "step").properties(
         width=WIDTH, height=150, title=title
     )

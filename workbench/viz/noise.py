@@ -1,0 +1,232 @@
+"""How far a run's figures would move if it ran again: the noise `compare_table` puts beside each
+figure and `compare_summary` weighs a difference against.
+
+A setting run several times (`Workbench.compare(..., repeats=N)`) is measured by its repeats:
+the figure is their mean and its spread the whole range they span. One run alone is measured by
+a bootstrap: its requests (for latencies) or its steps (for step times and throughput) drawn
+again with replacement, `RESAMPLES` times with a fixed seed, the figure computed on each draw;
+the spread is half the width of the middle 95% of those. With repeats each figure's spread is
+the larger of the two (the range of two or three repeats can be small by chance; a bootstrap
+sees how much the run's own requests or steps differ). Figures that only count (steps by
+phase, host-bound steps) get no bootstrap: with one run their spread is not known (NaN).
+
+A bootstrap cannot see the machine itself: when every request waits on the same steps (three
+requests decoding together give the same gaps), drawing them again changes nothing, yet the
+run made again on a busy machine gives other times. So a timed figure's spread is at least the
+machine's own jitter in the run: how far steps of one shape (phase, requests, tokens) stray from
+their shape's median span, at the 90th percentile, times the figure (`step_jitter`).
+
+Runs of one setting compared under different names (the same settings in their meta: `{"a":
+chunk 16, "c": chunk 16}`) are repeats of each other: how far apart they are is the machine's
+noise at the time, and each figure's spread in every setting is at least that share of it
+(`same_setting_floor`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from ..history.latency import inter_token_latencies
+from ..history.timing import add_timing_columns, device_on_host
+
+RESAMPLES = 300
+_SEED = 20261205
+
+
+def repeats_of(value) -> list:
+    """The runs of one setting: a history (its `repeats` when `compare` ran it several times),
+    or a sequence of histories."""
+    if isinstance(value, list | tuple):
+        if not value:
+            raise ValueError("a setting's runs are an empty sequence")
+        return list(value)
+    return list(getattr(value, "repeats", None) or (value,))
+
+
+def bootstrap_spreads(history) -> dict[str, float]:
+    """Half the width of the middle 95% of each bootstrapped figure of one run (see the
+    module), by `compare_table`'s column names."""
+    rng = np.random.default_rng(_SEED)
+    spreads = {}
+    r = history.requests
+    ttft_ms = (r.ttft_s * 1e3).to_numpy(dtype=float)
+    tpot_ms = (r.tpot_s * 1e3).to_numpy(dtype=float)
+    ttft_steps = (r.first_token_step - r.arrival_step + 1).to_numpy(dtype=float)
+    if len(r):
+        draws = rng.integers(0, len(r), (RESAMPLES, len(r)))
+        for q in (50, 90, 99):
+            spreads[f"p{q} TTFT (ms)"] = _half_width(_percentile(ttft_ms[draws], q))
+            spreads[f"p{q} TPOT (ms)"] = _half_width(_percentile(tpot_ms[draws], q))
+        spreads["mean TTFT (steps)"] = _half_width(_mean(ttft_steps[draws]))
+        spreads["p90 TTFT (steps)"] = _half_width(_percentile(ttft_steps[draws], 90))
+        spreads.update(_itl_spreads(history, r.uid.to_numpy(), draws))
+    spreads.update(_step_spreads(history, rng))
+    return spreads
+
+
+# the figures made of time (not counts of steps): their spread is at least the step jitter's
+TIMED = (
+    "output tokens/s",
+    *(f"p{q} {name} (ms)" for q in (50, 90, 99) for name in ("TTFT", "TPOT", "ITL")),
+    "mean step wall (ms)",
+    "mean step device (ms)",
+    "mean step host (ms)",
+)
+
+
+def step_jitter(history) -> float:
+    """How far the run's steps stray from others of the same shape (phase, requests, tokens):
+    the 90th percentile of |span / the shape's median span - 1| over the steps whose shape
+    ran more than once (NaN: none did)."""
+    steps = history.steps
+    if "span_ms" not in steps:
+        steps = add_timing_columns(steps.copy(), device_on_host(history))
+    shape = steps.groupby(["phase", "batch_size", "num_tokens"]).span_ms
+    median, count = shape.transform("median"), shape.transform("size")
+    repeated = (count > 1) & (median > 0)
+    if not repeated.any():
+        return float("nan")
+    deviation = (steps.span_ms[repeated] / median[repeated] - 1).abs()
+    return float(deviation.quantile(0.9))
+
+
+def _itl_spreads(history, uids: np.ndarray, draws: np.ndarray) -> dict[str, float]:
+    """ITL's percentiles over the gaps of the requests drawn (each request brings all its
+    gaps)."""
+    itl_ms = inter_token_latencies(history.steps, history.ledger) * 1e3
+    by_uid = {uid: gaps.to_numpy(dtype=float) for uid, gaps in itl_ms.groupby(level=0)}
+    gaps = [by_uid.get(uid, np.zeros(0)) for uid in uids]
+    pooled = [np.concatenate([gaps[i] for i in draw]) for draw in draws]
+    spreads = {}
+    for q in (50, 90, 99):
+        values = np.array([np.percentile(p, q) if len(p) else np.nan for p in pooled])
+        spreads[f"p{q} ITL (ms)"] = _half_width(values)
+    return spreads
+
+
+def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
+    """Step times and throughput over the steps drawn: each step brings its tokens and its
+    span (`history.timing`)."""
+    steps = history.steps
+    if steps.empty:
+        return {}
+    if "span_ms" not in steps:
+        steps = add_timing_columns(steps.copy(), device_on_host(history))
+    draws = rng.integers(0, len(steps), (RESAMPLES, len(steps)))
+    span = steps.span_ms.to_numpy(dtype=float)[draws].sum(axis=1)
+    device = steps.device_ms.to_numpy(dtype=float)[draws].sum(axis=1)
+    sampled = steps.sampled.to_numpy(dtype=float)[draws].sum(axis=1)
+    spreads = {
+        "output tokens/s": _half_width(np.where(span > 0, sampled / span * 1e3, np.nan)),
+        "device busy (%)": _half_width(np.where(span > 0, 100 * device / span, np.nan)),
+    }
+    for column, name in (
+        ("wall_ms", "mean step wall (ms)"),
+        ("device_ms", "mean step device (ms)"),
+        ("host_ms", "mean step host (ms)"),
+    ):
+        if column in steps:
+            spreads[name] = _half_width(_mean(steps[column].to_numpy(dtype=float)[draws]))
+    return spreads
+
+
+def _percentile(values: np.ndarray, q: float) -> np.ndarray:
+    """Each row's percentile, NaN left out (a request without a TPOT)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a row of NaN only: NaN
+        return np.nanpercentile(values, q, axis=1)
+
+
+def _mean(values: np.ndarray) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(values, axis=1)
+
+
+def _half_width(values: np.ndarray) -> float:
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return float("nan")
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float((high - low) / 2)
+
+
+def run_spreads(history, row: dict) -> dict[str, float]:
+    """One run's spreads by figure: its bootstrap's, at least its step jitter times the figure
+    for the timed ones (see the module)."""
+    spreads = bootstrap_spreads(history)
+    jitter = step_jitter(history)
+    for name in TIMED if not np.isnan(jitter) else ():
+        value = row.get(name)
+        if _is_number(value) and not np.isnan(value):
+            floor = jitter * abs(float(value))
+            spreads[name] = float(np.nanmax([spreads.get(name, np.nan), floor]))
+    return spreads
+
+
+def combine(rows: list[dict], spreads: list[dict[str, float]]) -> tuple[dict, dict]:
+    """One setting's figures and their spreads from its repeats' rows (each a figure -> value
+    dict) and their own spreads (`run_spreads`): numbers are the mean over repeats, the spread
+    the larger of the repeats' whole range and their median own spread; what is not a number
+    is the first repeat's."""
+    first = rows[0]
+    values, spread = {}, {}
+    for name, value in first.items():
+        column = [row.get(name) for row in rows]
+        numeric = pd.to_numeric(pd.Series(column, dtype=object), errors="coerce")
+        if not _is_number(value) or numeric.isna().all():
+            values[name] = value
+            continue
+        mean = float(numeric.mean())
+        values[name] = int(round(mean)) if _all_integers(column) and len(rows) == 1 else mean
+        boot = [s[name] for s in spreads if name in s and not np.isnan(s[name])]
+        ranged = float(numeric.max() - numeric.min()) if len(rows) > 1 else np.nan
+        candidates = [v for v in (ranged, float(np.median(boot)) if boot else np.nan) if v == v]
+        spread[name] = max(candidates) if candidates else np.nan
+    return values, spread
+
+
+# a run's meta that says what ran it, not which run it was
+_NOT_SETTINGS = ("run", "repeat", "texts", "warmup_ms")
+
+
+def setting_key(history) -> str | None:
+    """What identifies a run's setting: its meta without what names the run (None: a meta that
+    does not say how the run was made, e.g. tables put together by hand)."""
+    meta = getattr(history, "meta", None) or {}
+    if "model" not in meta:
+        return None
+    return repr(sorted((k, repr(v)) for k, v in meta.items() if k not in _NOT_SETTINGS))
+
+
+def same_setting_groups(firsts: dict[str, object]) -> list[list[str]]:
+    """The labels of runs that share one setting, in groups of two or more."""
+    groups: dict[str, list[str]] = {}
+    for label, history in firsts.items():
+        key = setting_key(history)
+        if key is not None:
+            groups.setdefault(key, []).append(label)
+    return [labels for labels in groups.values() if len(labels) > 1]
+
+
+def same_setting_floor(table: pd.DataFrame, groups: list[list[str]]) -> dict[str, float]:
+    """Per figure, the largest relative range among runs of one setting (see the module)."""
+    floors: dict[str, float] = {}
+    for labels in groups:
+        values = table.loc[labels].apply(pd.to_numeric, errors="coerce")
+        mean = values.mean().abs()
+        relative = ((values.max() - values.min()) / mean.where(mean > 0)).dropna()
+        for name, share in relative.items():
+            floors[name] = max(floors.get(name, 0.0), float(share))
+    return floors
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+
+
+def _all_integers(column: list) -> bool:
+    return all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in column)
