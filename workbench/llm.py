@@ -24,7 +24,7 @@ from .instrument.probe import Probe
 from .instrument.window import KEEP, profile_window
 from .scheduler.outcome import StepOutcome
 from .scheduler.scheduler import Scheduler
-from .scheduler.warmup import warm_up
+from .scheduler.warmup import WarmUp, warm_up
 from .twin.build import build_twin, twin_meta, twin_settings
 from .twin.costs import StepCosts
 
@@ -80,7 +80,7 @@ class LLM:
         )
         self.config.torch_dtype  # noqa: B018 (validates the dtype before anything is loaded)
         self.step_costs = step_costs
-        self.warmup_ms = 0.0  # what the engine's warm-up took when it was built (`warm_up`)
+        self.warmup: WarmUp | None = None  # what the engine's warm-up ran (`warm_up`)
         if step_costs is None:
             self.engine = self._build_engine(probe)
         else:
@@ -98,7 +98,7 @@ class LLM:
             serve_under_torchrun(self.config)
         engine = Engine(self.config)
         # every path a step can take, once, before the first measured step
-        self.warmup_ms = warm_up(engine) if self.config.warmup else 0.0
+        self.warmup = warm_up(engine) if self.config.warmup else None
         probe.device = engine.device
         probe.cost = StepCost.for_engine(
             engine.model_config, engine.dtype, engine.device, engine.num_devices
@@ -204,6 +204,11 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @property
+    def warmup_ms(self) -> float:
+        """What the engine's warm-up took when it was built (0: none, e.g. a twin)."""
+        return 0.0 if self.warmup is None else self.warmup.ms
 
     def run_meta(self) -> dict:
         """The settings a saved run carries with it."""

@@ -1,11 +1,12 @@
 """Does the first run of a comparison pay for the engine's first use? One setting measured
-first and last in `compare`, on an engine warmed up when built and on one that was not.
+first and last in `compare`, on an engine warmed up when built and on one that was not, each in
+a fresh process (a process that already ran the model has paid part of its first use).
 
     python -m workbench.bench.first_last [--model smollm2] [--repeats 3] [--requests 3]
 
 For each engine: what building it took (and its warm-up), then setting A's first step and p50
 time to first token in each of its repeats (A runs first of all, B between A's repeats), and
-the first repeat against the last beside their noise: the spread of A's repeats and the
+the first repeat against the last beside their noise: the range of the later repeats and the
 bootstrap over each run's requests (`viz.noise`).
 """
 

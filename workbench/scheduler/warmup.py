@@ -13,6 +13,7 @@ integrity is checked.
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from ..core import SamplingParams
 from ..engine.engine import Engine
@@ -22,31 +23,55 @@ _CHUNK = 16  # the warm-up's token budget: prompts of a few chunks stay cheap on
 _MAX_STEPS = 64  # a pass that has not ended by then (a pool too small for it) stops there
 
 
-def warm_up(engine: Engine) -> float:
-    """Run the warm-up passes (see the module) on `engine`; the milliseconds they took."""
-    started = time.perf_counter()
+class WarmUp(NamedTuple):
+    """What an engine's warm-up ran, and what it took."""
+
+    ms: float
+    steps: int
+    # the paths its steps took: their phases ("prefill", "decode", "mixed"), "chunk" (a
+    # prompt's part), the sampling ("greedy", "random", "top-k/top-p") and "graph" / "eager"
+    paths: frozenset[str]
+
+
+def warm_up(engine: Engine) -> WarmUp:
+    """Run the warm-up passes (see the module) on `engine`."""
+    started, steps, paths = time.perf_counter(), 0, set()
     for config, requests in _passes(engine):
         scheduler = Scheduler(engine, config=config)
         for ids, sampling in requests:
             scheduler.add_request(ids, sampling)
         for _ in range(_MAX_STEPS):
-            if scheduler.step() is None and scheduler.flush() is None:
+            outcome = scheduler.step() or scheduler.flush()
+            if outcome is None:
                 break
+            steps += 1
+            paths |= _paths(outcome.launched)
         scheduler.abort_all()  # what a pass cut short held, and the prefix cache's pages
         scheduler.check_integrity()
-    return (time.perf_counter() - started) * 1e3
+    return WarmUp((time.perf_counter() - started) * 1e3, steps, frozenset(paths))
+
+
+def _paths(launched) -> set[str]:
+    batch = launched.batch
+    paths = {batch.phase, "graph" if launched.cuda_graph else "eager"}
+    paths |= {"chunk" for view in launched.rows if view.kind == "chunk"}
+    for req in batch.sampled_reqs:
+        p = req.sampling
+        top = p.top_k > 0 or p.top_p < 1.0
+        paths.add("greedy" if p.is_greedy else "top-k/top-p" if top else "random")
+    return paths
 
 
 def _passes(engine: Engine) -> list[tuple]:
     """(scheduler config, requests) of each pass, sized to the engine's context and KV pool."""
     config = engine.config
     room = min(engine.max_seq_len, engine.num_pages * config.page_size) - 2 * config.page_size
-    greedy = SamplingParams(max_tokens=3, ignore_eos=True)
-    sampled = SamplingParams(max_tokens=3, temperature=0.8, seed=1, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=2, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=2, temperature=0.8, seed=1, ignore_eos=True)
     top = SamplingParams(
-        max_tokens=3, temperature=0.8, top_k=20, top_p=0.9, seed=2, ignore_eos=True
+        max_tokens=2, temperature=0.8, top_k=20, top_p=0.9, seed=2, ignore_eos=True
     )
-    chunked = _prompt(engine, min(2 * _CHUNK + 3, room // 2 - 3), 1)
+    chunked = _prompt(engine, min(_CHUNK + 4, room // 2 - 3), 1)  # a chunk, then the rest
     short = _prompt(engine, min(5, room // 2 - 3), 2)
     if len(short) < 1:
         return []

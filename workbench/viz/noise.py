@@ -3,9 +3,11 @@ figure and `compare_summary` weighs a difference against.
 
 A setting run several times (`Workbench.compare(..., repeats=N)`) is measured by its repeats:
 the figure is their mean and its spread the whole range they span. One run alone is measured by
-a bootstrap: its requests (for latencies) or its steps (for step times and throughput) drawn
-again with replacement, `RESAMPLES` times with a fixed seed, the figure computed on each draw;
-the spread is half the width of the middle 95% of those. With repeats each figure's spread is
+a bootstrap, `RESAMPLES` draws with a fixed seed, the figure computed on each draw; the spread is
+half the width of the middle 95% of those. Latencies draw the run's requests again with
+replacement; step times and throughput keep the run's schedule and draw each step's time from
+the steps of its shape (its timing noise alone: a prefill step and a decode step differ by
+their work, not by noise). With repeats each figure's spread is
 the larger of the two (the range of two or three repeats can be small by chance; a bootstrap
 sees how much the run's own requests or steps differ). Figures that only count (steps by
 phase, host-bound steps) get no bootstrap: with one run their spread is not known (NaN).
@@ -33,6 +35,7 @@ from ..history.latency import inter_token_latencies
 from ..history.timing import add_timing_columns, device_on_host
 
 RESAMPLES = 300
+_RELATIVE_THROUGHPUT = "output tokens/s, relative"
 _SEED = 20261205
 
 
@@ -108,19 +111,21 @@ def _itl_spreads(history, uids: np.ndarray, draws: np.ndarray) -> dict[str, floa
 
 
 def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
-    """Step times and throughput over the steps drawn: each step brings its tokens and its
-    span (`history.timing`)."""
+    """Step times and throughput, each step's time drawn from the steps of its shape (phase,
+    requests, tokens): the run again with the same schedule, its timing noise alone (steps of
+    different shapes differ by their work, not by noise)."""
     steps = history.steps
     if steps.empty:
         return {}
     if "span_ms" not in steps:
         steps = add_timing_columns(steps.copy(), device_on_host(history))
-    draws = rng.integers(0, len(steps), (RESAMPLES, len(steps)))
+    draws = _within_shapes(steps, rng)
     span = steps.span_ms.to_numpy(dtype=float)[draws].sum(axis=1)
     device = steps.device_ms.to_numpy(dtype=float)[draws].sum(axis=1)
-    sampled = steps.sampled.to_numpy(dtype=float)[draws].sum(axis=1)
+    whole = steps.span_ms.sum()
     spreads = {
-        "output tokens/s": _half_width(np.where(span > 0, sampled / span * 1e3, np.nan)),
+        # throughput is tokens over the run's time: it moves as the steps' time does
+        _RELATIVE_THROUGHPUT: _half_width(np.where(span > 0, whole / span, np.nan)),
         "device busy (%)": _half_width(np.where(span > 0, 100 * device / span, np.nan)),
     }
     for column, name in (
@@ -131,6 +136,16 @@ def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
         if column in steps:
             spreads[name] = _half_width(_mean(steps[column].to_numpy(dtype=float)[draws]))
     return spreads
+
+
+def _within_shapes(steps: pd.DataFrame, rng: np.random.Generator) -> np.ndarray:
+    """[RESAMPLES, steps] row indices: each step's place taken by a step of its shape, drawn
+    with replacement."""
+    draws = np.empty((RESAMPLES, len(steps)), dtype=np.int64)
+    shapes = steps.groupby(["phase", "batch_size", "num_tokens"]).indices
+    for members in shapes.values():
+        draws[:, members] = members[rng.integers(0, len(members), (RESAMPLES, len(members)))]
+    return draws
 
 
 def _percentile(values: np.ndarray, q: float) -> np.ndarray:
@@ -158,6 +173,9 @@ def run_spreads(history, row: dict) -> dict[str, float]:
     """One run's spreads by figure: its bootstrap's, at least its step jitter times the figure
     for the timed ones (see the module)."""
     spreads = bootstrap_spreads(history)
+    relative = spreads.pop(_RELATIVE_THROUGHPUT, np.nan)
+    if _is_number(row.get("output tokens/s")):
+        spreads["output tokens/s"] = relative * float(row["output tokens/s"])
     jitter = step_jitter(history)
     for name in TIMED if not np.isnan(jitter) else ():
         value = row.get(name)

@@ -1,0 +1,258 @@
+"""A comparison the user can trust: nothing measured is a first use, winners are named only
+beyond the noise, host-bound has one definition that every view reads, and the output reads as
+what the data shows. Figures are worked out here, by hand or from runs of known times (a twin
+whose costs are twice another's; host work added by a hook in chosen steps)."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from workbench import LLM, SamplingParams, Workbench
+from workbench.history.record import StepRecords
+from workbench.twin.costs import Linear
+from workbench.viz import compare_summary, compare_table, step_times
+from workbench.viz.compare_summary import verdict
+from workbench.viz.report import write_report
+
+from .conftest import greedy
+from .test_twin import MODEL as TWIN_MODEL
+from .test_twin import synthetic_costs
+
+
+def test_an_engine_takes_every_path_once_before_its_first_measured_step():
+    llm = LLM("tiny-qwen3", record="light", max_running_reqs=4)
+    warm = llm.warmup
+    assert {"prefill", "chunk", "decode", "mixed"} <= warm.paths  # every phase and a chunk
+    assert {"greedy", "random", "top-k/top-p"} <= warm.paths  # every sampling path
+    assert llm.engine.launches == warm.steps > 0  # the forwards ran before anything measured
+    assert len(llm.history) == 0 and llm.scheduler.step_index == 0
+    assert llm.run_meta()["warmup_ms"] == round(warm.ms, 1) > 0
+    llm.scheduler.check_integrity()  # the warm-up's requests freed, its prefix cache emptied
+    # and it leaves nothing in what comes after: the same tokens as an engine without one,
+    # seeded random sampling included
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11]]
+    sampling = [greedy(6), SamplingParams(max_tokens=6, temperature=0.9, seed=3, ignore_eos=True)]
+    cold = LLM("tiny-qwen3", max_running_reqs=4, warmup=False)
+    assert cold.warmup is None and cold.engine.launches == 0
+    ours, theirs = llm.generate(prompts, sampling), cold.generate(prompts, sampling)
+    assert [o["token_ids"] for o in ours] == [o["token_ids"] for o in theirs]
+    llm.close()
+    cold.close()
+
+
+def test_a_warm_up_fits_an_engine_too_small_for_its_prompts():
+    """A context of 12 tokens and a pool of 16: the warm-up shrinks its prompts to fit."""
+    llm = LLM("tiny-qwen3", max_seq_len=12, num_pages=16, max_running_reqs=2)
+    assert llm.warmup.steps > 0
+    llm.scheduler.check_integrity()
+    assert llm.generate([[5, 6, 7]], greedy(3))[0]["completion_tokens"] == 3
+
+
+def test_compare_runs_its_settings_in_rounds():
+    wb = Workbench("tiny-qwen3", max_running_reqs=4)
+    budgets: list[int] = []
+    wb.hooks.add("request.arrive", lambda e: budgets.append(wb.config.max_extend_tokens))
+    settings = {"a": dict(max_extend_tokens=16), "b": dict(max_extend_tokens=64)}
+    runs = wb.compare(settings, [([5, 6, 7] * 10, greedy(3))], progress=False, repeats=3)
+    assert budgets == [16, 64, 16, 64, 16, 64]  # a, b, a, b, ...: not a, a, a, b, b, b
+    for name in settings:
+        repeats = runs[name].repeats
+        assert len(repeats) == 3 and repeats[0] is runs[name]
+        assert [r.meta["repeat"] for r in repeats] == [0, 1, 2]
+        assert all(r.repeats == repeats for r in repeats)
+    with pytest.raises(ValueError, match="repeats"):
+        wb.compare(settings, progress=False, repeats=0)
+    wb.close()
+
+
+def test_a_settings_figure_is_the_mean_of_its_repeats_and_its_spread_covers_them():
+    wb = Workbench("tiny-qwen3", max_running_reqs=4)
+    requests = [([5, 6, 7, 8] * (3 + i), greedy(4), i) for i in range(4)]
+    runs = wb.compare({"a": dict(max_extend_tokens=8)}, requests, progress=False, repeats=3)
+    table = compare_table(runs)
+    assert table.loc["a", "repeats"] == 3
+    each = [compare_table({"one": r}).loc["one"] for r in runs["a"].repeats]
+    for column in ("output tokens/s", "p50 TTFT (ms)", "p50 ITL (ms)", "mean step wall (ms)"):
+        values = [float(row[column]) for row in each]
+        assert table.loc["a", column] == pytest.approx(sum(values) / 3)
+        assert table.loc["a", f"{column} ±"] >= max(values) - min(values) - 1e-9
+    assert table.loc["a", "steps"] == each[0]["steps"]  # the same schedule in every repeat
+    wb.close()
+
+
+def _times(f: Linear, scale: float) -> Linear:
+    return Linear(f.features, tuple(c * scale for c in f.coef))
+
+
+def _twin_runs(scale: float, label: str, requests) -> dict:
+    """A twin's run of `requests` under step costs of `scale` times synthetic_costs'."""
+    costs = synthetic_costs()
+    scaled = replace(
+        costs,
+        device={path: _times(f, scale) for path, f in costs.device.items()},
+        host={
+            path: {stage: _times(f, scale) for stage, f in stages.items()}
+            for path, stages in costs.host.items()
+        },
+        between_ms=costs.between_ms * scale,
+    )
+    twin = Workbench(TWIN_MODEL, step_costs=scaled)
+    runs = twin.compare({label: {}}, requests, progress=False)
+    twin.close()
+    return runs
+
+
+def test_a_twice_slower_twin_is_named_the_worst_of_every_figure():
+    """Requests of one size, each alone on the engine: every request's latencies are the same
+    within a run, so the noise is nil and a 2x gap is beyond it."""
+    requests = [([1000 + i] * 40, greedy(8), 12 * i) for i in range(6)]
+    runs = {**_twin_runs(1.0, "fast", requests), **_twin_runs(2.0, "slow", requests)}
+    table = compare_table(runs)
+    # the same schedule at twice the cost: every time doubles (the table rounds to 0.01 ms)
+    for column in ("p50 TTFT (ms)", "p50 ITL (ms)", "p50 TPOT (ms)", "mean step wall (ms)"):
+        assert table.loc["slow", column] == pytest.approx(2 * table.loc["fast", column], rel=0.01)
+    assert table.loc["fast", "output tokens/s"] == pytest.approx(
+        2 * table.loc["slow", "output tokens/s"], rel=0.01
+    )
+    said = compare_summary(runs)
+    sentence = {s.split(" is ")[0].split(" ties")[0]: s for s in said}
+    assert "Throughput is highest with fast (" in sentence["Throughput"]
+    assert "and lowest with slow (" in sentence["Throughput"]
+    for title in ("Time to first token", "Inter-token latency", "Time per output token"):
+        assert f"{title} is lowest with fast (" in sentence[title], sentence[title]
+        assert "and highest with slow (" in sentence[title]
+    # the schedules are the same: the cause is the steps' length, not the prompts' steps
+    assert "took" in sentence["Throughput"] and "split" not in sentence["Time to first token"]
+
+
+def test_runs_of_one_setting_never_produce_a_winner():
+    """Real runs, on a machine whose speed wanders: two names for one setting tie, whatever
+    the times say; so do two repeats of a setting against each other's mean."""
+    wb = Workbench("tiny-qwen3", max_running_reqs=4)
+    requests = [([5, 6, 7, 8] * (3 + i), greedy(5), 2 * i) for i in range(4)]
+    same = {"a": dict(max_extend_tokens=16), "a again": dict(max_extend_tokens=16)}
+    for repeats in (1, 2):
+        runs = wb.compare(same, requests, progress=False, repeats=repeats)
+        said = compare_summary(runs)
+        figures = [s for s in said if s.startswith(("Throughput", "Time", "Inter-token"))]
+        assert len(figures) == 4 and all(" ties within noise (" in s for s in figures), said
+        assert any("a and a again are one setting" in s for s in said)
+        assert any("Every run took the same steps" in s for s in said)
+    wb.close()
+
+
+@pytest.mark.parametrize(
+    "values, spreads, expected",
+    [
+        # 100 against 110: apart when their spreads together (3 + 3) are less than 10 ...
+        ({"a": 100.0, "b": 110.0}, {"a": 3.0, "b": 3.0}, (["a"], ["b"], [])),
+        # ... and a tie when they are more (5 + 6)
+        ({"a": 100.0, "b": 110.0}, {"a": 5.0, "b": 6.0}, ([], [], [])),
+        # c within the noise of both ends: neither best nor worst
+        ({"a": 100.0, "b": 110.0, "c": 105.0}, {"a": 1, "b": 1, "c": 5}, (["a"], ["b"], ["c"])),
+        # d within noise of the best alone: it shares the best place
+        ({"a": 100.0, "b": 110.0, "d": 101.0}, {"a": 1, "b": 1, "d": 1}, (["a", "d"], ["b"], [])),
+        # a spread not known: no verdict
+        ({"a": 100.0, "b": 200.0}, {"a": float("nan"), "b": 1.0}, ([], [], [])),
+    ],
+)
+def test_a_verdict_names_the_best_and_worst_only_beyond_their_spreads(values, spreads, expected):
+    judged = verdict(pd.Series(values), pd.Series(spreads), higher=False)
+    assert (judged.best, judged.worst, judged.between) == expected
+
+
+def test_two_runs_of_one_setting_are_never_apart_whatever_their_values():
+    values, spreads = pd.Series({"a": 100.0, "b": 200.0}), pd.Series({"a": 1.0, "b": 1.0})
+    assert verdict(values, spreads, higher=True, same=[["a", "b"]]).best == []
+    assert verdict(values, spreads, higher=True).best == ["b"]
+
+
+@pytest.fixture(scope="module")
+def host_bound_run():
+    """SmolLM2 (a forward of about 50-100 ms here) with 150 ms of host work added to every
+    even step by a hook: exactly the even steps are host-bound."""
+    wb = Workbench("smollm2", max_extend_tokens=16, max_running_reqs=4)
+    wb.hooks.add("batch.prepared", lambda e: time.sleep(0.15) if e.step % 2 == 0 else None)
+    for i in range(3):
+        wb.add_request([100 + i, 200, 300, 400] * 5, greedy(4))
+    records = wb.run(progress=False)
+    yield wb, records
+    wb.close()
+
+
+def test_every_view_counts_the_same_host_bound_steps(host_bound_run, tmp_path):
+    wb, records = host_bound_run
+    steps = wb.history.steps
+    expected = sum(1 for s in steps.step if s % 2 == 0)
+    assert int(steps.host_bound.sum()) == expected
+    assert list(steps.host_bound) == [s % 2 == 0 for s in steps.step]
+    assert [r.host_bound for r in records] == list(steps.host_bound)
+    n = len(steps)
+    assert f"host-bound in {expected} of {n} steps" in json.dumps(step_times(wb.history).to_dict())
+    run = wb.snapshot()
+    assert compare_table({"run": run}).loc["run", "host-bound steps"] == expected
+    (described,) = compare_summary({"run": run})
+    assert f"{expected} of {n} steps host-bound" in described
+    other = {"run": run, "again": wb.snapshot(run="again")}
+    (host,) = [s for s in compare_summary(other) if s.startswith("Host-bound")]
+    assert f"run {expected} of {n}" in host and "forward and sampling" in host  # CPU: said so
+    report = write_report(run, tmp_path / "r.html").read_text()
+    assert html.escape(f"{expected} of {n} steps host-bound") in report
+    from workbench.viz.dashboard import Dashboard
+
+    board = Dashboard(run)
+    for step in (0, 1):  # the status line of a host-bound step says so, of another not
+        board.slider.value = step
+        assert ("host-bound" in board.status.value) == (step % 2 == 0), board.status.value
+        assert "forward and sampling (CPU)" in board.status.value
+
+
+def test_device_busy_is_the_device_time_over_the_steps_span(host_bound_run):
+    """The steps' spans: from the previous step's completion (or the step's own launch, when
+    later) to its completion; device busy is their device time over that."""
+    wb, _ = host_bound_run
+    steps = wb.history.steps
+    previous, span = float("-inf"), []
+    for launched, completed in zip(steps.launched_at, steps.completed_at):
+        span.append((completed - max(previous, launched)) * 1e3)
+        previous = completed
+    assert list(steps.span_ms) == pytest.approx(span)
+    busy = 100 * steps.device_ms.sum() / sum(span)
+    assert compare_table({"run": wb.snapshot()}).loc["run", "device busy (%)"] == pytest.approx(
+        busy, abs=0.05
+    )
+    assert list(steps.idle_ms) == pytest.approx(
+        [max(s - d, 0) for s, d in zip(span, steps.device_ms)]
+    )
+
+
+def test_output_reads_as_sentences_and_one_line(host_bound_run):
+    wb, records = host_bound_run
+    assert isinstance(records, StepRecords)
+    line = repr(records)
+    assert "\n" not in line and line.startswith(f"{len(records)} steps (0-{len(records) - 1}: ")
+    assert "3 requests finished" in line and "StepRecord(" not in line
+    record_html = records[0]._repr_html_()
+    assert record_html.count("<details>") == 1  # one line; the ledger folded under it
+    summary = compare_summary({"run": wb.snapshot(), "again": wb.snapshot(run="again")})
+    text = str(summary)
+    assert text == "\n".join(summary) and "['" not in text and "[" not in text.split("\n")[0]
+    assert summary._repr_html_().count("<li>") == len(summary)
+
+
+def test_integers_stay_integers_and_no_figure_is_all_empty(host_bound_run):
+    wb, _ = host_bound_run
+    table = compare_table({"run": wb.snapshot(), "again": wb.snapshot(run="again")}, full=True)
+    for column in ("steps", "prefill steps", "decode steps", "host-bound steps", "output tokens"):
+        assert pd.api.types.is_integer_dtype(table[column]), column
+    steps = len(wb.history.steps)
+    assert re.search(rf"^run\s.*\s{steps}\s", table[["output tokens/s", "steps"]].to_string(), re.M)
+    assert not [c for c in table.columns if table[c].isna().all()]  # e.g. no roofline on a CPU
+    assert "mean step bound (ms)" not in table.columns
