@@ -11,6 +11,7 @@ both (the browser is never downloaded by playwright). Screenshots go to out/test
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -225,6 +226,16 @@ def test_quickstart_dashboard_steps_in_a_real_browser(lab):
         assert dashboard.locator(".vega-embed svg, .vega-embed canvas").count() >= 9
         assert errors.count() == 0
         dashboard.screenshot(path=str(ARTIFACTS / "dashboard-after-step.png"))
+        # no contradiction: the dashboard counts the host-bound steps the run's summary counts
+        # (the summary was taken before the Step above; the step-time chart's title gives the
+        # dashboard's count too, from the same column)
+        (summary,) = [s for s in _summary_items(page) if s.startswith("this run: ")]
+        bound, steps = map(int, re.search(r"(\d+) of (\d+) steps host-bound", summary).groups())
+        text = status.inner_text()
+        shown = re.search(r"host-bound: (.+?); (\d+) of (\d+) steps in the run", text)
+        assert shown, text
+        here, counted, of = shown.group(1), int(shown.group(2)), int(shown.group(3))
+        assert of == steps + 1 and counted == bound + (here == "this step"), (summary, text)
         # everything the page loaded came from the local JupyterLab (no CDN): the browser's
         # own record of every resource it fetched
         urls = page.evaluate("performance.getEntriesByType('resource').map(e => e.name)")
@@ -280,9 +291,18 @@ def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
             from workbench.viz.compare import SHORT
 
             table = page.locator(".jp-OutputArea-output table.dataframe").first
-            heads = [h.strip() for h in table.locator("thead th").all_inner_texts()]
-            assert [h for h in heads if h] == list(SHORT), heads  # none elided ("...")
-            assert "- Time to first token is lowest with " in text
+            heads = [" ".join(h.split()) for h in table.locator("thead th").all_inner_texts()]
+            heads = [h for h in heads if h]
+            # none elided ("..."): every figure, each followed by its noise where it has one
+            assert [h for h in heads if not h.endswith("±")] == [*SHORT, "repeats"], heads
+            noise = [(heads[i - 1], h) for i, h in enumerate(heads) if h.endswith("±")]
+            assert all(h == f"{figure} ±" for figure, h in noise), heads
+            said = _summary_items(page)
+            assert any(s.startswith("Time to first token ") for s in said), said
+        if notebook.startswith("04"):
+            _check_summary_04(page)
+        if notebook.startswith("06"):
+            _check_summary_06(page, text)
         errors = page.locator(
             ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']"
         )
@@ -291,6 +311,62 @@ def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
         outside = [u for u in urls if not u.startswith((base, "data:", "blob:"))]
         assert not outside, f"loaded from the network: {outside[:5]}"
         browser.close()
+
+
+def _summary_items(page) -> list[str]:
+    """The sentences of the summaries the notebook shows (`compare_summary`'s HTML: a list)."""
+    items = page.locator(".jp-OutputArea-output ul > li")
+    return [t.strip() for t in items.all_inner_texts()]
+
+
+def _check_summary_04(page) -> None:
+    """Notebook 04 says in sentences what its table shows: a winner only beyond the noise the
+    table prints beside it, the host-bound steps the table counts; no Python list printed."""
+    said = _summary_items(page)
+    assert said and not any(s.startswith(("[", "'")) for s in said), said
+    table = page.locator(".jp-OutputArea-output table.dataframe").first
+    heads = [h.strip() for h in table.locator("thead th").all_inner_texts()][1:]
+    rows = {}
+    for row in table.locator("tbody tr").all():
+        name = row.locator("th").first.inner_text().strip()
+        rows[name] = [c.strip() for c in row.locator("td").all_inner_texts()]
+    assert "mean step bound (ms)" not in rows  # nothing to show on a CPU: no NaN row
+    # counts print as whole numbers (their noise beside them over repeats)
+    assert all(re.fullmatch(r"\d+( ± [\d.]+)?", v) for v in rows["steps"]), rows["steps"]
+
+    def number(text: str) -> float:
+        return float(text.replace(",", ""))
+
+    (host,) = [s for s in said if s.startswith("Host-bound steps")]
+    for setting, bound, steps in zip(heads, rows["host-bound steps"], rows["steps"]):
+        bound, steps = (number(v.split(" ± ")[0]) for v in (bound, steps))
+        assert f"{setting} {bound:g} of {steps:g}" in host, (host, setting)
+    (ttft,) = [s for s in said if s.startswith("Time to first token")]
+    cells = {h: [number(v) for v in c.split(" ± ")] for h, c in zip(heads, rows["p50 TTFT (ms)"])}
+    best = min(cells, key=lambda h: cells[h][0])
+    worst = max(cells, key=lambda h: cells[h][0])
+    beyond = cells[worst][0] - cells[best][0] > cells[best][1] + cells[worst][1]
+    assert ("ties within noise" not in ttft) == beyond, (ttft, cells)
+
+
+def _check_summary_06(page, text: str) -> None:
+    """Notebook 06's sentences state the figures of the validation summary it shows: each
+    figure's median and worst error as the table has them (no number typed into the text)."""
+    table = page.locator(".jp-OutputArea-output table.dataframe", has_text="median_error_pct")
+    table = table.first
+    heads = [h.strip() for h in table.locator("thead tr").first.locator("th").all_inner_texts()]
+    rows = {}
+    for row in table.locator("tbody tr").all():
+        name = row.locator("th").first.inner_text().strip()
+        rows[name] = dict(zip(heads[1:], [c.strip() for c in row.locator("td").all_inner_texts()]))
+    checked = 0
+    for figure in ("p95 TTFT (ms)", "median ITL (ms)", "E2E (ms)", "throughput (tok/s)"):
+        median = float(rows[figure]["median_error_pct"])
+        worst = float(rows[figure]["max_error_pct"])
+        said = f"{figure}: the twin is {median:.1f}% off in the median setting (worst {worst:.1f}%)"
+        assert said in text, (said, rows[figure])
+        checked += 1
+    assert checked == 4
 
 
 def test_the_report_fits_the_page_offline(tmp_path):

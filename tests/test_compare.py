@@ -176,10 +176,19 @@ def test_two_runs_of_one_setting_are_never_apart_whatever_their_values():
 
 @pytest.fixture(scope="module")
 def host_bound_run():
-    """SmolLM2 (a forward of about 50-100 ms here) with 150 ms of host work added to every
-    even step by a hook: exactly the even steps are host-bound."""
+    """SmolLM2 (a forward of about 50-100 ms here, more on a busy machine) with host work added
+    to every even step by a hook, three times the longest forward so far: exactly the even
+    steps are host-bound."""
     wb = Workbench("smollm2", max_extend_tokens=16, max_running_reqs=4)
-    wb.hooks.add("batch.prepared", lambda e: time.sleep(0.15) if e.step % 2 == 0 else None)
+    longest = [0.2]  # s: three times the longest forward so far, however busy the machine is
+
+    def slowest(record) -> None:
+        longest[0] = max(longest[0], record.device_ms / 1e3)
+
+    wb.hooks.add("step.end", slowest)
+    wb.hooks.add(
+        "batch.prepared", lambda e: time.sleep(3 * longest[0]) if e.step % 2 == 0 else None
+    )
     for i in range(3):
         wb.add_request([100 + i, 200, 300, 400] * 5, greedy(4))
     records = wb.run(progress=False)
@@ -210,8 +219,10 @@ def test_every_view_counts_the_same_host_bound_steps(host_bound_run, tmp_path):
     board = Dashboard(run)
     for step in (0, 1):  # the status line of a host-bound step says so, of another not
         board.slider.value = step
-        assert ("host-bound" in board.status.value) == (step % 2 == 0), board.status.value
-        assert "forward and sampling (CPU)" in board.status.value
+        status = board.status.value
+        here = "host-bound: <b>this step</b>" if step % 2 == 0 else "host-bound: not this step"
+        assert f"{here}; {expected} of {n} steps in the run" in status, status
+        assert "forward and sampling (CPU)" in status
 
 
 def test_device_busy_is_the_device_time_over_the_steps_span(host_bound_run):
@@ -256,3 +267,22 @@ def test_integers_stay_integers_and_no_figure_is_all_empty(host_bound_run):
     assert re.search(rf"^run\s.*\s{steps}\s", table[["output tokens/s", "steps"]].to_string(), re.M)
     assert not [c for c in table.columns if table[c].isna().all()]  # e.g. no roofline on a CPU
     assert "mean step bound (ms)" not in table.columns
+
+
+def test_the_runs_clock_stops_between_the_calls_of_a_workbench_stepped_by_hand():
+    """A person's pause between two cells is not the run's: a request added before it arrives
+    when stepping goes on, so its TTFT is the engine's (a step of a tiny model: milliseconds),
+    not the 0.3 s the test sleeps."""
+    wb = Workbench("tiny-qwen3")
+    wb.add_request([5, 6, 7], greedy(3))
+    time.sleep(0.3)
+    wb.step()
+    time.sleep(0.3)
+    wb.add_request([5, 6, 8], greedy(3))
+    time.sleep(0.3)
+    wb.run(progress=False)
+    requests, steps = wb.history.requests, wb.history.steps
+    assert (requests.ttft_s < 0.3).all(), requests.ttft_s
+    assert steps.completed_at.iloc[-1] < 0.3  # the run took milliseconds of its own clock
+    assert requests.arrival_s.iloc[1] >= steps.completed_at.iloc[0]  # after the first step
+    wb.close()

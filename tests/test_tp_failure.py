@@ -81,7 +81,8 @@ def test_a_rank_that_dies_mid_run_is_named_within_seconds():
 
         with pytest.raises(RuntimeError, match=r"tensor-parallel rank 1 \(pid \d+\) exited"):
             llm.generate(PROMPTS, greedy(10), on_step=kill_after_two_steps)
-        assert killed and time.perf_counter() - killed[0] < 15
+        # noticed, not waited on for ever (the margin is for a busy machine, not a speed claim)
+        assert killed and time.perf_counter() - killed[0] < 60
         with pytest.raises(RuntimeError, match="rank 1"):  # and again, at once
             llm.generate(PROMPTS[:1], greedy(2))
         assert len(llm.history.steps) > 0  # the history stays readable

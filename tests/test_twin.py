@@ -323,7 +323,8 @@ def test_requests_arrive_on_the_virtual_clock_and_an_idle_twin_jumps_to_them():
         twin.add_request(ids, sampling, arrival_time=100.0 * i)  # minutes apart
     started = time.perf_counter()
     twin.run(progress=False)
-    assert time.perf_counter() - started < 30  # no sleeping through 500 virtual seconds
+    # a guard against a hang, not a speed test: sleeping through them would take 500 s
+    assert time.perf_counter() - started < 120
     r = twin.history.requests
     assert np.allclose(r.arrival_s, [100.0 * i for i in range(6)])
     assert (r.first_scheduled_s >= r.arrival_s).all()

@@ -9,6 +9,10 @@
 
 Overlap scheduling is off by default here so that records read naturally (a step's batch is
 launched after the previous one completed); turn it on to see what a serving engine does.
+
+The run's clock (arrival, launch and completion times, TTFT in ms) runs while the workbench
+steps (`step`, `run`, `run_until`, `compare`) and stops between calls: the time a person takes
+between two cells is theirs, not the run's.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ class Workbench(Results):
         self._submitted: list[tuple[list[int], SamplingParams, int, float | None]] = []
         self._previous: list[tuple[list[int], SamplingParams, int, float | None]] = []
         self._observers: list[Callable[[bool], None]] = []  # views; called with final=True/False
+        # NOTE: the run's clock runs only while the workbench steps: between calls it is the
+        # person's time, not the run's (a request added meanwhile arrives when stepping goes on)
+        self.scheduler.probe.pause()
 
     # -- what to look at --------------------------------------------------------------------
     @property
@@ -135,6 +142,7 @@ class Workbench(Results):
 
     def _step_once(self) -> StepRecord | None:
         self.llm.check_open()
+        self.scheduler.probe.resume()
         self._arrivals.release(self.scheduler)
         outcome = self.scheduler.step() or self.scheduler.flush()
         if outcome is None:
@@ -149,6 +157,7 @@ class Workbench(Results):
         if self.scheduler is not None:  # not closed
             self.scheduler.probe.flush()
             self.scheduler.probe.read_events()
+            self.scheduler.probe.pause()
         self._notify(final=True)
 
     def observe(self, fn: Callable[[bool], None]) -> Callable[[], None]:
@@ -256,6 +265,7 @@ class Workbench(Results):
             )
         self.llm.reconfigure(record=record, **settings)
         self.scheduler, self.config = self.llm.scheduler, self.llm.config
+        self.scheduler.probe.pause()
         self._notify(final=True)
 
     def compare(

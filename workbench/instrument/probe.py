@@ -99,7 +99,7 @@ class Probe(Observer):
         self._pages = PageSnapshots()
         self.history = History(self.cost, before_tables=self.read_events)
         self.history.meta.update(self.meta)
-        self._t0 = time.perf_counter()
+        super().restart()  # the clock from zero
 
     def range(self, name: str):
         """A profiler range named after the hook point that fires at its end (while a

@@ -27,14 +27,32 @@ class Observer:
 
     def __init__(self) -> None:
         self._t0 = time.perf_counter()
+        self._paused_at: float | None = None  # when the clock stopped (None: it runs)
 
     def clock(self) -> float:
-        """Seconds since the run started (or was reset): the time axis of the run."""
-        return time.perf_counter() - self._t0
+        """Seconds since the run started (or was reset), the time it was paused left out: the
+        time axis of the run."""
+        now = self._paused_at if self._paused_at is not None else time.perf_counter()
+        return now - self._t0
 
     def restart(self) -> None:
-        """A new run: the clock from zero."""
+        """A new run: the clock from zero (still paused, if it was)."""
         self._t0 = time.perf_counter()
+        if self._paused_at is not None:
+            self._paused_at = self._t0
+
+    def pause(self) -> None:
+        """Stop the clock: a workbench stepped by hand pauses it between calls, so the time a
+        person takes between two cells is not the run's (a request added meanwhile arrives
+        when the run goes on)."""
+        if self._paused_at is None:
+            self._paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        """Start the clock again from where it stopped."""
+        if self._paused_at is not None:
+            self._t0 += time.perf_counter() - self._paused_at
+            self._paused_at = None
 
     def wait_until(self, seconds: float) -> None:
         """Let the clock reach `seconds` (an idle engine waiting for a request to arrive)."""

@@ -26,7 +26,15 @@ import numpy as np
 
 from ..stages import HOST_STAGES
 from .coverage import MIN_SHAPE_STEPS, shape_factor, uncalibrated
-from .features import DEVICE_FEATURES, HOST_FEATURES, PATHS, UNITS, shape_keys, step_features
+from .features import (
+    DEVICE_FEATURES,
+    HOST_FEATURES,
+    KNEE,
+    PATHS,
+    UNITS,
+    shape_keys,
+    step_features,
+)
 from .fit import robust_nnls
 from .runs import check_same_setup, named_runs, steps_of
 
@@ -48,10 +56,6 @@ class Linear:
 
     def __call__(self, f: Mapping[str, float]) -> float:
         return sum(c * f[name] for name, c in zip(self.features, self.coef))
-
-    def describe(self) -> str:
-        terms = [f"{c:.4g} per {UNITS[n]}" for n, c in zip(self.features, self.coef) if c > 0]
-        return " + ".join(terms) or "0"
 
 
 @dataclass(frozen=True)
@@ -116,31 +120,40 @@ class StepCosts:
 
     # -- what it says ---------------------------------------------------------------------
     def summary(self) -> str:
+        """What the costs say, per path a small table: a row for the device and one per host
+        stage, a column per unit of the step's composition, each cell the ms one unit costs."""
         m = self.meta
-        lines = [
+        lines = _wrapped(
             f"step costs of {m['model']} on {m['device_name']} ({m['dtype']}, tp {m['tp_size']}), "
-            f"fitted on {m['steps']} steps of {len(m['runs'])} runs: {', '.join(m['runs'])}",
-        ]
+            f"fitted on {m['steps']} steps of {len(m['runs'])} runs: {'; '.join(m['runs'])}"
+        )
+        lines += _wrapped(
+            "per path, the ms one unit of each column costs: a step's device time (or a host "
+            "stage's) is the sum over its row of cost x the step's count of that unit"
+        )
+        used = set()
         for path in self.device:
-            lines.append(f"  device, {path}: {self.device[path].describe()} (ms)")
-            host = " + ".join(
-                f"{s} [{self.host[path][s].describe()}]"
-                for s in HOST_STAGES
-                if any(self.host[path][s].coef)
-            )
-            lines.append(f"  host, {path}: {host} (ms)")
+            lines.append(f"{path}: {_PATH_MEANS[path]}")
+            rows = {"device": self.device[path]}
+            rows |= {f"host {s}": self.host[path][s] for s in HOST_STAGES}
+            lines += _cost_table(rows)
+            used |= {n for f in rows.values() for n in f.features}
             if self.shapes.get(path):
                 factors = ", ".join(f"{k}: {v:.3f}" for k, v in self.shapes[path].items())
-                lines.append(f"  device, {path}, per captured shape (real / fit): {factors}")
+                lines.append(f"  device, per captured shape (real / fit): {factors}")
             if self.ranges.get(path):
                 spans = ", ".join(
-                    f"{name} {lo:.4g}-{hi:.4g}" for name, (lo, hi) in self.ranges[path].items()
+                    f"{name} {lo:.4g}-{hi:.4g} ({UNITS[name]})"
+                    for name, (lo, hi) in self.ranges[path].items()
                 )
-                lines.append(f"  calibrated, {path}: {spans}")
-        lines.append(f"  host between steps: {self.between_ms:.4g} ms")
+                lines += _wrapped(f"  calibrated, {path}: {spans}")
+        lines.append(f"host between two steps (the loop around them): {self.between_ms:.4g} ms")
+        lines += _legend(used)
+        if self.errors:
+            lines.append("its error on the steps it was fitted on (|fit - real| / real):")
         for e in self.errors:
             lines.append(
-                f"  {e['phase']:>7}: {e['steps']} steps, device error median "
+                f"  {e['phase']:>7}: {e['steps']} steps, device median "
                 f"{e['device_error_pct']:.1f}% (p90 {e['device_error_p90_pct']:.1f}%), host "
                 f"median {e['host_error_pct']:.1f}%"
             )
@@ -322,3 +335,76 @@ def _errors(costs: StepCosts, steps) -> list[dict]:
             }
         )
     return out
+
+
+# -- how the costs print -------------------------------------------------------------------
+# each feature's column in the printed costs: the unit one cost is per (`features.UNITS`), short
+_COLUMNS = {
+    "1": "step",
+    "prompt": "prompt step",
+    "decode": "decode step",
+    "rows": "request",
+    "prefill_rows": "prompt req",
+    "sampled": "sampled",
+    "tokens": "1k tokens",
+    "tokens_over": f"1k tok>{KNEE}",
+    "prefill_pairs": "1M pairs",
+    "decode_context": "1k KV read",
+}
+# what each column counts, said once under the tables (those of "step" need no words)
+_COLUMN_MEANS = {
+    "prompt": "prompt step = prefill or mixed",
+    "decode": "decode step = decode only",
+    "rows": "request = as run (a graph's padding too)",
+    "prefill_rows": "prompt req = computing prompt tokens",
+    "sampled": "sampled = given a token",
+    "tokens": "1k tokens = computed (padding too)",
+    "tokens_over": f"1k tok>{KNEE} = beyond the step's first {KNEE}",
+    "prefill_pairs": "1M pairs = causal (query, key) pairs of prompt tokens",
+    "decode_context": "1k KV read = KV tokens the decoding requests' attention read",
+}
+_PATH_MEANS = {
+    "graph": "a decode step replayed as a CUDA graph",
+    "prompt_graph": "a prefill or mixed step replayed as a CUDA graph (padded to its shape)",
+    "eager": "a step whose layers are launched one by one",
+}
+_STAGE_MEANS = (
+    "host stages: schedule = pick the batch, admit; prepare = KV pages, inputs; plan = attention "
+    "metadata; forward, sample = launch them (the device's time is at least theirs); share = "
+    "prompt pages to the prefix cache; collect = tokens to their requests; record = the record"
+)
+
+
+def _cost_table(rows: Mapping[str, Linear]) -> list[str]:
+    """Rows of costs as a table: a column per feature any of them has (blank where a row has
+    no such term, 0 where the fit found it costs nothing), headed by its unit."""
+    names = [n for n in _COLUMNS if any(n in f.features for f in rows.values())]
+    cells = {
+        label: [f"{dict(zip(f.features, f.coef))[n]:.4g}" if n in f.features else "" for n in names]
+        for label, f in rows.items()
+    }
+    widths = [
+        max(len(_COLUMNS[n]), *(len(c[i]) for c in cells.values())) for i, n in enumerate(names)
+    ]
+    label_width = max(len("ms per"), *(len(label) for label in rows))
+    head = "  ".join(f"{_COLUMNS[n]:>{w}}" for n, w in zip(names, widths))
+    lines = [f"  {'ms per':<{label_width}}  {head}"]
+    for label, row in cells.items():
+        cells_text = "  ".join(f"{c:>{w}}" for c, w in zip(row, widths))
+        lines.append(f"  {label:<{label_width}}  {cells_text}".rstrip())
+    return lines
+
+
+def _legend(used: set[str]) -> list[str]:
+    """What the tables' columns and rows count, wrapped."""
+    said = "; ".join(_COLUMN_MEANS[n] for n in _COLUMNS if n in used and n in _COLUMN_MEANS)
+    return _wrapped(f"columns: {said}" if said else "") + _wrapped(_STAGE_MEANS)
+
+
+def _wrapped(text: str) -> list[str]:
+    """A line of the printed costs, wrapped at 100 characters (its indent kept, and two more on
+    the lines it continues on)."""
+    import textwrap
+
+    indent = " " * (len(text) - len(text.lstrip()))
+    return textwrap.wrap(text, 100, subsequent_indent=indent + "  ") if text else []

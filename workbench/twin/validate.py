@@ -26,12 +26,15 @@ from .runs import named_runs
 STEP_ERROR = "step device time"  # the per-step figures (their errors only)
 PROMPT_STEP_ERROR = "prompt step device time"
 _REPEAT = re.compile(r"\s*#\d+$")
+_NUMBERS = re.compile(r"(\d+)")
 
 
 def validate_twin(real_runs, twin_runs, costs: StepCosts | None = None):
     """A table (pandas): setting, figure, real, predicted, error_pct, noise_pct,
-    uncalibrated_pct. `costs`: the step costs for the per-step error and the calibration's
-    coverage (None: those the twin runs say they ran on)."""
+    uncalibrated_pct; its settings in natural order (`setting_order`: chunk 512 before chunk
+    2048), an ordered categorical that pivots and groupbys keep. `costs`: the step costs for the
+    per-step error and the calibration's coverage (None: those the twin runs say they ran
+    on)."""
     import pandas as pd
 
     real = _by_setting(named_runs(real_runs))
@@ -68,7 +71,17 @@ def validate_twin(real_runs, twin_runs, costs: StepCosts | None = None):
                     "uncalibrated_pct": uncalibrated,
                 }
             )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # NOTE: settings in natural order (chunk 512 before chunk 2048), kept by pivots and groupbys
+    settings = sorted(set(table.setting), key=setting_order)
+    table["setting"] = pd.Categorical(table.setting, categories=settings, ordered=True)
+    return table.sort_values("setting", kind="stable", ignore_index=True)
+
+
+def setting_order(name: str) -> tuple:
+    """A setting's name as a sort key whose numbers sort as numbers: "chunk 512 mixed" before
+    "chunk 2048 mixed"."""
+    return tuple(int(part) if i % 2 else part for i, part in enumerate(_NUMBERS.split(name)))
 
 
 def validation_summary(table):

@@ -7,8 +7,10 @@ doing, so a comparison made on a laptop holds for the schedule, if not for the c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 
 from ..history.families import breakdown_table
@@ -114,7 +116,70 @@ def compare_table(
         columns[name] = table[name] if name in table else pd.Series(None, index=table.index)
         if name in spread and spread[name].notna().any():
             columns[f"{name} ±"] = spread[name]
-    return pd.DataFrame(columns, index=table.index)
+    return ComparisonTable(columns, index=table.index)
+
+
+class ComparisonTable(pd.DataFrame):
+    """`compare_table`'s result: a DataFrame of numbers, each figure's noise in its own
+    "<figure> ±" column, that a notebook shows with each figure and its noise in one cell ("134
+    ± 8.2"), every column shown; `shown()` is that view as a plain DataFrame of text."""
+
+    @property
+    def _constructor(self):
+        return ComparisonTable
+
+    def shown(self) -> pd.DataFrame:
+        """Each figure with its noise in one cell, as text (integers as integers)."""
+        cells = {}
+        for name in self.columns:
+            if str(name).endswith(" ±"):
+                continue
+            noise = self[f"{name} ±"] if f"{name} ±" in self.columns else None
+            cells[name] = [
+                _cell(value, None if noise is None else noise.iloc[i])
+                for i, value in enumerate(self[name])
+            ]
+        return pd.DataFrame(cells, index=self.index)
+
+    def _repr_html_(self) -> str:
+        with pd.option_context("display.max_columns", None, "display.width", None):
+            return self.shown()._repr_html_()
+
+    def __repr__(self) -> str:
+        with pd.option_context("display.max_columns", None, "display.width", None):
+            return repr(self.shown())
+
+
+def _cell(value, noise) -> str:
+    if value is None or (_numeric(value) and math.isnan(float(value))):
+        return ""
+    said = _number(value)
+    if noise is not None and not pd.isna(noise) and _numeric(value):
+        said += f" ± {_number(noise)}"
+    return said
+
+
+def _numeric(value) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )
+
+
+def _number(value) -> str:
+    if not _numeric(value):
+        return str(value)
+    if float(value).is_integer() and isinstance(value, int | np.integer):
+        return f"{int(value):,}"
+    value = float(value)
+    if value == 0 or abs(value) >= 100:
+        return f"{value:,.0f}"
+    return (
+        f"{value:.1f}"
+        if abs(value) >= 10
+        else f"{value:.2f}"
+        if abs(value) >= 1
+        else f"{value:.2g}"
+    )
 
 
 def _row(history) -> dict:

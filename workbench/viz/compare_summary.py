@@ -68,7 +68,7 @@ def compare_summary(runs: Mapping[str, object]) -> Summary:
         _noise_sentence(repeats, same),
         *(_figure_sentence(table, causes, *figure, same) for figure in figures),
         _same_schedule(firsts),
-        _host_sentence(causes),
+        _host_sentence(table, causes),
     ]
     return Summary(sentence for sentence in sentences if sentence)
 
@@ -181,11 +181,17 @@ def _itl_why(causes: dict[str, Causes], a: str, b: str) -> str:
     x, y = causes[a], causes[b]
     parts = []
     if x.prompt_steps != y.prompt_steps or x.paused_steps != y.paused_steps:
-        parts.append(
+        said = (
             f"{a} ran {_count(x.prompt_steps, 'step')} with prompt tokens (up to "
-            f"{x.prompt_tokens_max:,} a step; {x.paused_steps} paused the running decodes), "
-            f"{b} {y.prompt_steps} (up to {y.prompt_tokens_max:,}; {y.paused_steps} paused them)"
+            f"{x.prompt_tokens_max:,} a step), {b} {y.prompt_steps} (up to "
+            f"{y.prompt_tokens_max:,})"
         )
+        if x.paused_steps or y.paused_steps:
+            said += (
+                f"; prefill steps paused the running decodes {x.paused_steps} times with {a}, "
+                f"{y.paused_steps} with {b}"
+            )
+        parts.append(said)
     if _differ(x.mean_step_ms, y.mean_step_ms, 0.05):
         parts.append(
             f"a step took {x.mean_step_ms:.1f} ms on average with {a}, "
@@ -203,9 +209,10 @@ def _noise_sentence(repeats: dict[str, int], same: list[list[str]]) -> str:
             "one shape; repeats=N in compare measures it over runs"
         )
     else:
-        n = f"{min(counts)}" if len(counts) == 1 else f"{min(counts)} to {max(counts)}"
+        n = f"{min(counts)} times" if len(counts) == 1 else f"{min(counts)} to {max(counts)} times"
+        n = "twice" if n == "2 times" else n
         said = (
-            f"Each setting ran {n} times, interleaved with the others: a figure is the mean of "
+            f"Each setting ran {n}, interleaved with the others: a figure is the mean of "
             "its runs, its noise the larger of their range and a bootstrap over each run"
         )
     for labels in same:
@@ -230,14 +237,24 @@ def _same_schedule(firsts: Mapping[str, object]) -> str:
     return ""
 
 
-def _host_sentence(causes: dict[str, Causes]) -> str:
-    known = {label: c for label, c in causes.items() if c.host_bound is not None}
-    if not known:
+def _host_sentence(table: pd.DataFrame, causes: dict[str, Causes]) -> str:
+    """Each setting's host-bound steps, as the table counts them (a mean over repeats)."""
+    if "host-bound steps" not in table or table["host-bound steps"].isna().all():
         return ""
-    on_cpu = any(c.on_cpu for c in known.values())
-    each = ", ".join(f"{label} {c.host_bound} of {c.steps}" for label, c in known.items())
+    on_cpu = any(c.on_cpu for c in causes.values())
+    each = ", ".join(
+        f"{label} {_count_of(row['host-bound steps'])} of {_count_of(row['steps'])}"
+        for label, row in table.iterrows()
+        if pd.notna(row["host-bound steps"])
+    )
     where = f"; {DEVICE_MEANING[True]}" if on_cpu else ""
     return f"Host-bound steps (the host's own work longer than the device's{where}): {each}."
+
+
+def _count_of(value) -> str:
+    """A count, or a mean of counts over repeats (one decimal when it is not whole)."""
+    value = float(value)
+    return f"{value:,.0f}" if value.is_integer() else f"{value:,.1f}"
 
 
 def _differ(a: float, b: float, relative: float = 0.0) -> bool:

@@ -280,6 +280,7 @@ class Dashboard(w.VBox):
             f"queue {int(row.queue_len)} · running {int(row.running)} · "
             f"KV free {int(row.kv_free)}/{int(row.kv_total)}{waiting} · "
             f"{_times(row, device_on_host(self.history))}"
+            f"{_host_bound(row, self.history.steps)}"
             + (" · <i>simulated: predicted times</i>" if row.get("simulated", False) else "")
         )
 
@@ -320,8 +321,17 @@ def _times(row, on_host: bool) -> str:
     if "host_work_ms" not in row.index or pd.isna(row.host_work_ms):
         return said
     device = "forward and sampling (CPU)" if on_host else "device"
-    said += f": {device} {row.device_ms:.1f}, host's own work {row.host_work_ms:.1f}"
-    return said + (" · <b>host-bound</b>" if bool(row.host_bound) else "")
+    return said + f": {device} {row.device_ms:.1f}, host's own work {row.host_work_ms:.1f}"
+
+
+def _host_bound(row, steps) -> str:
+    """Whether the step was host-bound (`history.timing`), and how many of the run's were: the
+    count the step-time chart's title gives."""
+    if "host_bound" not in steps or pd.isna(row.get("host_bound")):
+        return ""
+    here = "<b>this step</b>" if bool(row.host_bound) else "not this step"
+    count = int(steps.host_bound.fillna(False).astype(bool).sum())
+    return f" · host-bound: {here}; {count} of {len(steps)} steps in the run"
 
 
 def _count(n: int, noun: str) -> str:

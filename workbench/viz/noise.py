@@ -199,7 +199,8 @@ def combine(rows: list[dict], spreads: list[dict[str, float]]) -> tuple[dict, di
             values[name] = value
             continue
         mean = float(numeric.mean())
-        values[name] = int(round(mean)) if _all_integers(column) and len(rows) == 1 else mean
+        # counts stay counts where every repeat gave the same one
+        values[name] = int(mean) if _all_integers(column) and mean.is_integer() else mean
         boot = [s[name] for s in spreads if name in s and not np.isnan(s[name])]
         ranged = float(numeric.max() - numeric.min()) if len(rows) > 1 else np.nan
         candidates = [v for v in (ranged, float(np.median(boot)) if boot else np.nan) if v == v]

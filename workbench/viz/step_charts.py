@@ -150,9 +150,13 @@ def step_times(history, highlight_step: int | None = None):
         )
     )
     bound = int(steps.host_bound.fillna(False).astype(bool).sum())
-    line = "the forward and sampling on the CPU" if on_host else "device time"
-    title = f"Host's own work by stage, {line} in black: host-bound in {bound} of "
-    title += f"{len(steps)} steps"
+    # NOTE: short lines: a title wider than the chart widens it (the dashboard is narrow)
+    title = [
+        "Host's own work by stage, the device's in black",
+        f"host-bound in {bound} of {len(steps)} steps",
+    ]
+    if on_host:
+        title.append("on the CPU the device's work is the forward and sampling")
     return with_rule(alt, alt.layer(bars, device), highlight_step).properties(
         width=WIDTH, height=150, title=title
     )
@@ -242,9 +246,9 @@ def step_breakdown(history, highlight_step: int | None = None):
         )
         .transform_calculate(family_order=order_expr("family", list(present)))
     )
-    title = "Where each step's time went"
+    title = ["Where each step's time went"]  # short lines: a wide title widens the chart
     if len(unprofiled):
-        title += f" ({len(profiled)} of {len(steps)} steps profiled)"
+        title.append(f"{len(profiled)} of {len(steps)} steps profiled")
     if bound is not None:
         # NOTE: one level segment per bar (x to x2), so the line follows the bars also where
         # only some steps were profiled
@@ -259,7 +263,7 @@ def step_breakdown(history, highlight_step: int | None = None):
             )
         )
         chart = alt.layer(chart, line)
-        title += " · black: the roofline bound"
+        title.append("black: the roofline bound")
     return with_rule(alt, chart, highlight_step, "step").properties(
         width=WIDTH, height=150, title=title
     )

@@ -1,15 +1,24 @@
 """A sweep of settings in one chart: latency figures against a setting (the chunk size by
-default), a twin's runs as lines and real runs as points on the same axes."""
+default), a twin's runs as lines and real runs as points on the same axes.
+
+Each figure is a panel of its own with its own y axis: a figure whose values span
+`LOG_SPAN` times or more (a P95 TTFT of 7 ms under one policy and 13 s under another) is
+drawn on a log scale, which its axis title says, so that no policy lies flat along the bottom.
+Every value of the swept setting is a labelled tick.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 
 from ..history.latency import run_figures
 from .common import WIDTH, altair
 from .compare import _source
+
+LOG_SPAN = 100  # a panel whose largest value is this many times its smallest gets a log scale
 
 
 def sweep_chart(
@@ -20,9 +29,58 @@ def sweep_chart(
     column: str | None = None,
 ):
     """Latency figures (`history.latency.FIGURES`) against a setting of the runs (`x`, from
-    their meta: the chunk size by default), one colour per `color` setting and one panel per
-    `column` setting: a twin's runs as lines, real runs as points on the same axes."""
+    their meta: the chunk size by default, on a log2 axis), one colour per `color` setting, one
+    row of panels per figure and one column per `column` setting: a twin's runs as lines, real
+    runs as points on the same axes."""
     alt = altair()
+    data = _rows(runs, x, figures, color, column)
+    ticks = sorted({int(v) if float(v).is_integer() else float(v) for v in data[x].dropna()})
+    low, high = (ticks[0], ticks[-1]) if len(ticks) > 1 else (ticks[0] / 2, ticks[0] * 2)
+    x_axis = alt.X(
+        f"{x}:Q",
+        title=x,
+        scale=alt.Scale(type="log", base=2, domain=[low, high], nice=False, padding=8),
+        # every value swept, labelled: none dropped for overlap
+        axis=alt.Axis(values=ticks, labelOverlap=False, format="d", labelFlush=False),
+    )
+    panels = []
+    for name in figures:
+        rows = data[data.figure == name]
+        panel = (
+            alt.Chart(rows)
+            .encode(
+                x=x_axis,
+                y=_y(alt, name, rows.value.dropna().to_numpy(dtype=float)),
+                color=alt.Color(f"{color}:N", title=color),
+                tooltip=[
+                    "run:N",
+                    "source:N",
+                    f"{x}:Q",
+                    "figure:N",
+                    alt.Tooltip("value:Q", format=".1f"),
+                ],
+            )
+            .properties(width=WIDTH // 2 - 20, height=170)
+        )
+        lines = panel.transform_filter("datum.source == 'simulated'").mark_line()
+        points = panel.transform_filter("datum.source == 'real'").mark_point(filled=True, size=60)
+        layer = alt.layer(lines, points)
+        if column:
+            header = alt.Header(labelExpr=f"'{column} ' + datum.value", labelFontSize=12)
+            layer = layer.facet(column=alt.Column(f"{column}:N", title=None, header=header))
+        panels.append(layer)
+    return alt.vconcat(*panels).properties(title="lines: the twin · points: real runs")
+
+
+def _rows(
+    runs: Mapping[str, object],
+    x: str = "max_extend_tokens",
+    figures: tuple[str, ...] = ("p95 TTFT (ms)", "median ITL (ms)"),
+    color: str = "policy",
+    column: str | None = None,
+) -> pd.DataFrame:
+    """One row per run and figure: its value (`run_figures`), whether the run was real or a
+    twin's, and its `x`, `color` and `column` settings (from its meta)."""
     rows = []
     for label, h in runs.items():
         meta = getattr(h, "meta", {})
@@ -32,21 +90,38 @@ def sweep_chart(
             row = {"run": label, "figure": name, "value": figure[name], "source": _source(h)}
             row |= {k: settings.get(k) for k in (x, color, column) if k is not None}
             rows.append(row)
-    data = pd.DataFrame(rows)
-    base = alt.Chart(data).encode(
-        x=alt.X(f"{x}:Q", scale=alt.Scale(type="log", base=2), title=x),
-        y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
-        color=alt.Color(f"{color}:N", title=color),
-        tooltip=["run:N", "source:N", f"{x}:Q", "figure:N", alt.Tooltip("value:Q", format=".1f")],
-    )
-    lines = base.transform_filter("datum.source == 'simulated'").mark_line()
-    points = base.transform_filter("datum.source == 'real'").mark_point(filled=True, size=60)
-    layer = alt.layer(lines, points).properties(width=WIDTH // 2 - 40, height=160)
-    facet = {"row": alt.Row("figure:N", title=None)}
-    if column:
-        facet["column"] = alt.Column(f"{column}:N")
-    return (
-        layer.facet(**facet)
-        .resolve_scale(y="independent")
-        .properties(title="lines: the twin · points: real runs")
-    )
+    return pd.DataFrame(rows)
+
+
+def _log(values: np.ndarray) -> bool:
+    """Whether a panel of these values reads better on a log scale: all positive, and the
+    largest `LOG_SPAN` times the smallest or more."""
+    return len(values) > 0 and bool((values > 0).all()) and values.max() >= LOG_SPAN * values.min()
+
+
+def _y(alt, figure: str, values: np.ndarray):
+    """A panel's y: its scale fitted to its values with a little room at both ends (no empty
+    decades below them, no zero far beneath them), on a log scale where they span `LOG_SPAN`
+    times or more (which its title says), ticked at powers of ten then."""
+    if not len(values):
+        return alt.Y("value:Q", title=figure, scale=alt.Scale(zero=False))
+    low, high = float(values.min()), float(values.max())
+    if _log(values):
+        low, high = low / 1.25, high * 1.25
+        return alt.Y(
+            "value:Q",
+            title=f"{figure}, log scale",
+            scale=alt.Scale(type="log", domain=[low, high], nice=False),
+            axis=alt.Axis(values=_log_ticks(low, high)),
+        )
+    room = 0.06 * (high - low) or 0.05 * abs(high) or 1.0
+    scale = alt.Scale(zero=False, domain=[low - room, high + room], nice=False)
+    return alt.Y("value:Q", title=figure, scale=scale)
+
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """A log axis's ticks from `low` to `high`: the powers of ten, with 2 and 5 times them where
+    the range spans fewer than three decades."""
+    steps = (1,) if np.log10(high / low) >= 3 else (1, 2, 5)
+    decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
+    return [m * 10.0**d for d in decades for m in steps if low <= m * 10.0**d <= high]
