@@ -286,3 +286,18 @@ def test_the_runs_clock_stops_between_the_calls_of_a_workbench_stepped_by_hand()
     assert steps.completed_at.iloc[-1] < 0.3  # the run took milliseconds of its own clock
     assert requests.arrival_s.iloc[1] >= steps.completed_at.iloc[0]  # after the first step
     wb.close()
+
+
+def test_a_panel_whose_values_span_a_hundredfold_is_drawn_on_a_log_scale():
+    """One setting 150 times slower than another: on a linear axis its bars would dwarf the
+    other's into a flat line; the TTFT panel goes to a log scale, and says so. At 2x it does
+    not."""
+    from workbench.viz import compare_chart
+
+    requests = [([1000 + i] * 40, greedy(8), 12 * i) for i in range(3)]
+    for scale, log in ((150.0, True), (2.0, False)):
+        runs = {**_twin_runs(1.0, "fast", requests), **_twin_runs(scale, "slow", requests)}
+        ttft = compare_chart(runs, unit="ms").to_dict()["vconcat"][0]
+        y = ttft["encoding"]["y"]
+        assert (y.get("scale", {}).get("type") == "log") == log, y
+        assert ("log scale" in y["title"]) == log

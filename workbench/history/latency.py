@@ -57,14 +57,27 @@ FIGURES = (
 )
 
 
+def run_seconds(requests: pd.DataFrame) -> float:
+    """A run's length as its throughput counts it: from the first request's arrival to the
+    last one's finish (vLLM's and SGLang's benchmark duration); 0 for a run of no requests."""
+    if requests.empty or requests.finish_s.isna().all():
+        return 0.0
+    return float(requests.finish_s.max() - requests.arrival_s.min())
+
+
+def output_throughput(requests: pd.DataFrame) -> float:
+    """Output tokens per second: every request's completion tokens over `run_seconds` (NaN for
+    a run of no time). The one definition of "output tokens/s" and "throughput (tok/s)"."""
+    seconds = run_seconds(requests)
+    return float(requests.completion_tokens.sum() / seconds) if seconds > 0 else float("nan")
+
+
 def run_figures(history) -> dict[str, float]:
     """A run's `FIGURES`: TTFT percentiles over requests, ITL's over every gap, the median
-    TPOT and end-to-end latency over requests, and output tokens per second from the first
-    arrival to the last finish."""
+    TPOT and end-to-end latency over requests, and `output_throughput`."""
     r, steps = history.requests, history.steps
     itl_ms = inter_token_latencies(steps, history.ledger) * 1e3
     ttft_ms, e2e_ms = r.ttft_s * 1e3, (r.finish_s - r.arrival_s) * 1e3
-    span = float(r.finish_s.max() - r.arrival_s.min())
     values = (
         ttft_ms.quantile(0.5),
         ttft_ms.quantile(0.95),
@@ -72,6 +85,6 @@ def run_figures(history) -> dict[str, float]:
         itl_ms.quantile(0.95),
         (r.tpot_s * 1e3).median(),
         e2e_ms.median(),
-        r.completion_tokens.sum() / span if span > 0 else float("nan"),
+        output_throughput(r),
     )
     return {name: float(v) for name, v in zip(FIGURES, values)}

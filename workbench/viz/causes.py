@@ -85,6 +85,8 @@ def run_causes(history) -> Causes:
 def _steps_per_prompt(ledger: pd.DataFrame) -> pd.Series:
     """Per request, the steps that computed a part of its prompt (its chunks and its last
     part, "prefill")."""
+    if "kind" not in ledger:  # a run saved with its tokens alone (a slimmed run)
+        return pd.Series(dtype=float)
     prompt = ledger[ledger.kind.isin(("chunk", "prefill"))]
     return prompt.groupby("uid").step.nunique()
 

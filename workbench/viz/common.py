@@ -13,6 +13,7 @@ LABELLED_ROWS = 40  # requests whose ids fit along such a chart's axis
 MAX_POINTS = 4000  # points of all lines together; longer lines are thinned along the steps
 
 WIDTH = 520
+LOG_SPAN = 100  # values whose largest is this many times their smallest go on a log scale
 
 
 def altair():
@@ -87,4 +88,35 @@ def empty_chart(alt, message: str):
         .mark_text(align="left", color="#777")
         .encode(text="text:N")
         .properties(width=WIDTH, height=30)
+    )
+
+
+def spans_decades(values: np.ndarray) -> bool:
+    """Whether values read better on a log scale: all positive, and the largest `LOG_SPAN` times
+    the smallest or more (on a linear axis the small ones would lie flat along the bottom)."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    return len(values) > 0 and bool((values > 0).all()) and values.max() >= LOG_SPAN * values.min()
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """A log axis's ticks from `low` to `high`: the powers of ten, with 2 and 5 times them where
+    the range spans fewer than three decades."""
+    steps = (1,) if np.log10(high / low) >= 3 else (1, 2, 5)
+    decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
+    return [m * 10.0**d for d in decades for m in steps if low <= m * 10.0**d <= high]
+
+
+def fitted_y(alt, field: str, title: str, values):
+    """A y encoding whose axis fits `values`: linear from zero, or a log scale where they span
+    `LOG_SPAN` times or more (its title says so)."""
+    values = np.asarray(values, dtype=float)
+    if not spans_decades(values):
+        return alt.Y(f"{field}:Q", title=title)
+    low, high = float(np.nanmin(values)) / 1.25, float(np.nanmax(values)) * 1.25
+    return alt.Y(
+        f"{field}:Q",
+        title=f"{title}, log scale",
+        scale=alt.Scale(type="log", domain=[low, high], nice=False),
+        axis=alt.Axis(values=log_ticks(low, high)),
     )

@@ -17,7 +17,7 @@ from ..history.families import breakdown_table
 from ..history.latency import inter_token_latencies, tpot
 from ..history.slo import check_slo, slo_figures
 from .causes import run_causes
-from .common import WIDTH, altair, binned_steps
+from .common import WIDTH, altair, binned_steps, fitted_y
 from .noise import combine, repeats_of, run_spreads, same_setting_floor, same_setting_groups
 from .report import summary
 
@@ -98,7 +98,8 @@ def compare_table(
                 row.update(extra)
                 slo_columns.update(dict.fromkeys(extra))
             figures.append(row)
-        own = [run_spreads(h, row) for h, row in zip(repeats, figures)]
+        alone = len(repeats) == 1
+        own = [run_spreads(h, row, alone) for h, row in zip(repeats, figures)]
         rows[label], spreads[label] = combine(figures, own)
         rows[label]["repeats"] = len(repeats)
     table = pd.DataFrame.from_dict(rows, orient="index")
@@ -242,9 +243,11 @@ def _bound_share(steps: pd.DataFrame) -> float | None:
 
 def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
     """Each request's time to first token, side by side per run; tokens per step and the
-    waiting queue over steps, one line per run. `unit`: "steps" or "ms" for the latencies."""
+    waiting queue over steps, one line per run (of a setting run several times, its first).
+    `unit`: "steps" or "ms" for the latencies."""
     if unit not in ("steps", "ms"):
         raise ValueError(f"unit must be 'steps' or 'ms', got {unit!r}")
+    runs = {label: repeats_of(value)[0] for label, value in runs.items()}  # a setting's first run
     alt = altair()
     labels = list(runs)
     run_scale = alt.Scale(domain=labels)
@@ -260,7 +263,7 @@ def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
         .encode(
             x=alt.X("uid:O", title="request"),
             xOffset=alt.XOffset("run:N", scale=run_scale),
-            y=alt.Y(f"ttft_{unit}:Q", title=f"time to first token ({unit})"),
+            y=fitted_y(alt, f"ttft_{unit}", f"time to first token ({unit})", lat[f"ttft_{unit}"]),
             color=alt.Color("run:N", scale=run_scale, title="run"),
             opacity=alt.Opacity(
                 "source:N",
@@ -286,7 +289,10 @@ def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
     )
     tokens = (
         base.mark_line(interpolate="step-after")
-        .encode(y=alt.Y("num_tokens:Q", title="tokens in the batch"), tooltip=["run:N", "bin:Q"])
+        .encode(
+            y=fitted_y(alt, "num_tokens", "tokens in the batch", steps.num_tokens),
+            tooltip=["run:N", "bin:Q"],
+        )
         .properties(width=WIDTH, height=130, title="Tokens per step")
     )
     queue = (

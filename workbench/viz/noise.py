@@ -14,9 +14,12 @@ phase, host-bound steps) get no bootstrap: with one run their spread is not know
 
 A bootstrap cannot see the machine itself: when every request waits on the same steps (three
 requests decoding together give the same gaps), drawing them again changes nothing, yet the
-run made again on a busy machine gives other times. So a timed figure's spread is at least the
-machine's own jitter in the run: how far steps of one shape (phase, requests, tokens) stray from
-their shape's median span, at the 90th percentile, times the figure (`step_jitter`).
+run made again on a busy machine gives other times. So the timed figures of a setting run once
+have a spread of at least the machine's own jitter in the run: how far steps of one shape
+(phase, requests, tokens, KV context read) stray from their shape's median work, at the 90th
+percentile, times the figure (`step_jitter`). That is cautious (on the H200 it gives 5-14%
+where two runs of one setting differ by 0.1-1%): repeats measure the machine itself, and with
+them the floor is not applied.
 
 Runs of one setting compared under different names (the same settings in their meta: `{"a":
 chunk 16, "c": chunk 16}`) are repeats of each other: how far apart they are is the machine's
@@ -81,18 +84,20 @@ TIMED = (
 
 
 def step_jitter(history) -> float:
-    """How far the run's steps stray from others of the same shape (phase, requests, tokens):
-    the 90th percentile of |span / the shape's median span - 1| over the steps whose shape
-    ran more than once (NaN: none did)."""
+    """How far the run's steps stray from others of the same shape (`_shape`: phase, requests,
+    tokens, profiled or not): the 90th percentile of |work / the shape's median work - 1| over
+    the steps whose shape ran more than once (NaN: none did), a step's work being the device's
+    and the host's own (`_work_ms`)."""
     steps = history.steps
-    if "span_ms" not in steps:
+    if "host_work_ms" not in steps:
         steps = add_timing_columns(steps.copy(), device_on_host(history))
-    shape = steps.groupby(["phase", "batch_size", "num_tokens"]).span_ms
+    work = pd.Series(_work_ms(steps), index=steps.index)
+    shape = work.groupby(_shape(steps))
     median, count = shape.transform("median"), shape.transform("size")
     repeated = (count > 1) & (median > 0)
     if not repeated.any():
         return float("nan")
-    deviation = (steps.span_ms[repeated] / median[repeated] - 1).abs()
+    deviation = (work[repeated] / median[repeated] - 1).abs()
     return float(deviation.quantile(0.9))
 
 
@@ -111,22 +116,24 @@ def _itl_spreads(history, uids: np.ndarray, draws: np.ndarray) -> dict[str, floa
 
 
 def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
-    """Step times and throughput, each step's time drawn from the steps of its shape (phase,
-    requests, tokens): the run again with the same schedule, its timing noise alone (steps of
-    different shapes differ by their work, not by noise)."""
+    """Step times and throughput, each step drawn from the steps of its shape (`_shape`): the
+    run again with the same schedule, its timing noise alone (steps of different shapes differ
+    by their work, not by noise). Throughput moves as the steps' work does (`_work_ms`)."""
     steps = history.steps
     if steps.empty:
         return {}
-    if "span_ms" not in steps:
+    if "host_work_ms" not in steps:
         steps = add_timing_columns(steps.copy(), device_on_host(history))
     draws = _within_shapes(steps, rng)
-    span = steps.span_ms.to_numpy(dtype=float)[draws].sum(axis=1)
-    device = steps.device_ms.to_numpy(dtype=float)[draws].sum(axis=1)
-    whole = steps.span_ms.sum()
+    work = _work_ms(steps)
+    drawn = work[draws].sum(axis=1)
+    device = steps.device_ms.to_numpy(dtype=float)
+    share = np.where(drawn > 0, device[draws].sum(axis=1) / drawn, np.nan)  # of the work drawn
+    own_share = float(device.sum() / work.sum()) if work.sum() > 0 else float("nan")
     spreads = {
-        # throughput is tokens over the run's time: it moves as the steps' time does
-        _RELATIVE_THROUGHPUT: _half_width(np.where(span > 0, whole / span, np.nan)),
-        "device busy (%)": _half_width(np.where(span > 0, 100 * device / span, np.nan)),
+        _RELATIVE_THROUGHPUT: _half_width(np.where(drawn > 0, work.sum() / drawn, np.nan)),
+        # device busy moves as the device's share of the work does
+        "device busy (%)": _half_width(share) / own_share * _busy_pct(steps),
     }
     for column, name in (
         ("wall_ms", "mean step wall (ms)"),
@@ -138,14 +145,36 @@ def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
     return spreads
 
 
+def _work_ms(steps: pd.DataFrame) -> np.ndarray:
+    """Each step's work: the device's and the host's own (`history.timing`). A step's span is
+    not its own where the host runs the forward at launch (the CPU with overlap: a step's span
+    holds the next one's forward), its work is."""
+    host = steps.host_work_ms.to_numpy(dtype=float)
+    return steps.device_ms.to_numpy(dtype=float) + np.nan_to_num(host)
+
+
+def _busy_pct(steps: pd.DataFrame) -> float:
+    span = float(steps.span_ms.sum()) if "span_ms" in steps else 0.0
+    return 100 * float(steps.device_ms.sum()) / span if span > 0 else float("nan")
+
+
 def _within_shapes(steps: pd.DataFrame, rng: np.random.Generator) -> np.ndarray:
     """[RESAMPLES, steps] row indices: each step's place taken by a step of its shape, drawn
     with replacement."""
     draws = np.empty((RESAMPLES, len(steps)), dtype=np.int64)
-    shapes = steps.groupby(["phase", "batch_size", "num_tokens"]).indices
+    shapes = steps.groupby(_shape(steps)).indices
     for members in shapes.values():
         draws[:, members] = members[rng.integers(0, len(members), (RESAMPLES, len(members)))]
     return draws
+
+
+def _shape(steps: pd.DataFrame) -> list:
+    """What makes two steps the same work: phase, requests and tokens, the KV context the
+    decoding requests read (within 9%: attention reads it), and whether the profiler recorded
+    the step (a profiled step pays for the profiler: on the CPU several times its time)."""
+    context = np.round(np.log2(steps.decode_context.to_numpy(dtype=float) + 1) * 8)
+    keys = [steps.phase, steps.batch_size, steps.num_tokens, pd.Series(context, index=steps.index)]
+    return keys + ([steps.profiled] if "profiled" in steps else [])
 
 
 def _percentile(values: np.ndarray, q: float) -> np.ndarray:
@@ -169,14 +198,15 @@ def _half_width(values: np.ndarray) -> float:
     return float((high - low) / 2)
 
 
-def run_spreads(history, row: dict) -> dict[str, float]:
-    """One run's spreads by figure: its bootstrap's, at least its step jitter times the figure
-    for the timed ones (see the module)."""
+def run_spreads(history, row: dict, alone: bool = True) -> dict[str, float]:
+    """One run's spreads by figure: its bootstrap's; for a run `alone` (its setting ran once),
+    at least its step jitter times the figure for the timed ones (see the module: repeats
+    measure the machine themselves)."""
     spreads = bootstrap_spreads(history)
     relative = spreads.pop(_RELATIVE_THROUGHPUT, np.nan)
     if _is_number(row.get("output tokens/s")):
         spreads["output tokens/s"] = relative * float(row["output tokens/s"])
-    jitter = step_jitter(history)
+    jitter = step_jitter(history) if alone else np.nan
     for name in TIMED if not np.isnan(jitter) else ():
         value = row.get(name)
         if _is_number(value) and not np.isnan(value):

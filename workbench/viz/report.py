@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..history.latency import inter_token_latencies
+from ..history.latency import inter_token_latencies, output_throughput, run_seconds
 from . import charts
 from .causes import describe, run_causes
 
@@ -19,7 +19,7 @@ def summary(history) -> dict:
     consecutive tokens of all requests; the median TPOT over the requests' own means."""
     steps, requests = history.steps, history.requests
     itl = inter_token_latencies(steps, history.ledger)
-    seconds = float(steps.completed_at.max() - steps.launched_at.min()) if len(steps) else 0.0
+    seconds = run_seconds(requests)  # the first arrival to the last finish
     tokens = int(requests.completion_tokens.sum())
     return {
         "steps": len(steps),
@@ -31,7 +31,7 @@ def summary(history) -> dict:
         "cached prompt tokens": int(requests.cached_tokens.sum()),
         "output tokens": tokens,
         "seconds": round(seconds, 3),
-        "output tokens/s": round(tokens / seconds, 1) if seconds else None,
+        "output tokens/s": round(output_throughput(requests), 1) if seconds else None,
         "median TTFT (ms)": _ms(requests.ttft_s.median()),
         "median TPOT (ms)": _ms(requests.tpot_s.median()),
         "median ITL (ms)": _ms(itl.median()),

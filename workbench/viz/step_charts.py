@@ -169,6 +169,8 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
     alt = altair()
     events = history.events[history.events.step == step]
     if events.empty:
+        if not history.events.empty:  # a window chose other steps
+            return empty_chart(alt, f"step {step} was not profiled (profile_steps chose others)")
         return empty_chart(alt, f"step {step}: profiler events are recorded with record='full'")
     if len(events) > max_events:  # keep the longest
         events = events.nlargest(max_events, "duration_us")
@@ -247,6 +249,8 @@ def step_breakdown(history, highlight_step: int | None = None):
         .transform_calculate(family_order=order_expr("family", list(present)))
     )
     title = ["Where each step's time went"]  # short lines: a wide title widens the chart
+    if device_on_host(history):
+        title.append("on the CPU the kernels are the forward's operators")
     if len(unprofiled):
         title.append(f"{len(profiled)} of {len(steps)} steps profiled")
     if bound is not None:

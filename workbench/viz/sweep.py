@@ -15,10 +15,8 @@ import numpy as np
 import pandas as pd
 
 from ..history.latency import run_figures
-from .common import WIDTH, altair
+from .common import WIDTH, altair, log_ticks, spans_decades
 from .compare import _source
-
-LOG_SPAN = 100  # a panel whose largest value is this many times its smallest gets a log scale
 
 
 def sweep_chart(
@@ -93,12 +91,6 @@ def _rows(
     return pd.DataFrame(rows)
 
 
-def _log(values: np.ndarray) -> bool:
-    """Whether a panel of these values reads better on a log scale: all positive, and the
-    largest `LOG_SPAN` times the smallest or more."""
-    return len(values) > 0 and bool((values > 0).all()) and values.max() >= LOG_SPAN * values.min()
-
-
 def _y(alt, figure: str, values: np.ndarray):
     """A panel's y: its scale fitted to its values with a little room at both ends (no empty
     decades below them, no zero far beneath them), on a log scale where they span `LOG_SPAN`
@@ -106,22 +98,14 @@ def _y(alt, figure: str, values: np.ndarray):
     if not len(values):
         return alt.Y("value:Q", title=figure, scale=alt.Scale(zero=False))
     low, high = float(values.min()), float(values.max())
-    if _log(values):
+    if spans_decades(values):
         low, high = low / 1.25, high * 1.25
         return alt.Y(
             "value:Q",
             title=f"{figure}, log scale",
             scale=alt.Scale(type="log", domain=[low, high], nice=False),
-            axis=alt.Axis(values=_log_ticks(low, high)),
+            axis=alt.Axis(values=log_ticks(low, high)),
         )
     room = 0.06 * (high - low) or 0.05 * abs(high) or 1.0
     scale = alt.Scale(zero=False, domain=[low - room, high + room], nice=False)
     return alt.Y("value:Q", title=figure, scale=scale)
-
-
-def _log_ticks(low: float, high: float) -> list[float]:
-    """A log axis's ticks from `low` to `high`: the powers of ten, with 2 and 5 times them where
-    the range spans fewer than three decades."""
-    steps = (1,) if np.log10(high / low) >= 3 else (1, 2, 5)
-    decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
-    return [m * 10.0**d for d in decades for m in steps if low <= m * 10.0**d <= high]
