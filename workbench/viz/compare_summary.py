@@ -49,8 +49,10 @@ def compare_summary(runs: Mapping[str, object]) -> Summary:
     """Sentences from the runs' records: for throughput, time to first token, inter-token
     latency and time per output token, the best and the worst setting, named only where they
     differ by more than their spreads together (`compare_table`'s "±" columns), each with what
-    differs in the records of the two; else that the settings tie within that noise. Then
-    each run's host-bound steps (`history.timing`). With one run, the run described."""
+    differs in the records of the two (of each setting's first run: steps per prompt, TTFT in
+    steps, queue time by refusal reason, prompt steps, host-bound steps); else that the
+    settings tie within that noise. Then each setting's host-bound steps (`history.timing`).
+    With one run, the run described."""
     firsts = {label: repeats_of(value)[0] for label, value in runs.items()}
     causes = {label: run_causes(history) for label, history in firsts.items()}
     if len(runs) < 2:
@@ -142,12 +144,23 @@ def _extremes(values: pd.Series, higher: bool) -> tuple[str, str]:
 
 def _throughput_why(causes: dict[str, Causes], a: str, b: str) -> str:
     x, y = causes[a], causes[b]
-    if x.steps == y.steps and abs(x.mean_step_ms - y.mean_step_ms) < 0.05 * y.mean_step_ms:
-        return ""
-    return (
-        f"{a} took {_count(x.steps, 'step')} of {x.mean_step_ms:.1f} ms on average, "
-        f"{b} {_count(y.steps, 'step')} of {y.mean_step_ms:.1f} ms"
-    )
+    parts = []
+    if x.steps != y.steps or _differ(x.mean_step_ms, y.mean_step_ms, 0.05):
+        parts.append(
+            f"{a} took {_count(x.steps, 'step')} of {x.mean_step_ms:.1f} ms on average, "
+            f"{b} {_count(y.steps, 'step')} of {y.mean_step_ms:.1f} ms"
+        )
+    return "; ".join(parts + _host_bound_why(x, y, a, b))
+
+
+def _host_bound_why(x: Causes, y: Causes, a: str, b: str) -> list[str]:
+    """The host-bound steps of two runs, where they differ (`history.timing`)."""
+    if x.host_bound is None or y.host_bound is None or x.host_bound == y.host_bound:
+        return []
+    return [
+        f"{x.host_bound} of {a}'s steps were host-bound, {y.host_bound} of {b}'s (the host's "
+        "own work longer than the device's: there the host set the pace)"
+    ]
 
 
 def _ttft_why(causes: dict[str, Causes], a: str, b: str) -> str:
@@ -163,7 +176,7 @@ def _ttft_why(causes: dict[str, Causes], a: str, b: str) -> str:
         )
     if _differ(x.queued_s, y.queued_s, 0.1):
         parts.append(f"{a}'s requests {queued_phrase(x)}; {b}'s {queued_phrase(y)}")
-    return "; ".join(parts)
+    return "; ".join(parts + _host_bound_why(x, y, a, b))
 
 
 def _prompts_phrase(label: str, c: Causes) -> str:
@@ -197,7 +210,7 @@ def _itl_why(causes: dict[str, Causes], a: str, b: str) -> str:
             f"a step took {x.mean_step_ms:.1f} ms on average with {a}, "
             f"{y.mean_step_ms:.1f} with {b}"
         )
-    return "; ".join(parts)
+    return "; ".join(parts + _host_bound_why(x, y, a, b))
 
 
 def _noise_sentence(repeats: dict[str, int], same: list[list[str]]) -> str:
