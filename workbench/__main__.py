@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench demo | bench``."""
+"""Command line: ``python -m workbench demo | bench | serve | chat``."""
 
 from __future__ import annotations
 
@@ -35,11 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", default="out/demo", help="where the run and the report go")
     bench = sub.add_parser("bench", help="offline throughput benchmark", formatter_class=helpful)
     add_arguments(bench)
+    from . import chat as chat_command
+    from . import serve_command
+
+    serve = sub.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server on the engine", formatter_class=helpful
+    )
+    serve_command.add_arguments(serve)
+    chat = sub.add_parser("chat", help="a conversation in the terminal", formatter_class=helpful)
+    chat_command.add_arguments(chat)
+    commands = {"demo": demo, "bench": bench, "serve": serve, "chat": chat}
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own usage, not the top level's
-        {"demo": demo, "bench": bench}[args.command].error(
-            f"unrecognized arguments: {' '.join(unknown)}"
-        )
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "demo":
         from .demo import run_demo
 
@@ -48,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.command import main as run_bench
 
         run_bench(args)
+    elif args.command == "serve":
+        serve_command.run(args)
+    elif args.command == "chat":
+        chat_command.run(args)
     return 0
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import ast
 
-from .config import CACHE_KINDS
+from .config import CACHE_KINDS, RECORD_LEVELS, TP_BACKENDS
 from .policies import POLICIES
 
 # flags whose value is the `LLM` keyword of the same name, in the commands that have them
@@ -94,3 +94,47 @@ def parse_value(text: str):
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, record: str = "off") -> None:
+    """The engine's flags `bench` and `serve` share: cache, overlap, CUDA graphs, fused
+    kernels, record level, tensor parallelism; under our names and under SGLang's and vLLM's."""
+    p.add_argument(
+        "--disable-radix-cache", dest="cache", action="store_const", const="naive",
+        help="the same as --cache naive",
+    )  # fmt: skip
+    _on_off(p, "overlap", None, "overlap scheduling (default: on with CUDA, off on a CPU)",
+            also="--disable-overlap-schedule")  # fmt: skip
+    _on_off(p, "cuda-graph", True, "CUDA graphs for decode, prefill and mixed steps, up to "
+            "--option cuda_graph_max_tokens=N tokens (default: on)",
+            also="--disable-cuda-graph")  # fmt: skip
+    p.add_argument(
+        "--fused-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="FlashInfer's fused norm, rope and SiLU kernels (default: where installed)",
+    )
+    p.add_argument("--record", default=record, choices=RECORD_LEVELS, help="step records kept")
+    p.add_argument(
+        "--tp-size",
+        "--tensor-parallel-size",
+        dest="tp_size",
+        type=int,
+        default=1,
+        help="tensor parallelism: GPUs (CPU processes) the model is split across; the engine "
+        "starts the other ranks, or under `torchrun --nproc-per-node N` uses torchrun's",
+    )
+    p.add_argument(
+        "--tp-backend",
+        choices=TP_BACKENDS,
+        help="the ranks' collectives (default: nccl on GPUs, gloo on the CPU; gloo ranks may "
+        "share a GPU, without CUDA graphs)",
+    )
+
+
+def _on_off(p: argparse.ArgumentParser, name: str, default, text: str, also: str) -> None:
+    """`--name` / `--no-name`, and `also` (SGLang's `--disable-...`) for `--no-name`."""
+    p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=default, help=text)
+    p.add_argument(
+        also, dest=name.replace("-", "_"), action="store_false", help=f"the same as --no-{name}"
+    )

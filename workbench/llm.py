@@ -11,7 +11,7 @@ import torch
 
 from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
-from .core import Req, SamplingParams, check_fits, sampling_batch
+from .core import Req, SamplingParams, check_fits, encode_prompt, sampling_batch
 from .device import device_name
 from .engine.engine import Engine
 from .engine.ranks import torchrun_rank
@@ -25,6 +25,7 @@ from .instrument.window import KEEP, profile_window
 from .scheduler.outcome import StepOutcome
 from .scheduler.scheduler import Scheduler
 from .scheduler.warmup import WarmUp, warm_up
+from .serve import MAX_QUEUED_REQUESTS, Host, Server
 from .twin.build import build_twin, twin_meta, twin_settings
 from .twin.costs import StepCosts
 
@@ -81,6 +82,7 @@ class LLM:
         self.config.torch_dtype  # noqa: B018 (validates the dtype before anything is loaded)
         self.step_costs = step_costs
         self.warmup: WarmUp | None = None  # what the engine's warm-up ran (`warm_up`)
+        self.server: Server | None = None  # while it serves HTTP clients (`serve`)
         if step_costs is None:
             self.engine = self._build_engine(probe)
         else:
@@ -121,6 +123,7 @@ class LLM:
         for that). Only while nothing is waiting or running; the prefix cache starts empty,
         hooks stay. ``llm.reconfigure(max_extend_tokens=64, policy="mixed")``."""
         probe, config = self._checked(record, settings)
+        self.check_not_serving("reconfigure")
         old = self.scheduler
         if not old.is_idle:
             raise RuntimeError(
@@ -158,12 +161,62 @@ class LLM:
             )
         return probe, config
 
+    # -- serving ------------------------------------------------------------------------------
+    def serve(
+        self,
+        port: int = 8000,
+        host: str = "127.0.0.1",
+        served_model_name: str | None = None,
+        max_queued_requests: int = MAX_QUEUED_REQUESTS,
+        stream_interval: int = 1,
+    ):
+        """Serve OpenAI-compatible HTTP clients (`workbench.serve`: `/v1/completions`,
+        `/v1/chat/completions`, `/v1/models`, `/health`, `/metrics`) on `host`:`port` (0: any
+        free port). Returns the `Server` at once; a thread steps the engine while requests
+        come. `stop_serving()` (or `close()`) ends it. Needs the `serve` extra."""
+        self._check_can_serve()
+        scheduler = lambda: self.scheduler  # noqa: E731 (the one of the moment)
+        step = lambda: scheduler().step() or scheduler().flush()  # noqa: E731
+        server = Server(
+            Host(self, step, lambda: scheduler().is_idle),
+            port,
+            host,
+            served_model_name,
+            max_queued_requests,
+            stream_interval,
+        )
+        self.server = server.start()
+        return server
+
+    def _check_can_serve(self) -> None:
+        self.check_open()
+        if self.server is not None:
+            raise RuntimeError(f"already serving ({self.server.url}): stop_serving() first")
+        if self.step_costs is not None:
+            raise ValueError("a twin (step_costs) predicts step times: it has no tokens to serve")
+
+    def stop_serving(self) -> None:
+        """End the HTTP server: requests in flight end with finish_reason "abort", the port is
+        free again; the engine stays."""
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
+
+    def check_not_serving(self, what: str) -> None:
+        """Raise while a server's thread steps the engine (it is not shared)."""
+        if self.server is not None:
+            raise RuntimeError(
+                f"{what} while this engine serves HTTP clients ({self.server.url}): "
+                "stop_serving() first"
+            )
+
     def close(self) -> None:
         """Give back what the engine holds (on a GPU: weights, KV pool, CUDA graphs, workspaces)
         so another engine can use the memory; the LLM cannot generate after. ``with LLM(...) as
-        llm:`` closes it at the end."""
+        llm:`` closes it at the end (a server it runs stops first)."""
         if self.engine is None:
             return
+        self.stop_serving()
         self.scheduler.abort_all()
         self.engine.close()
         self.engine = self.scheduler = None
@@ -237,9 +290,8 @@ class LLM:
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
         """Token ids of a prompt: a string, or token ids (a list, tuple or 1-d integer array)
         checked against the vocabulary."""
-        if isinstance(prompt, str):
-            return self.tokenizer(V.text(f"prompt {index}", prompt)).input_ids
-        return V.token_ids(f"prompt {index}", prompt, self.engine.model_config.vocab_size)
+        vocab = self.engine.model_config.vocab_size
+        return encode_prompt(self.tokenizer, vocab, prompt, f"prompt {index}")
 
     def check_request(self, token_ids: list[int], sampling: SamplingParams, index: int = 0) -> None:
         """Raise TypeError or ValueError if this request could never run; takes nothing."""
@@ -278,6 +330,7 @@ class LLM:
         engine keeps serving."""
         V.callable_or_none("on_step", on_step)
         self.check_open()
+        self.check_not_serving("generate")
         uids = self.add_requests(prompts, sampling)
         try:
             pending = set(uids)
@@ -335,4 +388,9 @@ class LLM:
         return self.tokenizer.decode([t for t in token_ids if t < known], skip_special_tokens=True)
 
     def check_integrity(self) -> None:
-        self.scheduler.check_integrity()
+        """The KV pool's accounting; while serving, between two of the server's steps."""
+        if self.server is None:
+            self.scheduler.check_integrity()
+            return
+        with self.server.loop.lock:
+            self.scheduler.check_integrity()

@@ -17,6 +17,7 @@ between two cells is theirs, not the run's.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ from .instrument.hooks import HookRegistry
 from .llm import LLM, Prompt
 from .results import Results
 from .runs import RunHistory
+from .serve import MAX_QUEUED_REQUESTS, Host, Server
+from .serve.views import ViewThread
 
 
 class Workbench(Results):
@@ -51,6 +54,7 @@ class Workbench(Results):
         self._submitted: list[tuple[list[int], SamplingParams, int, float | None]] = []
         self._previous: list[tuple[list[int], SamplingParams, int, float | None]] = []
         self._observers: list[Callable[[bool], None]] = []  # views; called with final=True/False
+        self._views: ViewThread | None = None  # while serving: the views, off the engine's thread
         # NOTE: the run's clock runs only while the workbench steps: between calls it is the
         # person's time, not the run's (a request added meanwhile arrives when stepping goes on)
         self.scheduler.probe.pause()
@@ -83,8 +87,13 @@ class Workbench(Results):
     ) -> int:
         """Queue a request (checked now). With `arrival_step` it joins the queue at that step;
         with `arrival_time`, when the run's clock (seconds since it started or was reset)
-        reaches it, an idle engine waiting for it meanwhile."""
+        reaches it, an idle engine waiting for it meanwhile. While serving, it joins the
+        clients' requests."""
         self.llm.check_open()
+        with self._engine_held():
+            return self._add_request(prompt, sampling, arrival_step, arrival_time)
+
+    def _add_request(self, prompt, sampling, arrival_step, arrival_time) -> int:
         sampling = sampling if sampling is not None else SamplingParams()
         arrival_step = V.optional_integer("arrival_step", arrival_step, 0)
         if arrival_time is not None:
@@ -114,10 +123,13 @@ class Workbench(Results):
         the batch in flight that still computes for it is collected).
         """
         uid = V.integer("uid", uid, 0)
-        due = self._arrivals.take(uid)
-        if due is not None:  # it arrives now, and is aborted at once
-            self.scheduler.add_request(due.ids, due.sampling, uid=uid)
-        req = self.scheduler.abort(uid)
+        with self._engine_held():
+            due = self._arrivals.take(uid)
+            if due is not None:  # it arrives now, and is aborted at once
+                self.scheduler.add_request(due.ids, due.sampling, uid=uid)
+            req = self.scheduler.abort(uid)
+            if self.llm.server is not None:  # a client's request ends at once, on its side too
+                self.llm.server.loop.flush()
         self._notify(final=True)
         return self.llm.output(req)
 
@@ -142,14 +154,49 @@ class Workbench(Results):
 
     def _step_once(self) -> StepRecord | None:
         self.llm.check_open()
-        self.scheduler.probe.resume()
-        self._arrivals.release(self.scheduler)
-        outcome = self.scheduler.step() or self.scheduler.flush()
+        server = self.llm.server
+        if server is None:
+            self.scheduler.probe.resume()
+            outcome = self._engine_step()
+        elif server.loop.paused:  # by hand: the clients' requests join it, its tokens reach them
+            outcome = server.loop.step_once(raising=True)
+        else:
+            raise RuntimeError(
+                f"the engine is serving HTTP clients ({server.url}) and steps by itself: "
+                "wb.pause() first, then step; wb.resume() lets it run on"
+            )
         if outcome is None:
             return None
         record = outcome.record or build_record(outcome, self.scheduler.occupancy())
         self.hooks.raise_pending()
         return record
+
+    def _engine_step(self):
+        """One scheduler step, the requests due now queued first; its outcome (None: nothing
+        to do)."""
+        self._arrivals.release(self.scheduler)
+        return self.scheduler.step() or self.scheduler.flush()
+
+    def _served_step(self):
+        """A step the server's thread takes: the views follow from a thread of their own."""
+        outcome = self._engine_step()
+        if outcome is not None:
+            self.hooks.raise_pending()  # (the server's thread logs a hook's error)
+            if self._views is not None:
+                self._views.poke()
+        return outcome
+
+    @contextlib.contextmanager
+    def _engine_held(self):
+        """While serving: hold the engine between two of the server's steps (its scheduler is
+        not shared), and let the server's thread see the change at once."""
+        server = self.llm.server
+        if server is None:
+            yield
+            return
+        with server.loop.lock:
+            yield
+        server.loop.wake()
 
     def _end_call(self) -> None:
         """After every step, run or run_until: the profiler's events (record="full") go to the
@@ -157,7 +204,8 @@ class Workbench(Results):
         if self.scheduler is not None:  # not closed
             self.scheduler.probe.flush()
             self.scheduler.probe.read_events()
-            self.scheduler.probe.pause()
+            if self.llm.server is None:  # a server's clients arrive on the run's clock
+                self.scheduler.probe.pause()
         self._notify(final=True)
 
     def observe(self, fn: Callable[[bool], None]) -> Callable[[], None]:
@@ -230,6 +278,7 @@ class Workbench(Results):
         prompts, sampling and arrival steps), so the same run starts over: after a
         `reconfigure`, the same requests under another schedule. Returns their new uids."""
         again = V.boolean("again", again)
+        self.llm.check_not_serving("reset")
         requests = self._submitted or self._previous
         self._previous, self._submitted = requests, []
         self.scheduler.abort_all()
@@ -296,6 +345,7 @@ class Workbench(Results):
         step. Every setting and request is checked before the first run starts; afterwards
         the workbench holds the last run."""
         repeats = V.integer("repeats", repeats, 1)
+        self.llm.check_not_serving("compare")
         if requests is None:
             workload = list(self._submitted or self._previous)
             if not workload:
@@ -318,9 +368,77 @@ class Workbench(Results):
                 run.repeats = tuple(runs)
         return {name: runs[0] for name, runs in done.items()}
 
+    # -- serving ---------------------------------------------------------------------------
+    def serve(
+        self,
+        port: int = 8000,
+        host: str = "127.0.0.1",
+        served_model_name: str | None = None,
+        max_queued_requests: int = MAX_QUEUED_REQUESTS,
+        stream_interval: int = 1,
+    ) -> Server:
+        """Serve OpenAI-compatible HTTP clients on `host`:`port` (0: any free port) and return
+        at once (`workbench.serve`): a thread steps this workbench as requests come, with records
+        and hooks as usual, so `wb.history` grows and `wb.dashboard()` follows. `pause()` stops
+        the engine after the step in progress (clients wait), `step()` then steps it by hand,
+        `resume()` lets it run on; `stop_serving()` or `close()` ends it (requests in flight end
+        with finish_reason "abort"). While it serves, the run's clock runs on. Needs the `serve`
+        extra (FastAPI, uvicorn)."""
+        self.llm._check_can_serve()
+        self.scheduler.probe.resume()
+        self._views = ViewThread(self._notify)
+        host_ = Host(self.llm, self._served_step, lambda: self.is_done, keep_finished=True)
+        try:
+            self.llm.server = Server(
+                host_, port, host, served_model_name, max_queued_requests, stream_interval
+            )
+            self.llm.server.start()
+        except BaseException:
+            self.llm.server = None
+            self._views.stop()
+            self._views = None
+            self.scheduler.probe.pause()
+            raise
+        self._notify(final=True)
+        return self.llm.server
+
+    def pause(self) -> None:
+        """While serving: stop the engine after the step in progress (clients wait, their
+        connections stay open); `step()` then advances it by hand, `resume()` lets it run."""
+        self._server_or_raise("pause").pause()
+        self._notify(final=True)
+
+    def resume(self) -> None:
+        """While serving: let the engine run on after `pause()`."""
+        self._server_or_raise("resume").resume()
+
+    def stop_serving(self) -> None:
+        """End serving: requests in flight end with finish_reason "abort" (freed), the port
+        is free again; the workbench and its history stay."""
+        self.llm.stop_serving()
+        if self._views is not None:
+            self._views.stop()
+            self._views = None
+        if self.scheduler is not None:
+            self.scheduler.probe.pause()
+        self._notify(final=True)
+
+    @property
+    def server(self) -> Server | None:
+        """The HTTP server while it serves (`serve()`), else None."""
+        return self.llm.server
+
+    def _server_or_raise(self, what: str) -> Server:
+        if self.llm.server is None:
+            raise RuntimeError(f"{what}() is for a serving workbench: serve() first")
+        return self.llm.server
+
     def close(self) -> None:
         """Give back what the engine holds (GPU memory: weights, KV pool, CUDA graphs); the
-        workbench cannot step after. ``with Workbench(...) as wb:`` closes it at the end."""
+        workbench cannot step after. ``with Workbench(...) as wb:`` closes it at the end (a
+        server it runs stops first)."""
+        if self.llm.is_open:
+            self.stop_serving()
         self._arrivals.clear()
         self.llm.close()
         self.scheduler = self.engine = None
@@ -332,7 +450,10 @@ class Workbench(Results):
         self.close()
 
     def check_integrity(self) -> None:
-        self.scheduler.check_integrity()
+        """The KV pool's accounting (`Scheduler.check_integrity`); while serving, between two
+        of the server's steps."""
+        with self._engine_held():
+            self.scheduler.check_integrity()
 
     def __repr__(self) -> str:
         s = self.scheduler

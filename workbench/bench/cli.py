@@ -6,8 +6,7 @@ import argparse
 
 import torch
 
-from ..config import RECORD_LEVELS, TP_BACKENDS
-from ..flags import add_schedule_arguments
+from ..flags import add_engine_arguments, add_schedule_arguments
 from ..instrument.window import FIELDS, StepExpression
 from .roofline import DEVICES
 from .slo import parse_slo
@@ -22,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # nano-vllm's budget (max_num_batched_tokens=16384): fewer, fuller prefill steps. On the H200,
     # dummy Qwen3-0.6B, page 16: 24,793 tok/s against 24,239 at 8192 (prefill 0.32 s, not 0.43)
     add_schedule_arguments(p, max_extend_tokens=16384, max_running_reqs=256)
-    _engine_arguments(p)
+    add_engine_arguments(p)
     _run_arguments(p)
     _output_arguments(p)
     _window_and_slo_arguments(p)
@@ -87,40 +86,6 @@ def _length_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
     p.add_argument("--random-input-len", type=int, metavar="N", help=f"prompt length N ({ratio})")
     p.add_argument("--random-output-len", type=int, metavar="N", help=f"output length N ({ratio})")
     p.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R", help="see above")
-
-
-def _engine_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--disable-radix-cache", dest="cache", action="store_const", const="naive",
-        help="the same as --cache naive",
-    )  # fmt: skip
-    _on_off(p, "overlap", None, "overlap scheduling (default: on with CUDA, off on a CPU)",
-            also="--disable-overlap-schedule")  # fmt: skip
-    _on_off(p, "cuda-graph", True, "CUDA graphs for decode, prefill and mixed steps, up to "
-            "--option cuda_graph_max_tokens=N tokens (default: on)",
-            also="--disable-cuda-graph")  # fmt: skip
-    p.add_argument(
-        "--fused-kernels",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="FlashInfer's fused norm, rope and SiLU kernels (default: where installed)",
-    )
-    p.add_argument("--record", default="off", choices=RECORD_LEVELS, help="step records kept")
-    p.add_argument(
-        "--tp-size",
-        "--tensor-parallel-size",
-        dest="tp_size",
-        type=int,
-        default=1,
-        help="tensor parallelism: GPUs (CPU processes) the model is split across; the engine "
-        "starts the other ranks, or under `torchrun --nproc-per-node N` uses torchrun's",
-    )
-    p.add_argument(
-        "--tp-backend",
-        choices=TP_BACKENDS,
-        help="the ranks' collectives (default: nccl on GPUs, gloo on the CPU; gloo ranks may "
-        "share a GPU, without CUDA graphs)",
-    )
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
@@ -239,14 +204,6 @@ def _sizes(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"batch sizes must be integers >= 1, got {text!r}")
     return sizes
-
-
-def _on_off(p: argparse.ArgumentParser, name: str, default, text: str, also: str) -> None:
-    """`--name` / `--no-name`, and `also` (SGLang's `--disable-...`) for `--no-name`."""
-    p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=default, help=text)
-    p.add_argument(
-        also, dest=name.replace("-", "_"), action="store_false", help=f"the same as --no-{name}"
-    )
 
 
 def resolve_lengths(args: argparse.Namespace) -> None:

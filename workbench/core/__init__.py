@@ -14,6 +14,7 @@ from .admission import (
     Admissions,
 )
 from .batch import Batch, Phase
+from .prompts import encode_prompt
 from .request import (
     ChunkedReq,
     PendingReq,
@@ -27,6 +28,7 @@ from .request import (
 from .sampling import FLOAT32_MAX, MIN_TEMPERATURE, SamplingParams, sampling_batch
 
 __all__ = [
+    "encode_prompt",
     "DECODE_FIRST",
     "FLOAT32_MAX",
     "KV_FULL",

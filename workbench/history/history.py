@@ -18,6 +18,7 @@ every view can show without a model or a GPU (`workbench.load_run` adds the view
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,25 +92,39 @@ class History(_Tables):
         profiler events of ended sessions into the records then)."""
         self.cost, self._before_tables = cost, before_tables
         self.records: list[StepRecord] = []
-        self.arrivals: dict[int, tuple[int, float, int, int]] = {}  # uid -> step, s, prompt, max
+        # uid -> step, seconds, prompt tokens, max tokens, source ("python", "http")
+        self.arrivals: dict[int, tuple[int, float, int, int, str]] = {}
         # uid -> (step it ended before, seconds, reason): ended between steps ("abort") or by a
         # step that failed ("error"), so no record carries its finish
         self.aborts: dict[int, tuple[int, float, str]] = {}
         self.meta: dict[str, Any] = {}
         self._cache: dict[str, pd.DataFrame] | None = None
         self._rows = TableRows(cost)
+        # NOTE: a served engine appends from its own thread while a view reads the tables
+        self._lock = threading.RLock()
 
-    def arrive(self, uid: int, step: int, seconds: float, prompt_len: int, max_tokens: int) -> None:
-        self.arrivals[uid] = (step, seconds, prompt_len, max_tokens)
-        self._cache = None
+    def arrive(
+        self,
+        uid: int,
+        step: int,
+        seconds: float,
+        prompt_len: int,
+        max_tokens: int,
+        source: str = "python",
+    ) -> None:
+        with self._lock:
+            self.arrivals[uid] = (step, seconds, prompt_len, max_tokens, source)
+            self._cache = None
 
     def abort(self, uid: int, step: int, seconds: float, reason: str = "abort") -> None:
-        self.aborts[uid] = (step, seconds, reason)
-        self._cache = None
+        with self._lock:
+            self.aborts[uid] = (step, seconds, reason)
+            self._cache = None
 
     def append(self, record: StepRecord) -> None:
-        self.records.append(record)
-        self._cache = None
+        with self._lock:
+            self.records.append(record)
+            self._cache = None
 
     def rank_times_changed(self) -> None:
         """Other ranks' device times reached records already tabled: build the frames again
@@ -131,16 +146,17 @@ class History(_Tables):
     def tables(self) -> dict[str, pd.DataFrame]:
         if self._before_tables is not None:
             self._before_tables()
-        # the records were cleared or replaced, or the rows were built with another cost
-        if not self._rows.follows(self.records) or self._rows.cost is not self.cost:
-            self._rows, self._cache = TableRows(self.cost), None
-        if self._rows.count < len(self.records):
-            self._cache = None
-        if self._cache is None:
-            for rec in self.records[self._rows.count :]:
-                self._rows.add(rec)
-            self._cache = self._rows.frames(self.arrivals, self.aborts)
-        return self._cache
+        with self._lock:
+            # the records were cleared or replaced, or the rows were built with another cost
+            if not self._rows.follows(self.records) or self._rows.cost is not self.cost:
+                self._rows, self._cache = TableRows(self.cost), None
+            if self._rows.count < len(self.records):
+                self._cache = None
+            if self._cache is None:
+                for rec in self.records[self._rows.count :]:
+                    self._rows.add(rec)
+                self._cache = self._rows.frames(dict(self.arrivals), dict(self.aborts))
+            return self._cache
 
 
 class RunTables(_Tables):

@@ -16,6 +16,7 @@ class RequestRow(NamedTuple):
     """One request: arrival, first scheduled, first token and finish, in steps and seconds."""
 
     uid: int
+    source: str  # how it came: "python" (a call) or "http" (the server)
     prompt_tokens: int
     max_tokens: int
     cached_tokens: int
@@ -37,7 +38,7 @@ def requests_table(
     steps: pd.DataFrame, ledger: pd.DataFrame, arrivals: dict, aborts: dict
 ) -> pd.DataFrame:
     """One row per request that arrived (`arrivals`: uid -> (step, seconds, prompt tokens,
-    max tokens)), from the steps and ledger tables; `aborts`: uid -> (step, seconds, reason)
+    max tokens, source)), from the steps and ledger tables; `aborts`: uid -> (step, seconds, reason)
     for requests that ended between steps."""
     import pandas as pd
 
@@ -53,7 +54,7 @@ def requests_table(
     done = ledger[ledger["finish"].notna()].drop_duplicates("uid")
     finish_of = dict(zip(done["uid"], zip(done["finish"], done["step"])))
     rows = []
-    for uid, (step, seconds, prompt, max_tokens) in sorted(arrivals.items()):
+    for uid, (step, seconds, prompt, max_tokens, *source) in sorted(arrivals.items()):
         first, first_tok = first_step.get(uid), first_token.get(uid)
         count = counts.get(uid, 0)
         fin = finish_of.get(uid)  # (reason, step)
@@ -64,6 +65,7 @@ def requests_table(
             fin = (reason, step_ended)
         row = RequestRow(
             uid=uid,
+            source=source[0] if source else "python",
             prompt_tokens=prompt,
             max_tokens=max_tokens,
             cached_tokens=int(cached_of.get(uid, 0)),

@@ -13,6 +13,7 @@ class RequestArrive:
     uid: int
     prompt_len: int
     max_tokens: int
+    source: str = "python"  # how it came: "python" (a call) or "http" (the server)
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,10 +180,20 @@ class Probe(Observer):
             self.history.events_changed()
 
     # -- hook points, in the order they fire ----------------------------------------------
-    def request_arrive(self, step: int, uid: int, prompt_len: int, max_tokens: int) -> None:
-        self.history.arrive(uid, step, self.clock(), prompt_len, max_tokens)
+    def request_arrive(
+        self,
+        step: int,
+        uid: int,
+        prompt_len: int,
+        max_tokens: int,
+        seconds: float | None = None,
+        source: str = "python",
+    ) -> None:
+        seconds = self.clock() if seconds is None else seconds
+        self.history.arrive(uid, step, seconds, prompt_len, max_tokens, source)
         if "request.arrive" in self.hooks:
-            self.hooks.emit("request.arrive", ev.RequestArrive(step, uid, prompt_len, max_tokens))
+            event = ev.RequestArrive(step, uid, prompt_len, max_tokens, source)
+            self.hooks.emit("request.arrive", event)
 
     def cache_match_hook(self, step: int) -> Callable[[int, int, int], None] | None:
         """What admission calls on each prefix match, (uid, prompt_len, cached_len); None when

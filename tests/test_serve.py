@@ -1,0 +1,449 @@
+"""The OpenAI-compatible server, driven by the real `openai` client (and raw HTTP where a client
+would not send what is tested): completions and chat, streamed and whole, equal to
+`LLM.generate`; cached tokens; clients that leave; bad requests answered 400 while the others
+are served; a full queue answered 503; pause, step and resume with a client waiting; /metrics
+read by prometheus_client's parser; the server as a process and the terminal chat."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from workbench import LLM, SamplingParams, Workbench
+
+from .conftest import PROMPTS
+
+openai = pytest.importorskip("openai")
+MODEL = "tiny-llama"  # SmolLM2's tokenizer and chat template, two small layers
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def served():
+    """A workbench serving from a background thread, as a notebook's `wb.serve()` does."""
+    wb = Workbench(MODEL, max_running_reqs=8, max_extend_tokens=64)
+    server = wb.serve(port=0)
+    client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=60)
+    yield wb, server, client
+    wb.close()
+
+
+def greedy(n: int) -> dict:
+    return dict(
+        max_tokens=n, temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True}
+    )
+
+
+def reference(prompts, n: int) -> list[dict]:
+    llm = LLM(MODEL, max_running_reqs=8, max_extend_tokens=64)
+    try:
+        return llm.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True))
+    finally:
+        llm.close()
+
+
+def test_completions_whole_and_streamed_equal_generate_token_for_token(served):
+    wb, server, client = served
+    expected = reference(PROMPTS[:3], 12)
+    for prompt, want in zip(PROMPTS[:3], expected):
+        whole = client.completions.create(model=MODEL, prompt=prompt, **greedy(12))
+        choice = whole.choices[0]
+        assert choice.text == want["text"] and choice.model_extra["token_ids"] == want["token_ids"]
+        assert choice.finish_reason == "length"
+        assert whole.usage.prompt_tokens == want["prompt_tokens"]
+        assert whole.usage.completion_tokens == 12
+        chunks = list(
+            client.completions.create(
+                model=MODEL,
+                prompt=prompt,
+                stream=True,
+                stream_options={"include_usage": True},
+                **greedy(12),
+            )
+        )
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        ids = [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]]
+        assert text == want["text"] and ids == want["token_ids"]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        assert chunks[-1].usage.completion_tokens == 12 and not chunks[-1].choices
+    # token ids in, as a prompt
+    ids = wb.llm.encode(PROMPTS[0])
+    by_ids = client.completions.create(model=MODEL, prompt=ids, **greedy(12))
+    assert by_ids.choices[0].model_extra["token_ids"] == expected[0]["token_ids"]
+
+
+def test_chat_through_the_template_equals_generate_on_the_templated_ids(served):
+    wb, server, client = served
+    messages = [{"role": "user", "content": "Name three colors."}]
+    encoded = wb.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+    (want,) = reference([ids], 10)
+    whole = client.chat.completions.create(model=MODEL, messages=messages, **greedy(10))
+    assert whole.choices[0].message.content == want["text"]
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.usage.prompt_tokens == len(ids)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, stream=True, **greedy(10)
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want["text"]
+
+
+def test_a_shared_prefix_is_reported_as_cached_tokens(served):
+    wb, server, client = served
+    prefix = "Zanzibar " + " ".join(["The scheduler admits requests under a token budget."] * 6)
+    first = client.completions.create(model=MODEL, prompt=prefix + " First.", **greedy(2))
+    second = client.completions.create(model=MODEL, prompt=prefix + " Second.", **greedy(2))
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    shared = len(wb.llm.encode(prefix))
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert shared - 2 <= cached <= second.usage.prompt_tokens - 1, (shared, cached)
+    # the requests table says which requests came over HTTP, when, and what they found cached
+    requests = wb.history.requests.set_index("uid")
+    http = requests[requests.source == "http"]
+    assert len(http) >= 2 and http.cached_tokens.max() == cached
+    assert (http.arrival_s <= http.first_token_s).all()
+
+
+def test_stop_strings_end_the_text_before_them(served):
+    wb, server, client = served
+    (want,) = reference([PROMPTS[4]], 16)
+    stop = want["text"][5:8]
+    assert stop and stop in want["text"]
+    got = client.completions.create(model=MODEL, prompt=PROMPTS[4], stop=[stop], **greedy(16))
+    assert got.choices[0].text == want["text"][: want["text"].index(stop)]
+    assert got.choices[0].finish_reason == "stop"
+    wb.pause()  # between steps: every stopped request let go of what it held
+    try:
+        wb.check_integrity()
+    finally:
+        wb.resume()
+
+
+def test_a_client_that_leaves_mid_stream_is_aborted_and_freed(served):
+    wb, server, client = served
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=PROMPTS[3],
+        stream=True,
+        max_tokens=400,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()  # the connection goes
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        requests = wb.history.requests
+        if (requests.finish_reason == "abort").any():
+            break
+        time.sleep(0.05)
+    aborted = wb.history.requests.query("finish_reason == 'abort'")
+    assert len(aborted) >= 1 and (aborted.completion_tokens < 400).all()
+    wb.pause()
+    try:
+        wb.check_integrity()  # nothing leaked: its slot and KV pages are back
+    finally:
+        wb.resume()
+
+
+BAD = [
+    ({"model": MODEL}, "prompt"),
+    ({"model": MODEL, "prompt": ""}, "prompt"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": "8"}, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 10**6}, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "temperature": -1}, "temperature"),
+    ({"model": MODEL, "prompt": "hi", "top_p": 1.5}, "top_p"),
+    ({"model": MODEL, "prompt": "hi", "top_k": "all"}, "top_k"),
+    ({"model": MODEL, "prompt": "hi", "seed": -3}, "seed"),
+    ({"model": MODEL, "prompt": "hi", "n": 2}, "n"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 1}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
+    ({"model": MODEL, "prompt": "hi", "stop": [""]}, "stop"),
+    ({"model": MODEL, "prompt": "hi", "frobnicate": True}, "frobnicate"),
+    ({"model": "gpt-4", "prompt": "hi"}, "model"),
+    ({"model": MODEL, "prompt": [1, 2, 10**9]}, "prompt"),
+    ({"model": MODEL, "prompt": ["a", "b"]}, "prompt"),
+]
+BAD_CHAT = [
+    ({"model": MODEL, "messages": []}, "messages"),
+    ({"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [{}]}, "tools"),
+]
+
+
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        *[("/completions", b, f) for b, f in BAD],
+        *[("/chat/completions", b, f) for b, f in BAD_CHAT],
+    ],
+)
+def test_a_bad_request_is_a_400_naming_the_field_and_the_server_serves_on(
+    served, path, body, field
+):
+    wb, server, client = served
+    reply = httpx.post(server.url + path, json=body, timeout=30)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == field and error["type"] == "invalid_request_error"
+    assert field.split(".")[-1].split("[")[0] in error["message"]
+    ok = client.completions.create(model=MODEL, prompt="Hello", **greedy(2))
+    assert ok.choices[0].finish_reason == "length"
+
+
+def test_malformed_and_huge_bodies_are_refused_and_the_pool_stays_whole(served):
+    wb, server, client = served
+    bad = httpx.post(server.url + "/completions", content=b"{not json", timeout=30)
+    assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+    huge = httpx.post(server.url + "/completions", content=b" " * (17 * 2**20), timeout=60)
+    assert huge.status_code == 413
+    assert (
+        client.completions.create(model=MODEL, prompt="Hi", **greedy(2)).usage.completion_tokens
+        == 2
+    )
+    wb.pause()
+    try:
+        wb.check_integrity()
+    finally:
+        wb.resume()
+
+
+def test_pause_then_step_by_hand_then_resume_with_a_client_waiting(served):
+    wb, server, client = served
+    wb.pause()
+    answers = []
+    thread = threading.Thread(
+        target=lambda: answers.append(
+            client.completions.create(model=MODEL, prompt=PROMPTS[1], **greedy(6))
+        )
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.loop.queue_len and time.monotonic() < deadline:  # it reached the engine
+        time.sleep(0.02)
+    assert server.loop.queue_len == 1 and not answers  # waiting: the engine does not step
+    record = wb.step()  # by hand: its prompt
+    assert record.phase == "prefill" and record.size == 1
+    uid = record.rows[0].uid
+    assert wb.history.requests.set_index("uid").loc[uid, "source"] == "http"
+    wb.step()
+    time.sleep(0.2)
+    assert not answers  # still waiting: 6 tokens asked for
+    wb.resume()
+    thread.join(timeout=60)
+    (answer,) = answers
+    assert answer.choices[0].model_extra["token_ids"] == reference([PROMPTS[1]], 6)[0]["token_ids"]
+    with pytest.raises(RuntimeError, match="pause"):
+        wb.step()  # not while it steps by itself
+
+
+def test_metrics_are_prometheus_text_with_the_engines_own_facts(served):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wb, server, client = served
+    client.completions.create(model=MODEL, prompt=PROMPTS[2], **greedy(4))
+    text = httpx.get(server.url.removesuffix("/v1") + "/metrics", timeout=30).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in (
+        "workbench_requests_running",
+        "workbench_requests_waiting",
+        "workbench_kv_pages_in_use",
+        "workbench_prefix_cache_hit_tokens",
+        "workbench_admission_refusals",
+        "workbench_time_to_first_token_seconds",
+        "workbench_inter_token_latency_seconds",
+        "workbench_step_seconds",
+    ):
+        assert name in families, sorted(families)
+    value = {s.name: s.value for f in families.values() for s in f.samples if not s.labels}
+    assert value["workbench_time_to_first_token_seconds_count"] >= 1
+    assert value["workbench_generation_tokens_total"] >= 4
+    finished = {
+        s.labels["reason"]: s.value
+        for s in families["workbench_requests_finished"].samples
+        if s.name.endswith("_total")
+    }
+    assert finished["length"] >= 1
+    assert (
+        httpx.get(server.url.removesuffix("/v1") + "/health", timeout=30).json()["status"] == "ok"
+    )
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_a_full_queue_is_a_503_and_stopping_ends_what_is_in_flight():
+    llm = LLM(MODEL, max_running_reqs=1, max_extend_tokens=64)
+    server = llm.serve(port=0, max_queued_requests=1)
+    url, port = server.url, server.port
+    server.pause()
+    replies: list = []
+
+    def send() -> None:
+        try:
+            replies.append(
+                httpx.post(url + "/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=60)
+            )
+        except httpx.HTTPError as exc:
+            replies.append(exc)
+
+    first = threading.Thread(target=send)
+    first.start()
+    deadline = time.monotonic() + 30
+    while server.loop.queue_len < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    full = httpx.post(url + "/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=30)
+    assert full.status_code == 503 and full.headers["retry-after"] == "1"
+    assert "max-queued-requests" in full.json()["error"]["message"]
+    llm.stop_serving()  # the one waiting gets a clean end
+    first.join(timeout=30)
+    (reply,) = replies
+    assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] == "abort"
+    assert _free(port)  # the port is free again
+    llm.check_integrity()
+    assert llm.generate(["Hi"], SamplingParams(max_tokens=2))[0]["completion_tokens"] == 2
+    llm.close()
+
+
+def test_the_server_as_a_process_answers_and_stops_on_ctrl_c():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workbench",
+            "serve",
+            "--model",
+            MODEL,
+            "--port",
+            "0",
+            "--max-num-seqs",
+            "4",
+            "--served-model-name",
+            "tiny",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        url = None
+        for line in proc.stdout:
+            if " at http://" in line:
+                url = line.split(" at ")[-1].strip()
+                break
+        assert url, "the server did not say where it listens"
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        answer = client.completions.create(model="tiny", prompt="Hello", **greedy(3))
+        assert answer.usage.completion_tokens == 3 and answer.model == "tiny"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_terminal_chat_streams_answers_and_shows_their_steps():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "workbench", "chat", "--model", MODEL, "--max-tokens", "6"],
+        input="Hello there\n/steps\nAnd again\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "(steps shown)" in out
+    steps = [line for line in out.splitlines() if line.strip().startswith("step ")]
+    assert steps and "prefill" in steps[0] and all(" ms" in s for s in steps)
+    assert 1 <= len(steps) <= 6  # the second answer's: its prompt, then up to five decodes
+
+
+def test_hundreds_of_streams_some_leaving_leave_the_engine_serving_and_the_pool_whole(served):
+    """300 streams at once, every third closed after its first event: the others get their
+    answers, the engine serves on, nothing leaks."""
+    import asyncio
+
+    wb, server, client = served
+
+    async def one(http, i: int) -> int:
+        body = {
+            "model": MODEL,
+            "prompt": PROMPTS[i % 5],
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        async with http.stream("POST", "/completions", json=body) as reply:
+            async for line in reply.aiter_lines():
+                if i % 3 == 0 and line.startswith("data: {"):
+                    return -1  # leaves mid-stream
+                if '"usage"' in line:
+                    return json.loads(line[6:])["usage"]["completion_tokens"]
+        return 0
+
+    async def all_of_them() -> list[int]:
+        limits = httpx.Limits(max_connections=300)
+        async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=300) as http:
+            return await asyncio.gather(*(one(http, i) for i in range(300)))
+
+    counts = asyncio.run(all_of_them())
+    assert counts.count(-1) == 100 and counts.count(6) == 200
+    deadline = time.monotonic() + 60
+    while wb.server.loop.live and time.monotonic() < deadline:
+        time.sleep(0.05)  # the ones that left are aborted; the rest have ended
+    wb.check_integrity()
+    assert (
+        client.completions.create(model=MODEL, prompt="Hi", **greedy(2)).usage.completion_tokens
+        == 2
+    )
+
+
+def test_a_streamed_chunk_written_from_its_template_is_the_json_of_its_fields():
+    from workbench.serve.app import _chunk, _Events
+    from workbench.serve.output import Delta, Output
+    from workbench.serve.protocol import Parsed
+
+    for chat, ids in ((False, False), (True, True)):
+        parsed = Parsed(
+            chat,
+            [1, 2],
+            SamplingParams(max_tokens=3),
+            stream=True,
+            return_token_ids=ids,
+            model='m"odel',
+        )
+        output = Output.__new__(Output)
+        output.parsed, output.id, output.created, output.error = parsed, "cmpl-x", 17, None
+        for delta in (Delta('a "quoted"\nline é', [5, 6], None), Delta("", [], "length")):
+            written = json.loads(_Events(output).chunk(delta).removeprefix("data: "))
+            assert written == _chunk(None, output, delta)

@@ -1,0 +1,225 @@
+"""Does the HTTP server slow the engine? The same requests through `LLM.generate` and through the
+server, from N concurrent streaming clients in another process (as real clients are).
+
+    python -m workbench.bench.serve_load [--model smollm2] [--clients 64 256] [--output-len 64]
+
+For each number of clients: output tokens per second of `LLM.generate` on the requests (the
+engine with as many request slots as clients), then of the server with that many clients, each
+sending its share of the requests one after another, streamed (`stream: true`, the token ids
+asked for so the clients count tokens without detokenising); the ratio; the clients' TTFT and
+ITL percentiles; and where the server's time went: the engine's steps (how many, how long, how
+much of the wall time they filled) against generate's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def workload(count: int, vocab: int, input_len: tuple[int, int], seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    high = min(vocab, 49152) - 1
+    return [
+        [rng.randrange(100, high) for _ in range(rng.randint(*input_len))] for _ in range(count)
+    ]
+
+
+def run_generate(llm, prompts: list[list[int]], output_len: int) -> dict:
+    from ..core import SamplingParams
+
+    sampling = SamplingParams(max_tokens=output_len, ignore_eos=True)
+    steps_before = len(llm.history)
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, sampling)
+    seconds = time.perf_counter() - started
+    tokens = sum(o["completion_tokens"] for o in outputs)
+    return {"tokens": tokens, "seconds": seconds, **_steps(llm, steps_before, seconds)}
+
+
+def run_served(llm, prompts: list[list[int]], output_len: int, clients: int) -> dict:
+    """The requests from `clients` streaming clients in a process of their own; the CPU time
+    each process spent while they ran (the engine's, the HTTP process's, the clients')."""
+    server = llm.serve(port=0)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = Path(tmp) / "spec.json"
+            spec.write_text(
+                json.dumps(
+                    {
+                        "url": server.url,
+                        "prompts": prompts,
+                        "max_tokens": output_len,
+                        "clients": clients,
+                        "model": server.name,
+                    }
+                )
+            )
+            client = subprocess.Popen(
+                [sys.executable, "-m", "workbench.bench.serve_load", "--client", str(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            )
+            assert client.stdout.readline().strip() == "ready"  # its imports done
+            pids = {"http": server._process.pid, "clients": client.pid}
+            before = {name: _cpu_s(pid) for name, pid in pids.items()}
+            engine_before, steps_before = time.process_time(), len(llm.history)
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            result = json.loads(client.stdout.readline())
+            cpu = {name: _cpu_s(pid) - before[name] for name, pid in pids.items()}
+            cpu["engine"] = time.process_time() - engine_before
+            client.wait()
+    finally:
+        llm.stop_serving()
+    return {**result, "cpu_s": cpu, **_steps(llm, steps_before, result["seconds"])}
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far (Linux's /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _steps(llm, since: int, seconds: float) -> dict:
+    """The engine's steps of the run (record="light"): count, median time, and how much of the
+    run's wall time they filled."""
+    records = llm.history.records[since:]
+    walls = [r.wall_ms for r in records]
+    return {
+        "steps": len(records),
+        "step_ms": float(np.median(walls)) if walls else float("nan"),
+        "busy": sum(walls) / 1e3 / seconds if seconds else float("nan"),
+    }
+
+
+# -- the clients, in a process of their own ---------------------------------------------------
+async def _client(spec: dict) -> dict:
+    """`clients` concurrent streams over the requests, each client's one after another. The
+    bytes are read as they come, with a connection per request, and nothing is parsed but the
+    last event (its usage): a client in Python parsing every event of hundreds of streams
+    through an HTTP library was the slowest part of the measurement (0.25 ms a read)."""
+    prompts, clients = spec["prompts"], spec["clients"]
+    shares = [prompts[i::clients] for i in range(clients)]
+    host, port = spec["url"].split("//")[1].split("/")[0].split(":")
+    timings: list[tuple[float, int, float | None]] = []  # ttft, tokens, tpot
+
+    async def one(prompt: list[int]) -> None:
+        body = json.dumps(
+            {
+                "model": spec["model"],
+                "prompt": prompt,
+                "max_tokens": spec["max_tokens"],
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
+            f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        start = time.perf_counter()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head + body)
+        first = last = None
+        tail = b""
+        while chunk := await reader.read(65536):
+            now = time.perf_counter()
+            if first is None and b"data: {" in chunk:
+                first = now
+            last, tail = now, (tail + chunk)[-4096:]
+        writer.close()
+        event = b"{" + tail.rsplit(b"data: {", 1)[-1].split(b"\n\n", 1)[0]
+        count = json.loads(event)["usage"]["completion_tokens"]
+        tpot = (last - first) / (count - 1) if count > 1 and first is not None else None
+        timings.append(((first or start) - start, count, tpot))
+
+    async def serve_share(share: list[list[int]]) -> None:
+        for prompt in share:
+            await one(prompt)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(serve_share(s) for s in shares))
+    seconds = time.perf_counter() - started
+    ttft = [t[0] * 1e3 for t in timings]
+    tpot = [t[2] * 1e3 for t in timings if t[2] is not None]
+    return {
+        "tokens": sum(t[1] for t in timings),
+        "seconds": seconds,
+        "ttft_ms": [float(np.percentile(ttft, q)) for q in (50, 99)],
+        "tpot_ms": [float(np.percentile(tpot, q)) for q in (50, 99)] if tpot else [0, 0],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--clients", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--per-client", type=int, default=4, help="requests each client sends")
+    parser.add_argument("--input-len", type=int, nargs=2, default=[16, 64])
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--client", help=argparse.SUPPRESS)  # the client process's spec
+    args = parser.parse_args(argv)
+    if args.client:  # ready once imported; then the requests, when told to go
+        spec = json.loads(Path(args.client).read_text())
+        print("ready", flush=True)
+        sys.stdin.readline()
+        print(json.dumps(asyncio.run(_client(spec))), flush=True)
+        return
+    import torch
+
+    from ..llm import LLM
+
+    for clients in args.clients:
+        llm = LLM(args.model, max_running_reqs=clients, record="light")
+        vocab = llm.engine.model_config.vocab_size
+        prompts = workload(clients * args.per_client, vocab, tuple(args.input_len))
+        base = run_generate(llm, prompts, args.output_len)
+        served = run_served(llm, prompts, args.output_len, clients)
+        llm.check_integrity()
+        llm.close()
+        rate = base["tokens"] / base["seconds"]
+        served_rate = served["tokens"] / served["seconds"]
+        print(
+            f"{args.model} on {'cuda' if torch.cuda.is_available() else 'cpu'}, {clients} "
+            f"streaming clients, {len(prompts)} requests of {args.input_len[0]}-"
+            f"{args.input_len[1]} prompt and {args.output_len} output tokens:"
+        )
+        print(
+            f"  LLM.generate {rate:,.0f} tok/s ({base['steps']} steps, median "
+            f"{base['step_ms']:.2f} ms, {base['busy']:.0%} of the time in steps)"
+        )
+        print(
+            f"  served       {served_rate:,.0f} tok/s = {served_rate / rate:.0%} of generate's "
+            f"({served['steps']} steps, median {served['step_ms']:.2f} ms, {served['busy']:.0%} "
+            f"of the time in steps); TTFT p50 / p99 {served['ttft_ms'][0]:.1f} / "
+            f"{served['ttft_ms'][1]:.1f} ms, TPOT p50 / p99 {served['tpot_ms'][0]:.2f} / "
+            f"{served['tpot_ms'][1]:.2f} ms"
+        )
+        cpu = served["cpu_s"]
+        print(
+            f"  CPU while served: the engine's process {cpu['engine']:.2f} s, the HTTP "
+            f"process {cpu['http']:.2f} s, the clients' {cpu['clients']:.2f} s, in "
+            f"{served['seconds']:.2f} s of wall time ({os.cpu_count()} cores)"
+        )
+
+
+if __name__ == "__main__":
+    main()

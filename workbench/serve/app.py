@@ -1,0 +1,263 @@
+"""The HTTP side: FastAPI routes in the shape vLLM and SGLang serve them.
+
+    POST /v1/completions        prompt (text or token ids) -> text, streamed or whole
+    POST /v1/chat/completions   messages, through the model's chat template
+    GET  /v1/models             the served model
+    GET  /health                200 while the engine serves, 503 once it stopped
+    GET  /metrics               Prometheus' text format (`metrics.py`)
+
+A request is read and checked here (`protocol.parse`) before the engine sees it: a bad one is
+a 400 naming the field, a body over `MAX_BODY_BYTES` a 413, and a full queue a 503 with
+`Retry-After`. A streamed answer is server-sent events, one per step that brought new text,
+then `data: [DONE]`. A client that leaves aborts its request at once.
+"""
+
+# NOTE: no `from __future__ import annotations`: FastAPI reads the routes' annotations (the
+# Request of a route defined in create_app) when it builds them
+import asyncio
+import json
+from typing import TYPE_CHECKING
+
+from .output import Delta, Output
+from .protocol import ApiError, parse
+
+if TYPE_CHECKING:
+    from .service import Service
+
+MAX_BODY_BYTES = 16 * 2**20  # a prompt of the longest context is far less (as text or ids)
+_POLL_S = 0.25  # how often a whole (not streamed) answer checks that its client is still there
+
+
+def create_app(service: "Service", lifespan=None):
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+    app = FastAPI(title="workbench", docs_url=None, redoc_url=None, lifespan=lifespan)
+
+    def error(exc: ApiError) -> JSONResponse:
+        service.metrics.rejected.labels(str(exc.status)).inc()
+        headers = {"Retry-After": "1"} if exc.status == 503 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    async def handle(request: Request, chat: bool):
+        try:
+            body = await _read_json(request)
+            parsed = parse(body, chat, service)
+            output = service.accept(parsed)
+        except ApiError as exc:
+            return error(exc)
+        if parsed.stream:
+            events = _counted(service, _stream(service, output))
+            return StreamingResponse(events, media_type="text/event-stream")
+        service.responses += 1
+        try:
+            whole = await _whole(service, output, request)
+        finally:
+            service.responses -= 1
+        if whole is None:  # the client left
+            return Response(status_code=499)
+        return JSONResponse(whole)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await handle(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [service.model_card(name) for name in service.model_names],
+        }
+
+    @app.get("/health")
+    async def health():
+        if not service.serving:
+            return JSONResponse({"status": "stopped"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        text, kind = service.metrics.text()
+        return Response(text, media_type=kind)
+
+    return app
+
+
+async def _read_json(request) -> object:
+    """The body as JSON; a 413 beyond `MAX_BODY_BYTES` (read no further), a 400 if not JSON."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise ApiError(
+            f"the request body is {int(length):,} bytes, more than the {MAX_BODY_BYTES:,} allowed",
+            status=413,
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(
+                f"the request body is more than the {MAX_BODY_BYTES:,} bytes allowed", status=413
+            )
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(f"the request body is not valid JSON: {exc}") from None
+
+
+async def _counted(service: "Service", events):
+    """`events`, counted among the responses under way while they last."""
+    service.responses += 1
+    try:
+        async for event in events:
+            yield event
+    finally:
+        service.responses -= 1
+        await events.aclose()  # its own cleanup now (a client that left: the abort)
+
+
+async def _stream(service: "Service", output: Output):
+    """Server-sent events: a chunk per step that brought text, the finish, usage if asked,
+    then [DONE]. A client that leaves (the response is cancelled) aborts its request."""
+    parsed = output.parsed
+    finished = False
+    events = _Events(output)
+    try:
+        if parsed.chat:  # the role first, as OpenAI's API sends it
+            yield _sse(_chunk(service, output, Delta("", [], None), role=True))
+        while True:
+            await output.wait()  # (`stream_interval` tokens, or the end)
+            delta = output.take()
+            if output.stopped:  # a stop string ended it: the engine lets go of it
+                service.cancel(output)
+            if delta.finish_reason == "error":
+                yield _sse(_chunk(service, output, delta))
+            elif delta.text or delta.token_ids or delta.finish_reason is not None:
+                yield events.chunk(delta)
+            if delta.finish_reason is not None:
+                finished = True
+                break
+        if parsed.include_usage:
+            yield _sse(_usage_chunk(service, output))
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:  # cancelled: the client left
+            service.cancel(output)
+
+
+async def _whole(service: "Service", output: Output, request) -> "dict | None":
+    """The whole answer once it has ended; None if the client left first (its request is
+    aborted)."""
+    text, ids = [], []
+    while True:
+        try:
+            await asyncio.wait_for(output.wait(), timeout=_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                service.cancel(output)
+                return None
+            continue
+        delta = output.take()
+        text.append(delta.text)
+        ids.extend(delta.token_ids)
+        if output.stopped:  # a stop string ended it: the engine lets go of it
+            service.cancel(output)
+        if delta.finish_reason is not None:
+            break
+    choice = {"index": 0, "logprobs": None, "finish_reason": delta.finish_reason}
+    if output.parsed.chat:
+        choice["message"] = {"role": "assistant", "content": "".join(text)}
+    else:
+        choice["text"] = "".join(text)
+    if output.parsed.return_token_ids:
+        choice["token_ids"] = ids
+    if output.error:
+        choice["error"] = output.error
+    return {
+        "id": output.id,
+        "object": "chat.completion" if output.parsed.chat else "text_completion",
+        "created": output.created,
+        "model": output.parsed.model,
+        "choices": [choice],
+        "usage": _usage(output),
+    }
+
+
+def _usage(output: Output) -> dict:
+    """The engine's count where the request ended there; where a stop string ended it, the
+    tokens up to it."""
+    prompt = len(output.parsed.token_ids)
+    completion = len(output.tokens)
+    if output.usage is not None and not output.stopped:
+        completion = output.usage["completion_tokens"]
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": output.cached_tokens},
+    }
+
+
+def _chunk(service: "Service", output: Output, delta: Delta, role: bool = False) -> dict:
+    parsed = output.parsed
+    if parsed.chat:
+        content = {"role": "assistant", "content": ""} if role else {"content": delta.text}
+        choice = {"index": 0, "delta": content, "logprobs": None}
+    else:
+        choice = {"index": 0, "text": delta.text, "logprobs": None}
+    choice["finish_reason"] = delta.finish_reason
+    if parsed.return_token_ids and not role:
+        choice["token_ids"] = delta.token_ids
+    if delta.finish_reason == "error" and output.error:
+        choice["error"] = output.error
+    return {
+        "id": output.id,
+        "object": "chat.completion.chunk" if parsed.chat else "text_completion",
+        "created": output.created,
+        "model": parsed.model,
+        "choices": [choice],
+    }
+
+
+def _usage_chunk(service: "Service", output: Output) -> dict:
+    return {
+        "id": output.id,
+        "object": "chat.completion.chunk" if output.parsed.chat else "text_completion",
+        "created": output.created,
+        "model": output.parsed.model,
+        "choices": [],
+        "usage": _usage(output),
+    }
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+class _Events:
+    """One stream's chunks, each the same JSON as `_chunk` gives but written from a template:
+    a chunk per step for each of hundreds of streams, and `json.dumps` of a whole dictionary
+    for each was a large share of the HTTP process's time."""
+
+    def __init__(self, output: Output) -> None:
+        parsed = output.parsed
+        kind = "chat.completion.chunk" if parsed.chat else "text_completion"
+        self.head = (
+            f'data: {{"id":{json.dumps(output.id)},"object":"{kind}","created":{output.created},'
+            f'"model":{json.dumps(parsed.model)},"choices":[{{"index":0,'
+            + ('"delta":{"content":' if parsed.chat else '"text":')
+        )
+        self.close_text = "}," if parsed.chat else ","
+        self.ids = parsed.return_token_ids
+
+    def chunk(self, delta: Delta) -> str:
+        finish = "null" if delta.finish_reason is None else json.dumps(delta.finish_reason)
+        ids = f',"token_ids":[{",".join(map(str, delta.token_ids))}]' if self.ids else ""
+        return (
+            f"{self.head}{json.dumps(delta.text)}{self.close_text}"
+            f'"logprobs":null,"finish_reason":{finish}{ids}}}]}}\n\n'
+        )

@@ -1,0 +1,117 @@
+"""The HTTP process: uvicorn and the routes, the requests' checks, their detokenising and
+streaming, the metrics. The engine's process starts it (`Server.start`: ``python -m
+workbench.serve.front``, a process of its own that imports nothing of the caller's script) and
+talks to it over one local connection: checked requests and aborts go to the engine, one
+message a step comes back. Parsing
+JSON, tokenising prompts, detokenising and writing server-sent events for hundreds of clients
+is Python work: here it takes nothing from the engine's steps (a thread of the engine's process
+would share its interpreter lock).
+
+Messages, engine -> here: ("step", tokens by request, ends, cached tokens at admission, the
+engine's state, refusals by reason, step seconds), ("stop",). Here -> engine: ("ready", port),
+("failed", message), ("adds", [(rid, token ids, sampling, received), ...]), ("abort", rid),
+("stopped",).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import sys
+import threading
+import time
+
+from .service import Limits, Service
+
+log = logging.getLogger("workbench.serve")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m workbench.serve.front SPEC``: the engine's process starts it so, with where to
+    connect back (a local socket, an authentication key) and the engine's `Limits` as JSON."""
+    from multiprocessing.connection import Client
+
+    spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
+    conn = Client(_address(spec["address"]), authkey=bytes.fromhex(spec["authkey"]))
+    serve(conn, Limits(**spec["limits"]))
+
+
+def _address(address):
+    return tuple(address) if isinstance(address, list) else address
+
+
+def serve(conn, limits: Limits) -> None:
+    """Listen, and serve until the engine says stop (or is gone). `conn`: the connection to
+    the engine's process (both ways)."""
+    send_lock = threading.Lock()
+
+    def send(message: tuple) -> None:
+        with send_lock:
+            conn.send(message)
+
+    try:
+        sock = _bind(limits.host, limits.port)
+    except OSError as exc:
+        send(("failed", f"the server could not listen on {limits.host}:{limits.port}: {exc}"))
+        return
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    from .app import create_app
+
+    tokenizer = AutoTokenizer.from_pretrained(limits.model_dir)
+    service = Service(limits, tokenizer, send)
+    server: uvicorn.Server | None = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        loop = asyncio.get_running_loop()
+        reader = threading.Thread(
+            target=_read, args=(conn, service, loop, lambda: server), daemon=True
+        )
+        reader.start()
+        send(("ready", sock.getsockname()[1]))
+        yield
+
+    app = create_app(service, lifespan)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    with contextlib.suppress(OSError, EOFError):
+        send(("stopped",))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _read(conn, service: Service, loop, server) -> None:
+    """The engine's messages, handed to the event loop one by one; at "stop" (or when the
+    engine is gone) the server lets its answers end, then shuts down."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            message = ("stop",)
+        if message[0] == "stop":
+            break
+        loop.call_soon_threadsafe(service.deliver, message)
+    loop.call_soon_threadsafe(setattr, service, "serving", False)
+    deadline = time.monotonic() + 10
+    while service.responses and time.monotonic() < deadline:
+        time.sleep(0.01)  # the answers the engine ended go out
+    uvicorn_server = server()
+    if uvicorn_server is not None:
+        uvicorn_server.should_exit = True
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""The engine's side of a server: a thread that steps the engine while requests come from the
+HTTP process (`front.py`), and one message a step back to it.
+
+The scheduler is not shared between threads: whoever steps it holds `EngineLoop.lock` (this
+thread, or a notebook stepping a paused engine by hand through `step_once`). The HTTP
+process's requests and aborts wait in the connection until the next holder of the lock reads
+them, before its step; the thread reads them at once when it is not stepping (a client that
+leaves frees its slot and KV pages even while the engine is paused).
+
+Each step's tokens leave the engine once: the hooks `sample.end`, `request.finish` and `admit`
+(the same hook points a notebook listens to) collect them by request, and after the step one
+message takes them all, with the engine's state, to the HTTP process, which detokenises and
+streams them. The engine never waits for a client, and its process does no HTTP work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing import connection as mp_connection
+from typing import Any
+
+log = logging.getLogger("workbench.serve")
+
+
+@dataclass
+class Host:
+    """What the loop steps: an `LLM`, and how one step of it is taken (a `Workbench` keeps its
+    records, arrivals and views in step)."""
+
+    llm: Any  # workbench.LLM: scheduler, hooks, probe
+    step: Callable[[], Any]  # one step; None when there was nothing to do
+    idle: Callable[[], bool]  # nothing waiting, running or due to arrive
+    keep_finished: bool = False  # leave finished requests for `outputs()` (a Workbench)
+
+
+class EngineLoop:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.conn = None  # the connection to the HTTP process (both ways), set by `start`
+        self.lock = threading.RLock()  # held while the scheduler is touched
+        # woken by a change from this process (a request a notebook adds, resume, stop)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self.live: dict[int, int] = {}  # uid -> rid of a request from HTTP
+        self._uid_of: dict[int, int] = {}  # rid -> uid
+        self.paused = False
+        self._stopping = False
+        self.failures = 0  # steps that raised (their requests ended with an error)
+        self.queue_len = 0  # requests waiting in the scheduler
+        self._sent_queue_len = -1
+        # what the step gave the HTTP process's requests, sent after it
+        self._tokens: dict[int, list[int]] = {}  # rid -> its new tokens
+        self._ends: list[tuple] = []  # (rid, reason, usage, error)
+        self._cached: list[tuple[int, int]] = []  # (rid, prompt tokens found cached)
+        self._refused: dict[str, int] = {}
+        self._step_s: list[float] = []
+        self._handles: list = []
+        self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
+
+    def wake(self) -> None:
+        """Something changed in this process (a request added from a notebook, a resume, the
+        stop): the thread looks again at once."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"!")
+
+    # -- the thread --------------------------------------------------------------------------
+    def start(self, conn) -> None:
+        self.conn = conn
+        hooks = self.host.llm.hooks
+        self._handles = [
+            hooks.add("sample.end", self._on_tokens),
+            hooks.add("request.finish", self._on_finish),
+            hooks.add("reject", self._on_reject),
+            hooks.add("admit", self._on_admit),
+        ]
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread after the step in progress; the engine's requests stay where they
+        are (`Server.stop` aborts those from HTTP first)."""
+        self._stopping = True
+        self.wake()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def pause(self) -> None:
+        """Stop stepping after the step in progress (returns once it has ended)."""
+        self.paused = True
+        with self.lock:  # the step in progress holds it
+            pass
+
+    def resume(self) -> None:
+        self.paused = False
+        self.wake()
+
+    def _run(self) -> None:
+        # NOTE: this thread reads the HTTP process's messages itself, between steps: a reader
+        # thread of its own would wait for the interpreter lock while steps run back to back
+        # (up to the 5 ms switch interval a message), and requests would reach the engine late
+        while not self._stopping:
+            if self.paused or self.host.idle():
+                self._wait(0.05)  # (requests due at a time arrive meanwhile)
+                if self._stopping:
+                    return
+            if self.paused:  # read what came (an abort frees at once), take no step
+                with self.lock:
+                    self.drain()
+                    self.flush()
+            else:
+                self.step_once()
+
+    def _wait(self, timeout: float) -> None:
+        """Until the HTTP process sends something, this process wakes the thread, or `timeout`."""
+        ready = mp_connection.wait([self.conn, self._wake_r], timeout)
+        if self._wake_r in ready:
+            with contextlib.suppress(OSError):
+                while self._wake_r.recv(4096):
+                    pass
+
+    def _readable(self) -> bool:
+        return self.conn is not None and self.conn.poll()
+
+    def step_once(self, raising: bool = False):
+        """One step of the engine with what waits in the inbox joined first; its tokens to the
+        HTTP process. The step's result (None: nothing to do). A step that raises has ended its
+        batch's requests with an error (the scheduler frees them): the loop logs it and goes on;
+        `raising` (a step taken by hand) raises it, as a step of a notebook does."""
+        started = time.perf_counter()
+        with self.lock:
+            try:
+                self.drain()
+                result = self.host.step()
+                if result is not None:
+                    self._step_s.append(time.perf_counter() - started)
+            except Exception:
+                self.failures += 1
+                if raising:
+                    raise
+                log.exception("a step failed while serving; its requests ended with an error")
+                result = None
+            finally:
+                self.flush()
+        return result
+
+    def drain(self) -> None:
+        """Join the requests the HTTP process sent to the scheduler and abort those it cancelled
+        (the lock is held)."""
+        scheduler = self.host.llm.scheduler
+        while self._readable():
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):  # the HTTP process is gone
+                break
+            if message[0] == "adds":
+                now = time.perf_counter()
+                for rid, ids, sampling, received in message[1]:
+                    arrived = max(scheduler.probe.clock() - (now - received), 0.0)
+                    uid = scheduler.add_request(ids, sampling, arrived=arrived, source="http")
+                    self.live[uid], self._uid_of[rid] = rid, uid
+            elif message[0] == "abort":
+                uid = self._uid_of.get(message[1])
+                if uid is not None and uid in self.live:
+                    with contextlib.suppress(ValueError):  # it ended meanwhile
+                        scheduler.abort(uid)
+        self.queue_len = len(scheduler.prefill.queue)
+
+    def abort_all(self) -> None:
+        """Abort every request that came over HTTP (the lock is held)."""
+        self.drain()
+        for uid in list(self.live):
+            with contextlib.suppress(ValueError):  # it ended meanwhile
+                self.host.llm.scheduler.abort(uid)
+
+    # -- hooks, on the engine's thread ---------------------------------------------------------
+    def _on_tokens(self, event) -> None:
+        live, tokens = self.live, self._tokens
+        for uid, token in zip(event.uids, event.tokens):
+            rid = live.get(uid)
+            if token is not None and rid is not None:
+                tokens.setdefault(rid, []).append(token)
+
+    def _on_finish(self, event) -> None:
+        rid = self.live.pop(event.uid, None)
+        if rid is None:
+            return
+        self._uid_of.pop(rid, None)
+        usage = (event.prompt_tokens, event.completion_tokens, event.cached_tokens)
+        scheduler = self.host.llm.scheduler
+        finished = scheduler.finished.get(event.uid)
+        error = finished.error if finished is not None else None
+        if not self.host.keep_finished:  # nobody else collects it
+            scheduler.finished.pop(event.uid, None)
+        self._ends.append((rid, event.reason, usage, error))
+
+    def _on_admit(self, event) -> None:
+        rid = self.live.get(event.uid)
+        if rid is not None and event.kind != "decode":
+            self._cached.append((rid, event.cached_len))
+
+    def _on_reject(self, event) -> None:
+        self._refused[event.reason] = self._refused.get(event.reason, 0) + 1
+
+    def flush(self) -> None:
+        """Send what the step gave the HTTP process's requests, and the engine's state, in one
+        message (the lock is held)."""
+        changed = self.queue_len != self._sent_queue_len
+        if not (self._tokens or self._ends or self._cached or self._step_s or changed):
+            return
+        occupancy = self.host.llm.scheduler.occupancy()
+        self.queue_len = occupancy.queue_len
+        state = {
+            "running": occupancy.running,
+            "waiting": occupancy.queue_len,
+            "kv_total": occupancy.kv_total,
+            "kv_free": occupancy.kv_free,
+            "kv_evictable": occupancy.kv_evictable,
+            "page_size": self.host.llm.scheduler.config.page_size,
+        }
+        message = (
+            "step",
+            list(self._tokens.items()),
+            self._ends,
+            self._cached,
+            state,
+            self._refused,
+            self._step_s,
+        )
+        self._tokens, self._ends, self._cached, self._refused, self._step_s = {}, [], [], {}, []
+        self._sent_queue_len = self.queue_len
+        try:
+            self.conn.send(message)
+        except (OSError, EOFError):  # the HTTP process is gone
+            log.warning("the HTTP process is gone: its requests' tokens are not sent")

@@ -1,0 +1,136 @@
+"""One HTTP request's output as it comes out of the engine: its tokens, turned into text one step
+at a time, cut at a stop string, and how it ended.
+
+The engine sends each step's tokens once (`EngineLoop`), the HTTP process's event loop appends
+them here (`push`, `end`) and wakes whoever waits; the response reads what is new (`take`).
+Text is detokenised incrementally (tokenizers' `DecodeStream`: only the new tokens, in Rust),
+and the end of the text that could still be the start of a stop string is held back until the
+next tokens say it is not."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from .protocol import Parsed
+
+
+class Delta(NamedTuple):
+    """What a response sends next: new text, the new tokens, and the finish once ended."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # None: more to come
+
+
+class Output:
+    """One request's output (created on the event loop, filled from the engine's thread
+    through it)."""
+
+    def __init__(
+        self, parsed: Parsed, arrived: float, tokenizer, vocab: int, interval: int = 1
+    ) -> None:
+        self.parsed = parsed
+        self.interval = interval  # tokens that wake the response (`stream_interval`)
+        self.arrived = arrived  # time.perf_counter() when the server received it
+        self.created = int(time.time())
+        self.id = ""  # "cmpl-..." / "chatcmpl-...", set by the service
+        self.rid = -1  # the service's number for it, which the engine's messages name
+        self.cancelled = False  # the client left, or a stop string ended it: abort it
+        self.stopped = False  # a stop string ended it (before the engine did)
+        self.cached_tokens = 0  # its prompt tokens found in the prefix cache (at admission)
+        self.tokens: list[int] = []  # every token the engine produced for it
+        self._taken = 0  # tokens turned into text so far
+        self._text = ""  # text not sent yet (held back for a stop string)
+        self._sent_ids: list[int] = []  # tokens not sent yet
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.usage: dict | None = None
+        self.first_token_at: float | None = None  # time.perf_counter()
+        self.last_token_at: float | None = None
+        self._wake = asyncio.Event()
+        self._decoder = Decoder(tokenizer, vocab)
+        self._stop_hold = max((len(s) for s in parsed.stop), default=1) - 1
+
+    # -- from the engine, through the event loop --------------------------------------------
+    def push(self, tokens: list[int], at: float) -> None:
+        self.tokens.extend(tokens)
+        self.first_token_at = self.first_token_at if self.first_token_at is not None else at
+        self.last_token_at = at
+        if self.unsent >= self.interval:  # (a response that would send nothing sleeps on)
+            self._wake.set()
+
+    def end(self, reason: str, usage: dict, error: str | None = None) -> None:
+        if self.finish_reason is None:
+            self.finish_reason, self.usage, self.error = reason, usage, error
+        self._wake.set()
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def unsent(self) -> int:
+        """Tokens come and not taken yet."""
+        return len(self.tokens) - self._taken
+
+    # -- to the response ---------------------------------------------------------------------
+    async def wait(self) -> None:
+        await self._wake.wait()
+        self._wake.clear()
+
+    def take(self) -> Delta:
+        """The text and tokens that are new since the last call; a stop string found ends the
+        output there (the stop string itself is not sent, as OpenAI's API does)."""
+        new = self.tokens[self._taken :]
+        self._taken = len(self.tokens)
+        if not self.parsed.stop:  # (most requests: nothing to hold back)
+            return Delta(self._decoder.add(new), new, self.finish_reason)
+        self._sent_ids.extend(new)
+        self._text += self._decoder.add(new)
+        finish = self.finish_reason
+        cut = _first_stop(self._text, self.parsed.stop)
+        if cut is not None:  # a stop string: the text ends before it, the request with it
+            self._text, finish = self._text[:cut], "stop"
+            if self.finish_reason is None:
+                self.finish_reason, self.stopped = "stop", True
+        held = 0 if finish is not None else min(self._stop_hold, len(self._text))
+        text = self._text[: len(self._text) - held]
+        self._text = self._text[len(text) :]
+        ids, self._sent_ids = self._sent_ids, []
+        return Delta(text, ids, finish)
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(found) if found else None
+
+
+class Decoder:
+    """Token ids to text, incrementally: tokenizers' `DecodeStream` where the tokenizer has a
+    Rust backend (every fast tokenizer), else the whole output decoded again each time."""
+
+    def __init__(self, tokenizer, vocab: int) -> None:
+        self.known = min(vocab, len(tokenizer))  # a dummy model's ids beyond the tokenizer's
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.stream = self.backend = None
+        if backend is not None:
+            from tokenizers.decoders import DecodeStream
+
+            self.backend, self.stream = backend, DecodeStream(skip_special_tokens=True)
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def add(self, tokens: list[int]) -> str:
+        tokens = [t for t in tokens if t < self.known]
+        if self.stream is not None:
+            return "".join(piece for t in tokens if (piece := self.stream.step(self.backend, t)))
+        self.ids.extend(tokens)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # a character cut between tokens: wait for the rest
+            return ""
+        new, self.sent = text[len(self.sent) :], text
+        return new

@@ -1,0 +1,300 @@
+"""What an OpenAI-compatible request asks for, checked field by field before anything is taken.
+
+`parse(body, chat, engine)` reads the JSON body of ``POST /v1/completions`` (``chat=False``) or
+``POST /v1/chat/completions`` into a `Parsed` request: token ids, `SamplingParams`, streaming,
+stop strings. Every problem is an `ApiError` (HTTP 400, OpenAI's error body) naming the field,
+the value and what is allowed, raised before the request reaches the engine.
+
+Honoured, as vLLM and SGLang serve them: `model`, `prompt` (text or token ids; completions),
+`messages` (through the model's chat template; chat), `max_tokens` / `max_completion_tokens`,
+`temperature`, `top_p`, `top_k`, `seed`, `stop` (a string or a list of strings), `ignore_eos`,
+`stream`, `stream_options.include_usage`, `return_token_ids` (vLLM's: the token ids beside the
+text), `user` and `metadata` (accepted, not used). Refused with a 400 when they ask for what
+this engine does not do: `n` > 1, `best_of` > 1, `logprobs`, `top_logprobs`, `echo`, `suffix`,
+`tools` and `tool_choice`, `functions`, `response_format` other than text, `logit_bias`,
+non-zero `presence_penalty` / `frequency_penalty`, `repetition_penalty` other than 1,
+`min_tokens` > 0; any other field is refused as unknown (as OpenAI's API does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import SamplingParams
+
+
+def _none_or(*allowed):
+    """A check that a field asks for nothing: missing (None) or one of `allowed` (compared with
+    their types: `True` is not 1)."""
+    return lambda v: v is None or any(type(v) is type(a) and v == a for a in allowed)
+
+
+# fields this engine cannot honour, and the values that ask for nothing (the OpenAI defaults)
+_HARMLESS = {
+    "n": _none_or(1),
+    "best_of": _none_or(1),
+    "logprobs": _none_or(False),
+    "top_logprobs": _none_or(0),
+    "echo": _none_or(False),
+    "suffix": _none_or(""),
+    "tools": _none_or([]),
+    "tool_choice": _none_or("none"),
+    "functions": _none_or([]),
+    "function_call": _none_or("none"),
+    "logit_bias": _none_or({}),
+    "presence_penalty": _none_or(0, 0.0),
+    "frequency_penalty": _none_or(0, 0.0),
+    "repetition_penalty": _none_or(1, 1.0),
+    "min_tokens": _none_or(0),
+    "parallel_tool_calls": _none_or(True, False),
+}
+_COMMON = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "ignore_eos",
+    "stream",
+    "stream_options",
+    "return_token_ids",
+    "user",
+    "metadata",
+    *_HARMLESS,
+}
+FIELDS = {
+    False: _COMMON | {"prompt"},
+    True: _COMMON | {"messages", "max_completion_tokens", "response_format"},
+}
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class ApiError(Exception):
+    """A request refused: its HTTP status, OpenAI's error body (`body()`), the field named."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        code = {400: "bad_request", 404: "not_found", 413: "request_too_large"}.get(self.status)
+        return {
+            "error": {
+                "message": self.message,
+                "type": kind,
+                "param": self.param,
+                "code": code or str(self.status),
+            }
+        }
+
+
+@dataclass
+class Parsed:
+    """One checked request."""
+
+    chat: bool
+    token_ids: list[int]
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    stop: tuple[str, ...] = ()
+    return_token_ids: bool = False
+    model: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse(body: Any, chat: bool, engine) -> Parsed:
+    """A request's JSON body checked against `engine` (the `serve.Service`: its tokenizer,
+    served names, context and KV pool)."""
+    if not isinstance(body, dict):
+        raise ApiError(f"the request body must be a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - FIELDS[chat])
+    if unknown:
+        allowed = ", ".join(sorted(FIELDS[chat]))
+        raise ApiError(
+            f"unrecognized request argument {unknown[0]!r} (this endpoint takes: {allowed})",
+            unknown[0],
+        )
+    for name, asks_nothing in _HARMLESS.items():
+        if name in body and not asks_nothing(body[name]):
+            raise ApiError(
+                f"{name}={body[name]!r} is not supported by this server (it serves one completion "
+                f"per request, without log probabilities, tools or penalties); leave {name} out",
+                name,
+            )
+    if chat and body.get("response_format") not in (None, {"type": "text"}):
+        raise ApiError(
+            f"response_format={body['response_format']!r} is not supported (only "
+            "{'type': 'text'})",
+            "response_format",
+        )
+    model = _model(body, engine)
+    ids = _chat_ids(body, engine) if chat else _prompt_ids(body, engine)
+    sampling = _sampling(body, chat, ids, engine)
+    try:
+        engine.check_request(ids, sampling)
+    except (TypeError, ValueError) as exc:
+        field_name = "max_tokens" if "max_tokens" in str(exc) else "messages" if chat else "prompt"
+        raise ApiError(str(exc), field_name) from None
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise ApiError(
+            f"stream_options={options!r}: only {{'include_usage': true | false}} is supported",
+            "stream_options",
+        )
+    if options is not None and not stream:
+        raise ApiError("stream_options is only allowed with stream=true", "stream_options")
+    include_usage = bool(options and _flag(options, "include_usage", "stream_options."))
+    return Parsed(
+        chat=chat,
+        token_ids=ids,
+        sampling=sampling,
+        stream=stream,
+        include_usage=include_usage,
+        stop=_stop(body),
+        return_token_ids=_flag(body, "return_token_ids"),
+        model=model,
+    )
+
+
+def _model(body: dict, engine) -> str:
+    model = body.get("model", engine.served_name)
+    if not isinstance(model, str):
+        raise ApiError(f"model must be a string, got {model!r}", "model")
+    if model not in engine.model_names:
+        names = ", ".join(repr(n) for n in engine.model_names)
+        raise ApiError(f"model {model!r} is not served here (served: {names})", "model")
+    return model
+
+
+def _prompt_ids(body: dict, engine) -> list[int]:
+    if "prompt" not in body:
+        raise ApiError("prompt is required: a string or a list of token ids", "prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        if len(prompt) > 1:
+            raise ApiError(
+                f"prompt is a list of {len(prompt)} prompts: send one prompt per request (a "
+                "string or a list of token ids)",
+                "prompt",
+            )
+        prompt = prompt[0]
+    if (
+        not isinstance(prompt, str | list)
+        or isinstance(prompt, list)
+        and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        raise ApiError(
+            f"prompt must be a string or a list of token ids (integers), got {prompt!r:.80}",
+            "prompt",
+        )
+    try:
+        return engine.encode(prompt)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(str(exc).replace("prompt 0", "prompt"), "prompt") from None
+
+
+def _chat_ids(body: dict, engine) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(
+            f"messages must be a non-empty list of {{'role', 'content'}} objects, got "
+            f"{messages!r:.80}",
+            "messages",
+        )
+    turns = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or "role" not in message:
+            raise ApiError(f"{where} must be an object with a role and content", where)
+        role, content = message["role"], message.get("content")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise ApiError(
+                f"{where}.role={role!r}: allowed are 'system', 'developer', 'user', 'assistant'",
+                f"{where}.role",
+            )
+        turns.append(
+            {"role": "system" if role == "developer" else role, "content": _text(content, where)}
+        )
+    try:
+        encoded = engine.tokenizer.apply_chat_template(turns, add_generation_prompt=True)
+    except Exception as exc:  # the model's own template refused it (e.g. roles out of turn)
+        raise ApiError(
+            f"the model's chat template refused the messages: {exc}", "messages"
+        ) from None
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    return [int(t) for t in ids]
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise ApiError(
+        f"{where}.content must be a string or a list of {{'type': 'text', 'text': ...}} parts "
+        f"(this model reads text only), got {content!r:.80}",
+        f"{where}.content",
+    )
+
+
+def _sampling(body: dict, chat: bool, ids: list[int], engine) -> SamplingParams:
+    max_tokens = body.get("max_tokens")
+    name = "max_tokens"
+    if chat and body.get("max_completion_tokens") is not None:
+        if max_tokens is not None:
+            raise ApiError("give max_tokens or max_completion_tokens, not both", "max_tokens")
+        max_tokens, name = body["max_completion_tokens"], "max_completion_tokens"
+    if max_tokens is None:  # OpenAI's defaults: 16 for completions, as long as fits for chat
+        max_tokens = COMPLETION_MAX_TOKENS if not chat else max(1, engine.room_for(ids))
+    options = {
+        "max_tokens": max_tokens,
+        "temperature": body.get("temperature", 1.0),
+        "top_p": body.get("top_p", 1.0),
+        "top_k": body.get("top_k", -1),
+        "seed": body.get("seed"),
+        "ignore_eos": body.get("ignore_eos", False),
+    }
+    for key, value in options.items():  # None is the default, as OpenAI's clients send it
+        if value is None and key != "seed":
+            options[key] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}.get(key, False)
+    try:
+        return SamplingParams(**options)
+    except (TypeError, ValueError) as exc:
+        message = str(exc)
+        param = next((k for k in options if message.startswith(k)), None) or next(
+            (k for k in options if k in message), None
+        )
+        if param == "max_tokens":
+            param, message = name, message.replace("max_tokens", name, 1)
+        raise ApiError(message, param) from None
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError(
+            f"stop must be a non-empty string or a list of them, got {stop!r:.80}", "stop"
+        )
+    return tuple(stops)
+
+
+def _flag(body: dict, name: str, prefix: str = "") -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(f"{prefix}{name} must be true or false, got {value!r}", prefix + name)
+    return value

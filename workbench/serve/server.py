@@ -1,0 +1,147 @@
+"""A server's life, from the engine's process: the HTTP process (`front.py`: uvicorn, the
+routes, detokenising) started beside it, and a thread that steps the engine and reads the
+HTTP process's requests between steps (`loop.py`) (`LLM.serve`, `Workbench.serve`, `python -m
+workbench serve`).
+
+    server = wb.serve(port=8000)     # returns once the port is open; the notebook goes on
+    server.url                       # "http://127.0.0.1:8000/v1"
+    wb.pause(); wb.step(); wb.resume()
+    wb.stop_serving()                # requests in flight end ("abort"), the port is free again
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from .. import validate as V
+from .loop import EngineLoop, Host
+from .service import MAX_QUEUED_REQUESTS, Limits
+
+START_TIMEOUT_S = 300  # the HTTP process imports transformers and loads the tokenizer
+
+
+class Server:
+    """An OpenAI-compatible HTTP server on a running engine (see the module)."""
+
+    def __init__(
+        self,
+        host: Host,
+        port: int = 8000,
+        hostname: str = "127.0.0.1",
+        served_model_name: str | None = None,
+        max_queued_requests: int = MAX_QUEUED_REQUESTS,
+        stream_interval: int = 1,
+    ) -> None:
+        llm = host.llm
+        model = str(llm.config.model)
+        name = model if served_model_name is None else served_model_name
+        self.limits = Limits(
+            model=model,
+            model_dir=str(llm.engine.model_dir),
+            served_name=V.text("served_model_name", name),
+            vocab_size=llm.engine.model_config.vocab_size,
+            max_seq_len=llm.engine.max_seq_len,
+            page_size=llm.config.page_size,
+            kv_capacity=llm.scheduler.cache.total_size,
+            max_queued=V.integer("max_queued_requests", max_queued_requests, 1),
+            host=V.text("host", hostname),
+            port=V.integer("port", port, 0, 65535),
+            stream_interval=V.integer("stream_interval", stream_interval, 1),
+        )
+        self.name, self.hostname, self.port = self.limits.served_name, hostname, port
+        self.host = host
+        self.loop = EngineLoop(host)
+        self.serving = False
+        self._process: subprocess.Popen | None = None
+        self._conn = None  # to the HTTP process, both ways (the engine's thread reads it)
+
+    @property
+    def url(self) -> str:
+        """The API's base URL, for `openai.OpenAI(base_url=server.url, api_key="none")`."""
+        return f"http://{self.hostname}:{self.port}/v1"
+
+    def start(self) -> Server:
+        """Start the HTTP process (returns once its port is open), then step the engine as
+        requests come."""
+        from multiprocessing.connection import Listener
+
+        key = os.urandom(16)
+        family = "AF_UNIX" if hasattr(socket, "AF_UNIX") else "AF_INET"
+        listener = Listener(family=family, authkey=key)
+        spec = {"address": listener.address, "authkey": key.hex(), "limits": asdict(self.limits)}
+        root = str(Path(__file__).resolve().parents[2])  # this checkout's (or install's) workbench
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "workbench.serve.front", json.dumps(spec)],
+            env={**os.environ, "PYTHONPATH": path},
+        )
+        try:
+            self._conn = _accept(listener, self._process)
+        finally:
+            listener.close()
+        kind, detail = self._conn.recv() if self._conn.poll(START_TIMEOUT_S) else ("none", None)
+        if kind != "ready":
+            self._process.wait(timeout=30)
+            if kind == "failed":
+                raise OSError(f"{detail}; give another port, or port=0 for any free one")
+            raise RuntimeError(f"the HTTP process did not start in {START_TIMEOUT_S} s")
+        self.port, self.serving = detail, True
+        self.loop.start(self._conn)
+        return self
+
+    def pause(self) -> None:
+        """Stop the engine after the step in progress; clients wait, connections stay open."""
+        self.loop.pause()
+
+    def resume(self) -> None:
+        self.loop.resume()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """End it: the requests in flight end with finish_reason "abort" (their slots and KV
+        pages freed), the engine's thread and the HTTP process stop, the port is free again.
+        The engine itself stays (a notebook goes on stepping it)."""
+        if not self.serving:
+            return
+        self.serving = False
+        with self.loop.lock:
+            self.loop.abort_all()
+            # overlap: a batch in flight still holds what the aborted requests had
+            self.host.llm.scheduler.flush()
+            self.loop.flush()
+        self.loop.stop()
+        with contextlib.suppress(OSError, EOFError):  # the HTTP process may be gone already
+            self._conn.send(("stop",))
+        try:
+            self._process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(timeout=10)
+        self._conn.close()
+
+    def __repr__(self) -> str:
+        state = "serving" if self.serving else "stopped"
+        paused = ", paused" if self.serving and self.loop.paused else ""
+        return f"Server({self.name!r} at {self.url}, {state}{paused})"
+
+
+def _accept(listener, process: subprocess.Popen):
+    """The HTTP process's connection, or an error if it ends (or takes too long) first."""
+    accepted: list = []
+    thread = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while thread.is_alive() and process.poll() is None and time.monotonic() < deadline:
+        thread.join(timeout=0.1)
+    if not accepted:
+        process.kill()
+        raise RuntimeError(f"the HTTP process exited (code {process.poll()}) before it connected")
+    return accepted[0]

@@ -1,0 +1,160 @@
+"""The HTTP process's view of the engine: what a request is checked against (`Limits`, sent by
+the engine's process when it starts this one), the requests under way (`Output`s by id), and
+what moves between the two processes: a checked request out, one message a step in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..core import SamplingParams, check_fits, encode_prompt
+from .metrics import Metrics
+from .output import Output
+from .protocol import ApiError, Parsed
+
+MAX_QUEUED_REQUESTS = 1024  # waiting requests (not yet running) before a 503
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the HTTP process needs of the engine to check a request: the model's directory
+    (its tokenizer and chat template), its vocabulary, context and KV pool, and how it is
+    served."""
+
+    model: str  # the engine's model name or path
+    model_dir: str
+    served_name: str
+    vocab_size: int
+    max_seq_len: int
+    page_size: int
+    kv_capacity: int  # KV slots of the whole pool
+    max_queued: int
+    host: str
+    port: int
+    stream_interval: int = 1  # tokens a streamed chunk waits for (SGLang's --stream-interval)
+
+
+class Service:
+    """What the routes and the request checks use (in the HTTP process)."""
+
+    def __init__(self, limits: Limits, tokenizer, send: Callable[[tuple], None]) -> None:
+        self.limits = limits
+        self.tokenizer = tokenizer
+        self.served_name = limits.served_name
+        self.model_names = tuple(dict.fromkeys([limits.served_name, limits.model]))
+        self.metrics = Metrics()
+        self.serving = True
+        self.responses = 0  # responses under way (the stop waits for them to end)
+        self.outputs: dict[int, Output] = {}  # rid -> the output of a request under way
+        self._send, self._send_lock = send, threading.Lock()
+        self._ids = itertools.count()
+        self._unseen = 0  # requests sent since the engine last said how many wait
+        self._adds: list[tuple] = []  # checked requests not sent yet (sent once a loop turn)
+        self.engine_waiting = 0
+
+    # -- what `protocol.parse` asks -----------------------------------------------------------
+    def encode(self, prompt) -> list[int]:
+        return encode_prompt(self.tokenizer, self.limits.vocab_size, prompt)
+
+    def check_request(self, ids: list[int], sampling: SamplingParams) -> None:
+        limits = self.limits
+        check_fits(ids, sampling, 0, limits.max_seq_len, limits.page_size, limits.kv_capacity)
+
+    def room_for(self, ids: list[int]) -> int:
+        """The most tokens a request of this prompt may ask for: the context, and the KV pool."""
+        return min(self.limits.max_seq_len, self.limits.kv_capacity) - len(ids)
+
+    # -- to the engine -------------------------------------------------------------------------
+    def send(self, message: tuple) -> None:
+        with self._send_lock:
+            self._send(message)
+
+    def accept(self, parsed: Parsed) -> Output:
+        """Send a checked request to the engine; a 503 when the server stops or its queue is
+        full."""
+        if not self.serving:
+            raise ApiError("the server is stopping", status=503)
+        waiting = self.engine_waiting + self._unseen
+        if waiting >= self.limits.max_queued:
+            raise ApiError(
+                f"{waiting} requests are waiting, the most this server queues "
+                f"(--max-queued-requests {self.limits.max_queued}); retry later",
+                status=503,
+            )
+        received = time.perf_counter()
+        interval = self.limits.stream_interval if parsed.stream else 1 << 30
+        output = Output(parsed, received, self.tokenizer, self.limits.vocab_size, interval)
+        output.id = ("chatcmpl-" if parsed.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        rid = output.rid = next(self._ids)
+        self.outputs[rid] = output
+        self._unseen += 1
+        # NOTE: sent together with the others that came in the same turn of the event loop:
+        # one message, not hundreds, when many clients start at once
+        if not self._adds:
+            asyncio.get_running_loop().call_soon(self._send_adds)
+        self._adds.append((rid, parsed.token_ids, parsed.sampling, received))
+        return output
+
+    def _send_adds(self) -> None:
+        adds, self._adds = self._adds, []
+        if adds:
+            self.send(("adds", adds))
+
+    def cancel(self, output: Output) -> None:
+        """Abort a request in the engine (its client left, or a stop string ended it)."""
+        if not output.cancelled:
+            output.cancelled = True
+            self._send_adds()  # (after its own add, if that is still waiting to go)
+            self.send(("abort", output.rid))
+
+    # -- from the engine: one message a step (on the event loop) -----------------------------
+    def deliver(self, message: tuple) -> None:
+        _, tokens, ends, cached, state, refused, step_s = message
+        now, metrics = time.perf_counter(), self.metrics
+        for rid, count in cached:
+            output = self.outputs.get(rid)
+            if output is not None:
+                output.cached_tokens = max(output.cached_tokens, count)
+        count = 0
+        for rid, new in tokens:
+            output = self.outputs.get(rid)
+            if output is None:
+                continue
+            if output.first_token_at is None:
+                metrics.ttft.observe(now - output.arrived)
+            else:
+                metrics.itl.observe((now - output.last_token_at) / len(new))
+            count += len(new)
+            output.push(new, now)
+        metrics.generation_tokens.inc(count)
+        for rid, reason, (prompt, completion, hit), error in ends:
+            metrics.finished.labels(reason).inc()
+            metrics.prompt_tokens.inc(prompt)
+            metrics.cached_tokens.inc(hit)
+            output = self.outputs.pop(rid, None)
+            if output is not None:
+                output.end(
+                    reason, {"prompt_tokens": prompt, "completion_tokens": completion}, error
+                )
+        for reason, count in refused.items():
+            metrics.refusals.labels(reason).inc(count)
+        for seconds in step_s:
+            metrics.step.observe(seconds)
+        metrics.engine_state(state)
+        self.engine_waiting, self._unseen = state["waiting"], 0
+
+    def model_card(self, name: str) -> dict:
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "workbench",
+            "root": self.limits.model,
+            "max_model_len": self.limits.max_seq_len,
+        }
