@@ -447,3 +447,32 @@ def test_a_streamed_chunk_written_from_its_template_is_the_json_of_its_fields():
         for delta in (Delta('a "quoted"\nline é', [5, 6], None), Delta("", [], "length")):
             written = json.loads(_Events(output).chunk(delta).removeprefix("data: "))
             assert written == _chunk(None, output, delta)
+
+
+def test_a_step_that_fails_while_serving_ends_its_request_with_a_500_and_serves_on(served):
+    """The engine's forward raises once: the request in that step is answered 500 with what
+    failed, its slot and pages are freed, and the next request is served."""
+    wb, server, client = served
+    forward, failed = wb.engine.forward, []
+
+    def once(*args, **kwargs):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("an injected fault")
+        return forward(*args, **kwargs)
+
+    wb.engine.forward = once
+    try:
+        reply = httpx.post(
+            server.url + "/completions",
+            json={"model": MODEL, "prompt": "Hello", "max_tokens": 4},
+            timeout=60,
+        )
+    finally:
+        wb.engine.forward = forward
+    assert reply.status_code == 500 and "injected fault" in reply.json()["error"]["message"]
+    wb.check_integrity()
+    assert (
+        client.completions.create(model=MODEL, prompt="Hi", **greedy(2)).usage.completion_tokens
+        == 2
+    )

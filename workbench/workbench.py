@@ -18,6 +18,7 @@ between two cells is theirs, not the run's.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,6 +56,7 @@ class Workbench(Results):
         self._previous: list[tuple[list[int], SamplingParams, int, float | None]] = []
         self._observers: list[Callable[[bool], None]] = []  # views; called with final=True/False
         self._views: ViewThread | None = None  # while serving: the views, off the engine's thread
+        self._notifying = threading.RLock()  # (serving: the views thread and callers alike)
         # NOTE: the run's clock runs only while the workbench steps: between calls it is the
         # person's time, not the run's (a request added meanwhile arrives when stepping goes on)
         self.scheduler.probe.pause()
@@ -91,7 +93,9 @@ class Workbench(Results):
         clients' requests."""
         self.llm.check_open()
         with self._engine_held():
-            return self._add_request(prompt, sampling, arrival_step, arrival_time)
+            uid = self._add_request(prompt, sampling, arrival_step, arrival_time)
+        self._notify(final=False)  # views: there is work now (they redraw when they can)
+        return uid
 
     def _add_request(self, prompt, sampling, arrival_step, arrival_time) -> int:
         sampling = sampling if sampling is not None else SamplingParams()
@@ -112,7 +116,6 @@ class Workbench(Results):
         else:
             uid = self.scheduler.new_uid()
             self._arrivals.add(Due(arrival_step, uid, ids, sampling), by_time=False)
-        self._notify(final=False)  # views: there is work now (they redraw when they can)
         return uid
 
     def abort(self, uid: int) -> dict:
@@ -223,8 +226,9 @@ class Workbench(Results):
         return stop
 
     def _notify(self, final: bool) -> None:
-        for observer in list(self._observers):
-            observer(final)
+        with self._notifying:  # one view redraws at a time, whichever thread asks
+            for observer in list(self._observers):
+                observer(final)
 
     def run(self, max_steps: int | None = None, progress: bool = True) -> StepRecords:
         """Step until every request is done (or `max_steps`); the records of those steps (a

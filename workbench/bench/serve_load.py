@@ -4,7 +4,8 @@ server, from N concurrent streaming clients in another process (as real clients 
     python -m workbench.bench.serve_load [--model smollm2] [--clients 64 256] [--output-len 64]
 
 For each number of clients: output tokens per second of `LLM.generate` on the requests (the
-engine with as many request slots as clients), then of the server with that many clients, each
+engine with as many request slots as clients), then, the prefix cache emptied, of the server
+with that many clients, each
 sending its share of the requests one after another, streamed (`stream: true`, the token ids
 asked for so the clients count tokens without detokenising); the ratio; the clients' TTFT and
 ITL percentiles; and where the server's time went: the engine's steps (how many, how long, how
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         vocab = llm.engine.model_config.vocab_size
         prompts = workload(clients * args.per_client, vocab, tuple(args.input_len))
         base = run_generate(llm, prompts, args.output_len)
+        llm.reconfigure()  # the same settings, an empty prefix cache: no head start from above
         served = run_served(llm, prompts, args.output_len, clients)
         llm.check_integrity()
         llm.close()

@@ -56,6 +56,8 @@ def create_app(service: "Service", lifespan=None):
             service.responses -= 1
         if whole is None:  # the client left
             return Response(status_code=499)
+        if output.finish_reason == "error":  # its step failed: the engine serves the others
+            return error(ApiError(f"the request failed in the engine: {output.error}", status=500))
         return JSONResponse(whole)
 
     @app.post("/v1/completions")

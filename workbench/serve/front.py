@@ -68,11 +68,11 @@ def serve(conn, limits: Limits) -> None:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        # NOTE: the event loop reads the engine's messages itself, as they come: a reader
+        # thread would wait for the interpreter lock while the loop writes hundreds of streams
+        # (up to the 5 ms switch interval a message), and every token would reach its client late
         loop = asyncio.get_running_loop()
-        reader = threading.Thread(
-            target=_read, args=(conn, service, loop, lambda: server), daemon=True
-        )
-        reader.start()
+        loop.add_reader(conn.fileno(), _read, conn, service, loop, lambda: server)
         send(("ready", sock.getsockname()[1]))
         yield
 
@@ -94,20 +94,27 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _read(conn, service: Service, loop, server) -> None:
-    """The engine's messages, handed to the event loop one by one; at "stop" (or when the
-    engine is gone) the server lets its answers end, then shuts down."""
-    while True:
+    """On the event loop, when the engine's connection has something: every message there is;
+    at "stop" (or when the engine is gone) the answers it ended go out, then the server shuts
+    down."""
+    while conn.poll():
         try:
             message = conn.recv()
         except (EOFError, OSError):
             message = ("stop",)
         if message[0] == "stop":
-            break
-        loop.call_soon_threadsafe(service.deliver, message)
-    loop.call_soon_threadsafe(setattr, service, "serving", False)
+            loop.remove_reader(conn.fileno())
+            service.serving = False
+            loop.create_task(_shut_down(service, server))
+            return
+        service.deliver(message)
+
+
+async def _shut_down(service: Service, server) -> None:
+    """Let the answers under way end (the engine ended their requests), then stop uvicorn."""
     deadline = time.monotonic() + 10
     while service.responses and time.monotonic() < deadline:
-        time.sleep(0.01)  # the answers the engine ended go out
+        await asyncio.sleep(0.01)
     uvicorn_server = server()
     if uvicorn_server is not None:
         uvicorn_server.should_exit = True

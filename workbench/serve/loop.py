@@ -122,7 +122,8 @@ class EngineLoop:
 
     def _wait(self, timeout: float) -> None:
         """Until the HTTP process sends something, this process wakes the thread, or `timeout`."""
-        ready = mp_connection.wait([self.conn, self._wake_r], timeout)
+        sources = [self._wake_r] if self.conn is None else [self.conn, self._wake_r]
+        ready = mp_connection.wait(sources, timeout)
         if self._wake_r in ready:
             with contextlib.suppress(OSError):
                 while self._wake_r.recv(4096):
@@ -132,10 +133,11 @@ class EngineLoop:
         return self.conn is not None and self.conn.poll()
 
     def step_once(self, raising: bool = False):
-        """One step of the engine with what waits in the inbox joined first; its tokens to the
-        HTTP process. The step's result (None: nothing to do). A step that raises has ended its
-        batch's requests with an error (the scheduler frees them): the loop logs it and goes on;
-        `raising` (a step taken by hand) raises it, as a step of a notebook does."""
+        """One step of the engine, the requests and aborts the HTTP process sent read first;
+        its tokens to the HTTP process. The step's result (None: nothing to do). A step that
+        raises has ended its batch's requests with an error (the scheduler frees them): the
+        loop logs it and goes on; `raising` (a step taken by hand) raises it, as a step of a
+        notebook does."""
         started = time.perf_counter()
         with self.lock:
             try:
@@ -160,7 +162,9 @@ class EngineLoop:
         while self._readable():
             try:
                 message = self.conn.recv()
-            except (EOFError, OSError):  # the HTTP process is gone
+            except (EOFError, OSError):  # the HTTP process is gone: nothing more will come
+                log.warning("the HTTP process is gone; the engine serves what it has")
+                self.conn = None
                 break
             if message[0] == "adds":
                 now = time.perf_counter()
@@ -239,6 +243,7 @@ class EngineLoop:
         self._tokens, self._ends, self._cached, self._refused, self._step_s = {}, [], [], {}, []
         self._sent_queue_len = self.queue_len
         try:
-            self.conn.send(message)
+            if self.conn is not None:
+                self.conn.send(message)
         except (OSError, EOFError):  # the HTTP process is gone
             log.warning("the HTTP process is gone: its requests' tokens are not sent")

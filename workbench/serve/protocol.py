@@ -81,7 +81,7 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        code = {400: "bad_request", 404: "not_found", 413: "request_too_large"}.get(self.status)
+        code = {400: "bad_request", 413: "request_too_large", 503: "overloaded"}.get(self.status)
         return {
             "error": {
                 "message": self.message,
