@@ -26,8 +26,8 @@ chromium:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 test: $(STAMP) chromium
-	$(PY) -m ruff check workbench tests
-	$(PY) -m ruff format --check workbench tests
+	$(PY) -m ruff check workbench tests benchmarks
+	$(PY) -m ruff format --check workbench tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache  # the layers of ARCHITECTURE.md (pyproject.toml)
 	# two processes, one per core (each test takes one thread); the browser tests on one of them
 	$(PY) -m pytest -q -n 2 --dist loadgroup
@@ -67,8 +67,8 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) notebooks
 
 format: $(STAMP)
-	$(PY) -m ruff check --fix workbench tests
-	$(PY) -m ruff format workbench tests
+	$(PY) -m ruff check --fix workbench tests benchmarks
+	$(PY) -m ruff format workbench tests benchmarks
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -53,7 +53,7 @@ class FlashInferBackend(GraphWrappers, AttentionBackend):
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         # NOTE: tensor-core decode already pays at a GQA group of 2 (Qwen3-0.6B on the H200:
         # +5.7% and +6.3% on the throughput benchmark, two runs each way). Alone, at batch 256
-        # with 156,546 KV tokens (`python -m workbench.bench.decode_attention`, H200, Dec 1):
+        # with 156,546 KV tokens (`python benchmarks/decode_attention.py`, H200, Dec 1):
         # Qwen3-0.6B heads, page 1 / 16: CUDA cores 3.47 / 3.34 TB/s, tensor cores (fa2, and
         # FlashInfer's default backend, the same kernel) 3.76 / 3.90, the prefill wrapper fa2
         # 3.70 / 3.84, its default (fa3) 1.47 / 1.55; Qwen3-8B: 2.33 / 2.27, 3.70 / 3.87,

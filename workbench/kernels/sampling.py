@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-# NOTE: tuned on the H200 at batch 256 x 152k (`python -m workbench.bench.kernels`): 172 us,
+# NOTE: tuned on the H200 at batch 256 x 152k (`python benchmarks/kernels.py`): 172 us,
 # against 241 us for (1024, 8192, 4 warps) and 637 us for the worst of 12 tilings tried.
 BLOCK = 2048
 SEGMENT = 8192  # columns per program: 19 segments per row for a 152k vocabulary

@@ -1,6 +1,6 @@
 """Fused FlashInfer kernels against plain torch, op by op, at decode and prefill shapes.
 
-    python -m workbench.bench.kernels [--model dummy:qwen3-0.6b]
+    python benchmarks/kernels.py [--model dummy:qwen3-0.6b]
 
 Each op runs through the model's own layer modules with `fused` off and on; the table prints the
 median time of 50 runs (CUDA events) and the largest difference between the two outputs.
@@ -12,10 +12,10 @@ import argparse
 
 import torch
 
-from ..layers.mlp import GatedMLP
-from ..layers.norm import RMSNorm
-from ..layers.rotary import Rotary
-from ..models import ModelConfig, resolve
+from workbench.layers.mlp import GatedMLP
+from workbench.layers.norm import RMSNorm
+from workbench.layers.rotary import Rotary
+from workbench.models import ModelConfig, resolve
 
 
 def _time(fn, repeat: int = 50) -> float:
@@ -47,7 +47,7 @@ def compare(name: str, module: torch.nn.Module, args: tuple, first_output: bool)
 def compare_qk_rope(model_cfg: ModelConfig, n: int, dev: torch.device, dtype: torch.dtype) -> tuple:
     """q/k norm + RoPE + K/V store: FlashInfer's fused norm and rope kernels with index_copy
     stores (seven launches with the copies) against the one Triton kernel."""
-    from ..kernels.qk_norm_rope import qk_norm_rope_store
+    from workbench.kernels.qk_norm_rope import qk_norm_rope_store
 
     h, kvh, d = model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim
     with torch.device(dev):
@@ -84,9 +84,9 @@ def compare_qk_rope(model_cfg: ModelConfig, n: int, dev: torch.device, dtype: to
 def compare_sampling(n: int, vocab: int, dev: torch.device) -> tuple:
     """Temperature sampling of n rows: the torch exponential race against the Triton kernel.
     The draws differ (different noise), so the last column is the gap in mean chosen logit."""
-    from ..core import Req, SamplingParams
-    from ..engine.sampler import Sampler
-    from ..kvcache.base import CacheHandle
+    from workbench.core import Req, SamplingParams
+    from workbench.engine.sampler import Sampler
+    from workbench.kvcache.base import CacheHandle
 
     reqs = [
         Req(i, [1, 2], 2, 0, 0, SamplingParams(temperature=0.6), CacheHandle()) for i in range(n)
@@ -122,7 +122,7 @@ def first_calls(model_cfg: ModelConfig, dev: torch.device) -> None:
 
 def tune_sampling(n: int, vocab: int, dev: torch.device) -> None:
     """The sampling kernel's time at batch n over block size, segment and warps."""
-    from ..kernels.sampling import BLOCK, NUM_WARPS, SEGMENT, race_sample
+    from workbench.kernels.sampling import BLOCK, NUM_WARPS, SEGMENT, race_sample
 
     logits = torch.randn(n, vocab, device=dev, dtype=torch.bfloat16)
     temperatures = torch.full((n,), 0.6, device=dev)

@@ -2,7 +2,7 @@
 first and last in `compare`, on an engine warmed up when built and on one that was not, each in
 a fresh process (a process that already ran the model has paid part of its first use).
 
-    python -m workbench.bench.first_last [--model smollm2] [--repeats 3] [--requests 3]
+    python benchmarks/first_last.py [--model smollm2] [--repeats 3] [--requests 3]
 
 For each engine: what building it took (and its warm-up), then setting A's first step and p50
 time to first token in each of its repeats (A runs first of all, B between A's repeats), and
@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from ..core import SamplingParams
-from ..workbench import Workbench
+from workbench.core import SamplingParams
+from workbench.workbench import Workbench
 
 
 def requests(count: int, seed: int = 0) -> list[tuple]:
@@ -32,7 +32,7 @@ def requests(count: int, seed: int = 0) -> list[tuple]:
 
 
 def measure(model: str, warmup: bool, repeats: int, count: int) -> dict:
-    from ..viz import compare_table
+    from workbench.viz import compare_table
 
     started = time.perf_counter()
     wb = Workbench(model, warmup=warmup)

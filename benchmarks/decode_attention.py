@@ -1,6 +1,6 @@
 """FlashInfer's decode attention choices, alone, at a model's head shape (GPU only).
 
-    python -m workbench.bench.decode_attention [--model dummy:qwen3-0.6b dummy:qwen3-8b]
+    python benchmarks/decode_attention.py [--model dummy:qwen3-0.6b dummy:qwen3-8b]
 
 Batch 256 with 156,674 KV tokens (nano-vllm's workload mid-run), one layer's KV in the engine's
 layout (K and V apart, token slots in a random order), each kernel replayed in a CUDA graph as
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ..models import ModelConfig, resolve
+from workbench.models import ModelConfig, resolve
 
 BATCH, KV_TOKENS = 256, 156_674
 WORKSPACE = 256 * 2**20

@@ -1,6 +1,6 @@
 """Prefix sharing: requests with a common system prompt, radix cache against naive, same run.
 
-    python -m workbench.bench.prefix_sharing [--model smollm2] [--requests 32] [--prefix 200]
+    python benchmarks/prefix_sharing.py [--model smollm2] [--requests 32] [--prefix 200]
 
 Prints the prefix hit rate (prompt tokens served from the cache), the prefill tokens computed and
 saved, and the wall time of the workload with each cache.
@@ -12,8 +12,8 @@ import argparse
 import random
 import time
 
-from ..core import SamplingParams
-from ..llm import LLM
+from workbench.core import SamplingParams
+from workbench.llm import LLM
 
 
 def workload(requests: int, prefix: int, suffix: tuple[int, int], seed: int = 0) -> list[list[int]]:

@@ -2,7 +2,7 @@
 no dashboard, then with one open, run from a cell (`wb.run()`) and from its Run button, on the
 same workbench.
 
-    python -m workbench.bench.dashboard_cost [--model smollm2] [--record full] [--repeat 3]
+    python benchmarks/dashboard_cost.py [--model smollm2] [--record full] [--repeat 3]
         [--threads 1]
 
 Counts the Python side (building the charts and widget state); a browser draws them on its own
@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..core import SamplingParams
-from ..workbench import Workbench
+from workbench.core import SamplingParams
+from workbench.workbench import Workbench
 
 QUESTIONS = {
     "What is the capital of France?": 16,

@@ -1,7 +1,7 @@
 """What recording costs: record="off", "light" and "full" on the same work, in one process.
 
-    python -m workbench.bench.record_cost [--model smollm2] [--requests 8] [--tokens 32]
-    python -m workbench.bench.record_cost --workload arriving [--model dummy:qwen3-0.6b]
+    python benchmarks/record_cost.py [--model smollm2] [--requests 8] [--tokens 32]
+    python benchmarks/record_cost.py --workload arriving [--model dummy:qwen3-0.6b]
 
 The default ("steps") runs the levels in turn, `--repeat` rounds (naive cache, so every round does
 the same work), and prints the median step time of each and its overhead against "off".
@@ -23,13 +23,13 @@ import statistics
 import time
 
 import numpy as np
+from vs_hf import PROMPTS
 
-from ..config import RECORD_LEVELS
-from ..core import SamplingParams
-from ..llm import LLM
-from ..profiling import session_seconds
-from ..stages import HOST_STAGES
-from .vs_hf import PROMPTS
+from workbench.config import RECORD_LEVELS
+from workbench.core import SamplingParams
+from workbench.llm import LLM
+from workbench.profiling import session_seconds
+from workbench.stages import HOST_STAGES
 
 LEVELS = RECORD_LEVELS
 
@@ -85,7 +85,7 @@ def arriving_requests(count: int, seed: int = 0) -> list[tuple]:
 
 
 def arriving(model: str, count: int, repeat: int) -> None:
-    from ..workbench import Workbench
+    from workbench.workbench import Workbench
 
     requests = arriving_requests(count)
     wb = Workbench(model, overlap=True, max_running_reqs=32, max_extend_tokens=256, policy="mixed")

@@ -1,8 +1,8 @@
 """Run files: the size of a saved run in Parquet and in JSON, and the time to save, load and
 report it.
 
-    python -m workbench.bench.run_files RUN [RUN ...]
-    python -m workbench.bench.run_files --build 2000 [--record light] [--model tiny-llama]
+    python benchmarks/run_files.py RUN [RUN ...]
+    python benchmarks/run_files.py --build 2000 [--record light] [--model tiny-llama]
 
 Each run (a saved run in either format; with `--build N`, also N steps of a fresh run of
 `--model`) is saved in both formats to a temporary folder and loaded back from each. Printed per
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..runs import load_run
+from workbench.runs import load_run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def build_run(model: str, steps: int, record: str, path: Path) -> Path:
     """`steps` steps of a steady stream of requests (a new one every 4 steps, 48 tokens each)."""
-    from ..core import SamplingParams
-    from ..workbench import Workbench
+    from workbench.core import SamplingParams
+    from workbench.workbench import Workbench
 
     wb = Workbench(model, record=record, max_running_reqs=16)
     sampling = SamplingParams(max_tokens=48, ignore_eos=True)

@@ -1,6 +1,6 @@
 """CPU throughput of our engine beside Hugging Face `generate`, same prompts, same process.
 
-    python -m workbench.bench.vs_hf [--model smollm2] [--tokens 64] [--concurrency 1 8]
+    python benchmarks/vs_hf.py [--model smollm2] [--tokens 64] [--concurrency 1 8]
 
 Prints output tokens/s for each concurrency (prompts run together). Greedy, ignore EOS, float32.
 """
@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from ..core import SamplingParams
-from ..llm import LLM
-from ..models import resolve
+from workbench.core import SamplingParams
+from workbench.llm import LLM
+from workbench.models import resolve
 
 PROMPTS = [
     "The history of the printing press begins",

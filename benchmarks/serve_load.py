@@ -1,7 +1,7 @@
 """Does the HTTP server slow the engine? The same requests through `LLM.generate` and through the
 server, from N concurrent streaming clients in another process (as real clients are).
 
-    python -m workbench.bench.serve_load [--model smollm2] [--clients 64 256] [--output-len 64]
+    python benchmarks/serve_load.py [--model smollm2] [--clients 64 256] [--output-len 64]
 
 For each number of clients: output tokens per second of `LLM.generate` on the requests (the
 engine with as many request slots as clients), then, the prefix cache emptied, of the server
@@ -37,7 +37,7 @@ def workload(count: int, vocab: int, input_len: tuple[int, int], seed: int = 0) 
 
 
 def run_generate(llm, prompts: list[list[int]], output_len: int) -> dict:
-    from ..core import SamplingParams
+    from workbench.core import SamplingParams
 
     sampling = SamplingParams(max_tokens=output_len, ignore_eos=True)
     steps_before = len(llm.history)
@@ -67,7 +67,7 @@ def run_served(llm, prompts: list[list[int]], output_len: int, clients: int) -> 
                 )
             )
             client = subprocess.Popen(
-                [sys.executable, "-m", "workbench.bench.serve_load", "--client", str(spec)],
+                [sys.executable, __file__, "--client", str(spec)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
-    from ..llm import LLM
+    from workbench.llm import LLM
 
     for clients in args.clients:
         llm = LLM(args.model, max_running_reqs=clients, record="light")
