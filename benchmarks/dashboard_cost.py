@@ -6,7 +6,7 @@ same workbench.
         [--threads 1]
 
 Counts the Python side (building the charts and widget state); a browser draws them on its own
-clock, on the same cores (README: what it costs in JupyterLab).
+clock, on the same cores (docs/performance.md, "The dashboard": what it costs in JupyterLab).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def test_reset_leaves_a_clean_engine():
 
 
 def test_a_cpu_engine_takes_half_the_cores_unless_told(monkeypatch):
-    """README, "The CPU path under load": one thread per two cores (at least one), or
+    """docs/engine.md, "The CPU path under load": one thread per two cores (at least one), or
     `cpu_threads`, or what OMP_NUM_THREADS says."""
     import os
 

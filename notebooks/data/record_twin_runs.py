@@ -25,9 +25,10 @@ from workbench.bench.online import poisson_arrivals
 from workbench.bench.workload import random_workload
 from workbench.runs import RunHistory
 
-# NOTE: chosen among 21 recorded calibration runs of 0.6B (notebooks/data/twin/candidates/, README
-# "Figures"): small prompt chunks beside many decoding requests; a lone prompt of every size,
-# then full decode batches; prompts of several requests at once and long decode-only stretches
+# NOTE: chosen among 21 recorded calibration runs of 0.6B (notebooks/data/twin/candidates/,
+# docs/performance.md, "Which runs calibrate"): small prompt chunks beside many decoding
+# requests; a lone prompt of every size, then full decode batches; prompts of several requests at
+# once and long decode-only stretches
 CALIBRATION = {
     "calib chunk 64 mixed": dict(max_extend_tokens=64, policy="mixed"),
     "calib chunk 2048 prefill_first": dict(max_extend_tokens=2048, policy="prefill_first"),
