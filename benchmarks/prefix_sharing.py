@@ -28,9 +28,9 @@ def workload(requests: int, prefix: int, suffix: tuple[int, int], seed: int = 0)
 def measure(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict:
     computed = 0
 
-    def count(outcome) -> None:
+    def count(record) -> None:
         nonlocal computed
-        computed += sum(r.extend_len for r in outcome.rows if r.kind != "decode")
+        computed += sum(r.extend_len for r in record.rows if r.kind != "decode")
 
     start = time.perf_counter()
     outputs = llm.generate(

@@ -25,11 +25,11 @@ import time
 import numpy as np
 from vs_hf import PROMPTS
 
+from workbench.clocks import HOST_STAGES
 from workbench.config import RECORD_LEVELS
 from workbench.core import SamplingParams
 from workbench.llm import LLM
 from workbench.profiling import session_seconds
-from workbench.stages import HOST_STAGES
 
 LEVELS = RECORD_LEVELS
 

@@ -12,7 +12,7 @@ import torch
 from workbench import LLM, SamplingParams
 from workbench.config import default_page_size
 from workbench.models import resolve
-from workbench.scheduler.outcome import StepOutcome
+from workbench.scheduler.record import StepRecord
 
 # NOTE: with the suite split over processes (pytest-xdist, `make test`), each takes one core's
 # worth of threads: torch's default (every core) in each would make them fight for the same two
@@ -53,9 +53,9 @@ def hf_greedy(
     return [_hf_greedy_one(name, tuple(ids), max_new, ignore_eos) for ids in prompts_ids]
 
 
-def run(llm: LLM, prompts, sampling) -> tuple[list[dict], list[StepOutcome]]:
-    """Generate, keep every step's outcome, and check the KV pool afterwards."""
-    steps: list[StepOutcome] = []
+def run(llm: LLM, prompts, sampling) -> tuple[list[dict], list[StepRecord]]:
+    """Generate, keep every step's record, and check the KV pool afterwards."""
+    steps: list[StepRecord] = []
     outputs = llm.generate(prompts, sampling, on_step=steps.append)
     llm.check_integrity()
     assert llm.scheduler.is_idle

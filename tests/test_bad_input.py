@@ -88,7 +88,7 @@ def test_an_on_step_that_raises_ends_the_call_and_frees_it(llm):
     """A callback that fails after the first step: the call's requests are gone, nothing is
     left running, and the next call is served."""
 
-    def boom(outcome):
+    def boom(record):
         raise KeyError("on purpose")
 
     before = state(llm)

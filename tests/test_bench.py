@@ -125,10 +125,11 @@ def test_serving_arrivals_gives_generates_tokens_and_sane_latencies(tiny_llm):
     arrivals = poisson_arrivals(8, rate=40.0, seed=3)
     tokens: dict[int, list[int]] = {}
 
-    def keep(outcome) -> None:
-        for req, token in zip(outcome.batch.sampled_reqs, outcome.tokens):
+    def keep(record) -> None:
+        sampled = [r.uid for r in record.rows if r.kind != "chunk"]
+        for uid, token in zip(sampled, record.tokens):
             if token is not None:
-                tokens.setdefault(req.uid, []).append(token)
+                tokens.setdefault(uid, []).append(token)
 
     timings = serve(tiny_llm, work.prompts, params, arrivals, on_step=keep)
     tiny_llm.check_integrity()

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from workbench import LLM, SamplingParams, Workbench
-from workbench.history.record import StepRecords
+from workbench.scheduler.record import StepRecords
 from workbench.twin.costs import Linear
 from workbench.viz import compare_summary, compare_table, step_times
 from workbench.viz.compare_summary import verdict

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from workbench import Workbench, load_run
+from workbench.clocks import HOST_STAGES
 from workbench.policies import POLICIES
-from workbench.stages import HOST_STAGES
 
 from .conftest import PROMPTS, greedy
 

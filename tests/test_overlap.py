@@ -68,17 +68,17 @@ def test_eos_under_overlap_is_dropped_a_step_late_and_freed_after():
         assert out["token_ids"][-1] in eos and not eos & set(out["token_ids"][:-1])
         # the step whose token was EOS, then at most one more launched batch holds it
         uid = out["uid"]
-        last = next(s.index for s in steps if any(r.uid == uid for r in s.finished))
-        later = [s.index for s in steps if s.index > last and any(r.uid == uid for r in s.rows)]
+        last = next(s.step for s in steps if uid in s.finished)
+        later = [s.step for s in steps if s.step > last and any(r.uid == uid for r in s.rows)]
         assert later in ([], [last + 1])
     assert any(
-        any(r.uid == o["uid"] for s in steps for r in s.rows if s.index > _finish_step(steps, o))
+        any(r.uid == o["uid"] for s in steps for r in s.rows if s.step > _finish_step(steps, o))
         for o in stopped
     ), "expected at least one request to be in the batch launched before its EOS was seen"
 
 
 def _finish_step(steps, out) -> int:
-    return next(s.index for s in steps if any(r.uid == out["uid"] for r in s.finished))
+    return next(s.step for s in steps if out["uid"] in s.finished)
 
 
 def test_slots_and_pages_are_not_reused_while_in_flight():
@@ -89,7 +89,7 @@ def test_slots_and_pages_are_not_reused_while_in_flight():
     params = [SamplingParams(max_tokens=n) for n in [30, 8, 20, 14] * 2]
     checks = []
 
-    def check(outcome):
+    def check(record):
         # between steps a batch is in flight: every live request's row must point at pages
         # that are not free, and no two live requests may share a slot
         live = llm.scheduler.live_reqs
@@ -101,7 +101,7 @@ def test_slots_and_pages_are_not_reused_while_in_flight():
                     llm.scheduler.table.page_table_host[r.table_idx, :n]
                 )
             )
-        checks.append(outcome.index)
+        checks.append(record.step)
 
     outputs = llm.generate(prompts, params, on_step=check)
     llm.check_integrity()

@@ -165,7 +165,7 @@ def test_profiled_runs_compare_by_kernel_family():
     assert {"attention ms/step", "matmul ms/step", "between kernels ms/step"} <= set(families)
     assert (table[families] >= 0).all().all() and (table["matmul ms/step"] > 0).all()
     # every step profiled: the families, the time between kernels and the idle rest add up to
-    # each step's span (history.timing), so their means add up to the mean span
+    # each step's span (workbench.timing), so their means add up to the mean span
     for label, history in runs.items():
         assert table.loc[label, families].sum() == pytest.approx(
             history.steps.span_ms.mean(), abs=0.01

@@ -101,7 +101,7 @@ def test_second_run_computes_one_token_per_prompt():
     assert [o["token_ids"] for o in first] == [o["token_ids"] for o in second]
     assert all(o["cached_tokens"] == 0 for o in first)
     assert [o["cached_tokens"] for o in second] == [o["prompt_tokens"] - 1 for o in second]
-    computed = sum(r.extend_len for s in steps if s.batch.is_prefill for r in s.rows)
+    computed = sum(r.extend_len for s in steps if s.phase != "decode" for r in s.rows)
     assert computed == len(ids)
 
 
@@ -132,9 +132,9 @@ def test_a_shared_prefix_submitted_together_is_computed_once():
     prompts = shared_prefix_workload(16, 200)
     outputs, steps = run(llm, prompts, greedy(4))
     prefix_computed = sum(
-        max(0, min(r.device_len, 200) - r.cached_len)
+        max(0, min(r.cached_len, 200) - (r.cached_len - r.extend_len))  # what it computed
         for s in steps
-        if s.batch.is_prefill
+        if s.phase != "decode"
         for r in s.rows
     )
     assert prefix_computed == 200
@@ -162,7 +162,7 @@ def test_without_waiting_one_batch_computes_the_prefix_for_everyone():
     llm = LLM("tiny-qwen3", max_running_reqs=32, share_threshold=0)
     prompts = shared_prefix_workload(16, 200)
     outputs, steps = run(llm, prompts, greedy(4))
-    assert len([s for s in steps if s.batch.is_prefill]) == 1
+    assert len([s for s in steps if s.phase != "decode"]) == 1
     assert all(o["cached_tokens"] == 0 for o in outputs)
 
 
@@ -177,9 +177,9 @@ def test_duplicate_prefix_does_not_leave_a_row_pointing_at_freed_pages():
     params = [greedy(24), greedy(24)] + [greedy(8)] * len(others)
     checked = []
 
-    def check(outcome):
+    def check(record):
         llm.check_integrity()  # includes: no live row points at a free page
-        checked.append(outcome.index)
+        checked.append(record.step)
 
     llm.generate([prompt, prompt, *others], params, on_step=check)
     outputs = llm.generate([prompt], greedy(24))

@@ -13,7 +13,7 @@ from .conftest import PROMPTS, greedy, hf_greedy, run
 
 
 def prefill_rows(steps):
-    return [(s.index, r) for s in steps if s.batch.is_prefill for r in s.rows]
+    return [(s.step, r) for s in steps if s.phase != "decode" for r in s.rows]
 
 
 @pytest.mark.parametrize("budget", [1, 6, 16])
@@ -21,7 +21,7 @@ def test_prefill_batches_use_exactly_their_budget(budget):
     llm = LLM("tiny-llama", max_extend_tokens=budget, max_running_reqs=8)
     ids = [llm.encode(p) for p in PROMPTS]
     _, steps = run(llm, ids, greedy(4))
-    sizes = [sum(r.extend_len for r in s.rows) for s in steps if s.batch.is_prefill]
+    sizes = [sum(r.extend_len for r in s.rows) for s in steps if s.phase != "decode"]
     assert all(size == budget for size in sizes[:-1]), sizes
     assert 0 < sizes[-1] <= budget
     assert sum(sizes) == sum(len(i) for i in ids)
@@ -33,7 +33,7 @@ def test_every_prompt_token_is_computed_exactly_once():
     outputs, steps = run(llm, ids, greedy(3))
     spans = defaultdict(list)
     for _, row in prefill_rows(steps):
-        spans[row.uid].append((row.cached_len, row.device_len))
+        spans[row.uid].append((row.cached_len - row.extend_len, row.cached_len))  # computed
     for out, prompt in zip(outputs, ids):
         ranges = sorted(spans[out["uid"]])
         assert ranges[0][0] == 0 and ranges[-1][1] == len(prompt)
@@ -55,7 +55,7 @@ def test_requests_join_and_leave_the_running_set():
     assert [o["uid"] for o in outputs] == sorted(o["uid"] for o in outputs)
     for out, prompt, n in zip(outputs, prompts, max_tokens):
         assert out["token_ids"] == hf_greedy("tiny-llama", [prompt], n)[0]
-    running = [{r.uid for r in s.rows} for s in steps if not s.batch.is_prefill]
+    running = [{r.uid for r in s.rows} for s in steps if s.phase == "decode"]
     assert max(len(r) for r in running) == 3
     # a request admitted later decodes beside one admitted at the start
     first_uid = outputs[1]["uid"]
@@ -63,11 +63,11 @@ def test_requests_join_and_leave_the_running_set():
     # the running set never holds a finished request
     finished_at = {}
     for s in steps:
-        for req in s.finished:
-            finished_at[req.uid] = s.index
+        for uid in s.finished:
+            finished_at[uid] = s.step
     for s in steps:
         for r in s.rows:
-            assert s.index <= finished_at[r.uid]
+            assert s.step <= finished_at[r.uid]
 
 
 def test_waiting_for_slots_gives_the_no_slot_reason():
@@ -90,7 +90,7 @@ def test_small_kv_pool_waits_and_still_matches_hf(page_size):
     assert [o["token_ids"] for o in outputs] == hf_greedy("tiny-qwen3", ids, max_new)
     reasons = {a.reason for s in steps for a in s.admissions if not a.admitted}
     assert "kv_full" in reasons
-    assert max(len(s.rows) for s in steps if not s.batch.is_prefill) < len(PROMPTS)
+    assert max(len(s.rows) for s in steps if s.phase == "decode") < len(PROMPTS)
 
 
 def test_integrity_check_catches_a_leak_and_a_double_free(tiny_llm):

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from workbench import SamplingParams, Workbench, load_run, viz
+from workbench.clocks import HOST_STAGES
 from workbench.history.misses import CAUSES, miss_causes, misses_by_cause
 from workbench.history.slo import SLO_KEYS, check_slo, slo_figures, slo_verdicts
 from workbench.policies import POLICIES
-from workbench.stages import HOST_STAGES
 from workbench.twin.costs import Linear, StepCosts
 from workbench.twin.features import DEVICE_FEATURES, HOST_FEATURES
 from workbench.viz import charts, compare_table

@@ -50,8 +50,6 @@ def inject(monkeypatch, wb: Workbench, stage: str, at: int, error=InjectedFault)
     the forward or the sampling (`Engine.sample`: with CUDA graphs the sampler runs inside the
     graph), or once the sampled tokens are appended on the host, before any request ends
     (collect)."""
-    from workbench.scheduler import scheduler as module
-
     calls = [0]
 
     def wrap(fn, before: bool):
@@ -67,13 +65,15 @@ def inject(monkeypatch, wb: Workbench, stage: str, at: int, error=InjectedFault)
         return faulty
 
     if stage == "prepare":
-        monkeypatch.setattr(module, "prepare_batch", wrap(module.prepare_batch, before=False))
+        cache = wb.scheduler.cache
+        monkeypatch.setattr(cache, "allocate", wrap(cache.allocate, before=False))
     elif stage == "forward":
         monkeypatch.setattr(wb.engine, "forward", wrap(wb.engine.forward, before=True))
     elif stage == "sample":
         monkeypatch.setattr(wb.engine, "sample", wrap(wb.engine.sample, before=True))
     else:
-        monkeypatch.setattr(module, "append_tokens", wrap(module.append_tokens, before=False))
+        sched = wb.scheduler
+        monkeypatch.setattr(sched, "_append_tokens", wrap(sched._append_tokens, before=False))
 
 
 def submit(wb: Workbench, seed: int) -> dict[int, list[int]]:

@@ -48,7 +48,7 @@ def test_two_ranks_match_hf(wb2, expected, policy, max_extend_tokens, overlap):
     for _ in range(2):
         outputs, steps = run(wb2.llm, PROMPTS, greedy(10))
         assert [o["token_ids"] for o in outputs] == expected
-        assert all(s.launched.device.tp_size == 2 for s in steps)
+        assert all(s.tp_size == 2 for s in steps)
     assert sum(o["cached_tokens"] for o in outputs) > 0  # the second run shared prefixes
 
 

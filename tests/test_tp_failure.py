@@ -72,8 +72,8 @@ def test_a_rank_that_dies_mid_run_is_named_within_seconds():
         (worker,) = llm.engine.ranks.processes
         seen, killed = [], []
 
-        def kill_after_two_steps(outcome) -> None:
-            seen.append(outcome.index)
+        def kill_after_two_steps(record) -> None:
+            seen.append(record.step)
             if len(seen) == 2:
                 worker.kill()
                 worker.wait()

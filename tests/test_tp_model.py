@@ -83,6 +83,7 @@ def run_model(model, prompts: list[list[int]], next_ids: list[int]) -> np.ndarra
         reqs.append(Req(row, list(prompt), len(prompt), row, 0, SamplingParams(4), None))
 
     def forward(batch: Batch, ids: list[int]) -> torch.Tensor:
+        batch.snapshot()  # the ledger as launched, which the backend reads
         rows = np.repeat([r.table_idx for r in batch.reqs], [r.extend_len for r in batch.reqs])
         positions = np.concatenate([np.arange(r.cached_len, r.device_len) for r in batch.reqs])
         batch.input_ids = torch.tensor(ids, dtype=torch.int32)

@@ -55,7 +55,7 @@ def test_three_ranks_share_one_timeline(three_heads, tmp_path):
         for p in PROMPTS:
             wb.add_request(p, greedy(4))
         wb.run(progress=False)
-        origin = time.perf_counter() - wb.llm.scheduler.probe.clock()
+        origin = time.perf_counter() - wb.llm.scheduler.clock.now()
         run = wb.snapshot()
         steps, events = run.steps, run.events
         trace = json.loads(wb.export_trace(tmp_path / "trace.json").read_text())

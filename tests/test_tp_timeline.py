@@ -45,7 +45,7 @@ def profiled(wb2, tmp_path_factory):
     for p in PROMPTS:
         wb2.add_request(p, greedy(5))
     wb2.run(progress=False)
-    origin = time.perf_counter() - wb2.llm.scheduler.probe.clock()
+    origin = time.perf_counter() - wb2.llm.scheduler.clock.now()
     trace = json.loads(wb2.export_trace(tmp_path_factory.mktemp("trace") / "t.json").read_text())
     return wb2.snapshot(), origin, trace
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from workbench import SamplingParams, Workbench, fit_step_costs, load_run, load_step_costs
+from workbench.clocks import HOST_STAGES
 from workbench.runs import RunHistory
-from workbench.stages import HOST_STAGES
 from workbench.twin.costs import MIN_SHAPE_STEPS, Linear, StepCosts
 from workbench.twin.features import DEVICE_FEATURES, HOST_FEATURES, step_features
 from workbench.twin.replay import replay_requests

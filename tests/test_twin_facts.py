@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 from workbench import fit_step_costs
+from workbench.clocks import HOST_STAGES
 from workbench.history.history import History
 from workbench.history.latency import FIGURES, run_figures
-from workbench.history.record import KVState, StepRecord
-from workbench.stages import HOST_STAGES
+from workbench.scheduler.record import KVState, StepRecord
 from workbench.twin.costs import Linear, StepCosts
 from workbench.twin.features import DEVICE_FEATURES, HOST_FEATURES
 from workbench.twin.validate import validate_twin

@@ -12,11 +12,11 @@ from collections import defaultdict
 import pytest
 
 from workbench import Workbench, viz
+from workbench.clocks import HOST_STAGES
 from workbench.core import ReqView
 from workbench.history.history import History
 from workbench.history.latency import run_figures
-from workbench.history.record import KVState, StepRecord
-from workbench.stages import HOST_STAGES
+from workbench.scheduler.record import KVState, StepRecord
 from workbench.viz.dashboard import Dashboard
 
 from .conftest import greedy

@@ -107,8 +107,8 @@ def test_step_axes_start_at_zero_with_whole_steps_and_colours_have_legends(run):
 
 
 def test_step_times_stack_the_host_stages_against_the_device(run):
+    from workbench.clocks import HOST_STAGES
     from workbench.runs import RunHistory
-    from workbench.stages import HOST_STAGES
 
     wb, loaded = run
     steps = wb.history.steps

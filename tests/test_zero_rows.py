@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
-from workbench.core import ChunkedReq
 from workbench.engine.sampler import SamplingArgs
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
@@ -74,7 +73,7 @@ def test_a_prompt_chunk_alone_samples_nothing(device, overlap):
         out = llm.generate([prompt], greedy(4), on_step=steps.append)
         llm.check_integrity()
         assert out[0]["token_ids"] == pattern_continuation(prompt, 4)
-        alone = [s for s in steps if not s.batch.sampled_reqs]
+        alone = [s for s in steps if not s.tokens]
         assert len(alone) == -(-300 // budget) - 1  # every chunk but the last
 
 
@@ -90,16 +89,16 @@ def test_a_mixed_batch_whose_prompt_rows_sample_nothing(device):
     uids = [sched.add_request(p, greedy(40)) for p in short]
     sched.step()  # the short prompts; they decode from now on
     uids.append(sched.add_request(long, greedy(6)))
-    outcomes = []
+    records = []
     while not sched.is_idle:
-        outcomes.append(sched.step() or sched.flush())
+        records.append(sched.step() or sched.flush())
     llm.check_integrity()
     mixed_chunk_only = [
         o
-        for o in outcomes
-        if o.batch.phase == "mixed"
-        and any(isinstance(r, ChunkedReq) for r in o.batch.reqs)
-        and len(o.batch.sampled_reqs) == o.batch.num_decode
+        for o in records
+        if o.phase == "mixed"
+        and any(r.kind == "chunk" for r in o.rows)
+        and len(o.tokens) == sum(r.kind == "decode" for r in o.rows)
     ]
     assert len(mixed_chunk_only) >= 5
     got = [(r := sched.finished.pop(u)).token_ids[r.prompt_len :] for u in uids]
@@ -127,8 +126,8 @@ def test_a_batch_left_empty_by_aborts(device, overlap):
     for uid in uids:
         sched.abort(uid)
     assert not sched.decode.running and not sched.prefill.queue
-    while (outcome := sched.step() or sched.flush()) is not None:
-        assert all(t is None for t in outcome.tokens)  # nothing after an abort is kept
+    while (record := sched.step() or sched.flush()) is not None:
+        assert all(t is None for t in record.tokens)  # nothing after an abort is kept
     assert sched.is_idle
     llm.check_integrity()
     for uid, prompt in zip(uids, [*decoding, chunked]):
@@ -156,11 +155,11 @@ def test_decode_batches_padded_to_a_graph_size(device, overlap):
         assert [o["token_ids"] for o in out] == [
             pattern_continuation(p, s.max_tokens) for p, s in zip(prompts, params)
         ]
-        decode = [s for s in steps if s.batch.phase == "decode"]
-        assert {s.batch.size for s in decode} == set(range(1, count + 1))
+        decode = [s for s in steps if s.phase == "decode"]
+        assert {s.size for s in decode} == set(range(1, count + 1))
         if device == "cuda":
-            padded = {(s.batch.size, s.launched.padded_size) for s in decode}
-            assert (3, 4) in padded and all(s.launched.cuda_graph for s in decode)
+            padded = {(s.size, s.padded_size) for s in decode}
+            assert (3, 4) in padded and all(s.cuda_graph for s in decode)
             assert count == 3 or (5, 8) in padded
 
 

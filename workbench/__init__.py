@@ -3,7 +3,7 @@
 from .core import SamplingParams
 from .llm import LLM
 from .runs import load_run
-from .scheduler.outcome import StepError
+from .scheduler import StepError
 from .twin import StepCosts, fit_step_costs, load_step_costs, validate_twin
 from .workbench import Workbench
 

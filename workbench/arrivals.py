@@ -27,11 +27,13 @@ class Arrivals:
     def __init__(self) -> None:
         self._by_step: list[Due] = []
         self._by_time: list[Due] = []
+        self.waiting = 0  # how many are due (a count, read every step)
 
     def add(self, due: Due, by_time: bool) -> None:
         waiting = self._by_time if by_time else self._by_step
         waiting.append(due)
         waiting.sort(key=lambda d: (d.at, d.uid))
+        self.waiting += 1
 
     def due(self, step: int, now: float, idle: bool) -> list[Due]:
         """Those that arrive now (and take them out): at `step`, at `now` seconds; an idle
@@ -41,17 +43,18 @@ class Arrivals:
             out.append(self._by_time.pop(0))
         while self._by_step and (self._by_step[0].at <= step or (idle and not out)):
             out.append(self._by_step.pop(0))
+        self.waiting -= len(out)
         return out
 
     def release(self, scheduler) -> None:
         """Queue on `scheduler` those that arrive now; an idle one waits for the next that is
         due at a time (nothing to run until then)."""
-        probe = scheduler.probe
-        for due in self.due(scheduler.step_index, probe.clock(), scheduler.is_idle):
+        clock = scheduler.clock
+        for due in self.due(scheduler.step_index, clock.now(), scheduler.is_idle):
             scheduler.add_request(due.ids, due.sampling, uid=due.uid)
         if scheduler.is_idle and self.next_time is not None:
-            probe.wait_until(self.next_time)  # (a twin's clock jumps there)
-            for due in self.due(scheduler.step_index, probe.clock(), idle=False):
+            clock.wait_until(self.next_time)  # (a twin's clock jumps there)
+            for due in self.due(scheduler.step_index, clock.now(), idle=False):
                 scheduler.add_request(due.ids, due.sampling, uid=due.uid)
 
     @property
@@ -65,15 +68,17 @@ class Arrivals:
             for due in waiting:
                 if due.uid == uid:
                     waiting.remove(due)
+                    self.waiting -= 1
                     return due
         return None
 
     def clear(self) -> None:
         self._by_step.clear()
         self._by_time.clear()
+        self.waiting = 0
 
     def __iter__(self):
         return iter(self._by_step + self._by_time)
 
     def __len__(self) -> int:
-        return len(self._by_step) + len(self._by_time)
+        return self.waiting

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from .core import SamplingParams
 from .flags import llm_options
-from .history.record import StepRecord
 from .models.catalog import DATA_DIR
+from .scheduler.record import StepRecord
 from .workbench import Workbench
 
 

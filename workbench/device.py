@@ -146,19 +146,15 @@ def send_arrays(arrays: list[np.ndarray], device: torch.device) -> list[torch.Te
 
 
 def to_device_many(arrays, device: torch.device) -> list[torch.Tensor]:
-    """Several int64 arrays in one copy: slices of one device buffer, each 16-byte aligned. A
-    step sends about a dozen small index arrays; each separate copy costs the host a launch."""
-    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in arrays]
+    """Several int64 arrays on `device`; on a GPU in one copy (slices of one buffer, each
+    16-byte aligned: a step sends about a dozen small index arrays, and each separate copy
+    costs the host a launch)."""
     if device.type == "cuda":
-        return staging(device).send(arrays)
-    sizes = [len(a) for a in arrays]
-    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum([n + (n & 1) for n in sizes], out=starts[1:])
-    packed = np.zeros(int(starts[-1]), dtype=np.int64)
-    for a, start, n in zip(arrays, starts, sizes):
-        packed[start : start + n] = a
-    whole = torch.from_numpy(packed).to(device)
-    return [whole[start : start + n] for start, n in zip(starts.tolist(), sizes)]
+        return staging(device).send([np.ascontiguousarray(a, dtype=np.int64) for a in arrays])
+    out = []
+    for a in arrays:
+        out.append(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device))
+    return out
 
 
 def device_name(device: torch.device) -> str:
@@ -167,14 +163,13 @@ def device_name(device: torch.device) -> str:
 
 
 class DeviceTimer:
-    """Time spent on the device between start() and stop(): CUDA events on a GPU (read without
+    """Time spent on the device from its making to stop(): CUDA events on a GPU (read without
     forcing a sync before the work is done anyway), wall time on the CPU.
 
-    On a GPU its two events also mark the step for others (`Engine.run_batch`): `started`
+    On a GPU its two events also mark the step for others (`Engine.forward`): `started`
     follows everything enqueued before the step (the attention plan's copies), `stopped`
     everything in it (the sampled tokens' copy to the host). Each record is a submission to
-    the GPU, which costs the H200 machine's host 20-50 us: a step makes these two and no
-    other."""
+    the GPU, which costs the host tens of microseconds: a step makes these two and no other."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -184,9 +179,6 @@ class DeviceTimer:
             self.stopped = torch.cuda.Event(enable_timing=True)
             # NOTE: looked up once: `record()` without a stream looks it up each time
             self._stream = torch.cuda.current_stream(device)
-
-    def start(self) -> None:
-        if self.cuda:
             self.started.record(self._stream)
         else:
             self._t = time.perf_counter()

@@ -22,7 +22,7 @@ from .instrument.hooks import HookRegistry
 from .instrument.other_ranks import OtherRanks
 from .instrument.probe import Probe
 from .instrument.window import KEEP, profile_window
-from .scheduler.outcome import StepOutcome
+from .scheduler.record import StepRecord
 from .scheduler.scheduler import Scheduler
 from .scheduler.warmup import WarmUp, warm_up
 from .serve import MAX_QUEUED_REQUESTS, Host, Server
@@ -83,15 +83,16 @@ class LLM:
         self.step_costs = step_costs
         self.warmup: WarmUp | None = None  # what the engine's warm-up ran (`warm_up`)
         self.server: Server | None = None  # while it serves HTTP clients (`serve`)
+        clock = None  # the run's: the host's, or a twin's predicted time
         if step_costs is None:
             self.engine = self._build_engine(probe)
         else:
-            self.engine, probe = build_twin(self.config, step_costs, record, window)
+            self.engine, probe, clock = build_twin(self.config, step_costs, record, window)
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.engine.model_dir)
         probe.restart()  # a history that knows the cost
-        self.scheduler = Scheduler(self.engine, probe)
+        self.scheduler = Scheduler(self.engine, probe, clock=clock)
         self._stamp()
 
     def _build_engine(self, probe: Probe) -> Engine:
@@ -131,7 +132,7 @@ class LLM:
                 "(finish them, abort them, or reset)"
             )
         old.abort_all()  # lets go of the prefix cache's pages
-        self.scheduler = Scheduler(self.engine, probe, config=config)
+        self.scheduler = Scheduler(self.engine, probe, config=config, clock=old.clock)
         self.config = config
         self._stamp()
 
@@ -321,7 +322,7 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-        on_step: Callable[[StepOutcome], None] | None = None,
+        on_step: Callable[[StepRecord], None] | None = None,
     ) -> list[dict]:
         """Generate for every prompt; one dict per prompt, in input order.
 
@@ -332,20 +333,21 @@ class LLM:
         self.check_open()
         self.check_not_serving("generate")
         uids = self.add_requests(prompts, sampling)
+        self.scheduler.clock.resume()  # (a workbench stops it between its own calls)
         try:
             pending = set(uids)
             while pending:
-                outcome = self.scheduler.step()
-                if outcome is None:
+                record = self.scheduler.step()
+                if record is None:
                     break
                 if on_step is not None:
-                    on_step(outcome)
-                pending.difference_update(r.uid for r in outcome.finished)
+                    on_step(record)
+                pending.difference_update(record.finished)
                 self.hooks.raise_pending()
             # overlap: a batch launched after the last one we needed may still be in flight
-            outcome = self.scheduler.flush()
-            if outcome is not None and on_step is not None:
-                on_step(outcome)
+            record = self.scheduler.flush()
+            if record is not None and on_step is not None:
+                on_step(record)
             self.hooks.raise_pending()
         except BaseException:
             self._drop(uids)

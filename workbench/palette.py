@@ -22,7 +22,7 @@ HOOK_COLORS = {
     "sample.end": "#ffc8dd",
     "step.end": "#590d22",
 }
-# a step's host time by stage (`stages.HOST_STAGES`), and the device time it is set against
+# a step's host time by stage (`clocks.HOST_STAGES`), and the device time it is set against
 STAGE_COLORS = {
     "schedule": "#6d597a",
     "prepare": "#b56576",

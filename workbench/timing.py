@@ -1,25 +1,7 @@
-"""What a step's times mean, defined once. The steps table carries these columns and every view
-reads them (the dashboard, `compare_table`, `compare_summary`, the report, a twin's runs), so no
-two views can disagree about a step.
-
-- ``device_ms``: the device's time for the step's forward and sampling. On a GPU, CUDA events
-  around them. On the CPU there is no device apart from the host: the forward and the sampling
-  run on the host's own cores, and ``device_ms`` is their wall time ("device" then means the
-  forward and sampling; `DEVICE_MEANING` says so in words).
-- ``host_ms``: the host's time for the step, every stage (schedule ... record).
-- ``host_work_ms``: the host's own work, the device's left out: ``host_ms`` on a GPU (it only
-  enqueues the forward), ``host_ms - device_ms`` on the CPU (the forward and sampling are the
-  device's work there, done by the host's cores).
-- ``host_bound``: the host's own work took longer than the device's (``host_work_ms >
-  device_ms``). With overlap a step takes the longer of the two, so the host set its pace.
-- ``span_ms``: the step's share of the run's time, from the previous step's completion (or its
-  own launch, when it came later: the engine waited for a request) to its own completion. With
-  overlap the steps' launch-to-completion walls overlap; their spans do not, and they add up to
-  the run's time.
-- ``idle_ms``: the part of the span the device spent on nothing: ``span_ms - device_ms``, at
-  least 0. On the CPU that is the host's own work between two forwards.
-- device busy: ``device_ms`` over ``span_ms``, summed over the steps (`device_busy_pct`).
-"""
+"""What a step's times mean, defined once so no two views disagree: ``device_ms`` is the forward
+and sampling (on the CPU, their wall time on the host's cores), ``host_work_ms`` the host's own
+work, ``host_bound`` own work longer than the device's, ``span_ms`` the step's share of the run
+(spans add up to it) and ``idle_ms`` the span less the device's time (device busy: their ratio)."""
 
 from __future__ import annotations
 
@@ -35,13 +17,12 @@ DEVICE_MEANING = {
     True: "on the CPU the device's work is the forward and sampling, run on the host's cores",
     False: "the device's work is the forward and sampling on the GPU, between CUDA events",
 }
-# the host stages (`stages.HOST_STAGES`) that are the device's work on the CPU, where the host's
-# cores run the forward and the sampling themselves
+# the host stages (`clocks.HOST_STAGES`) that are the device's work on the CPU
 DEVICE_STAGES = ("forward", "sample")
 
 
 def host_work_ms(host_ms: float, device_ms: float, device_on_host: bool) -> float:
-    """The host's own work in a step (see the module)."""
+    """The host's own work: ``host_ms``, less the device's time where the host ran it (a CPU)."""
     if device_on_host:
         return max(host_ms - device_ms, 0.0)
     return host_ms
@@ -52,9 +33,8 @@ def is_host_bound(host_ms: float, device_ms: float, device_on_host: bool) -> boo
 
 
 def add_timing_columns(steps: pd.DataFrame, device_on_host: bool) -> pd.DataFrame:
-    """`steps` with ``span_ms`` and ``idle_ms`` added (in place), and ``host_work_ms`` and
-    ``host_bound`` where it lacks them (a run saved before they were recorded: from
-    `device_on_host`; NA where the run has no host times)."""
+    """`steps` with ``span_ms`` and ``idle_ms`` added in place, and ``host_work_ms`` and
+    ``host_bound`` where a run saved before them lacks them (NA without host times)."""
     import pandas as pd
 
     device = steps.device_ms.to_numpy(dtype=float)
@@ -70,7 +50,7 @@ def add_timing_columns(steps: pd.DataFrame, device_on_host: bool) -> pd.DataFram
 
 
 def step_spans_ms(steps: pd.DataFrame) -> np.ndarray:
-    """Each step's span (see the module), in the table's order of steps."""
+    """Each step's span: from the previous completion (or its own launch, if later) to its own."""
     if steps.empty:
         return np.zeros(0)
     launched = steps.launched_at.to_numpy(dtype=float)
@@ -95,8 +75,7 @@ class RunTiming(NamedTuple):
 
 
 def run_timing(steps: pd.DataFrame, device_on_host: bool) -> RunTiming:
-    """The run's host-bound steps, device time, span and idle time, from a steps table with the
-    columns of `add_timing_columns` (added here when it lacks them)."""
+    """The run's host-bound steps, device time, span and idle time (`add_timing_columns`)."""
     if "host_bound" not in steps or "span_ms" not in steps:
         steps = add_timing_columns(steps.copy(), device_on_host)
     known = steps.host_bound.notna()
@@ -111,8 +90,7 @@ def run_timing(steps: pd.DataFrame, device_on_host: bool) -> RunTiming:
 
 
 def device_on_host(history) -> bool:
-    """Whether the run's forward ran on the host's cores (a CPU engine; a twin stands for the
-    GPU it was calibrated on, so its runs are not)."""
+    """Whether the forward ran on the host's cores (a CPU engine; a twin's runs stand for a GPU)."""
     meta = getattr(history, "meta", {}) or {}
     if meta.get("simulated"):
         return False

@@ -26,11 +26,11 @@ from . import validate as V
 from .arrivals import Arrivals, Due
 from .compare_inputs import checked_requests, checked_settings
 from .core import SamplingParams
-from .history.record import StepRecord, StepRecords, build_record
 from .instrument.hooks import HookRegistry
 from .llm import LLM, Prompt
 from .results import Results
 from .runs import RunHistory
+from .scheduler.record import StepRecord, StepRecords
 from .serve import MAX_QUEUED_REQUESTS, Host, Server
 from .serve.views import ViewThread
 
@@ -59,7 +59,7 @@ class Workbench(Results):
         self._notifying = threading.RLock()  # (serving: the views thread and callers alike)
         # NOTE: the run's clock runs only while the workbench steps: between calls it is the
         # person's time, not the run's (a request added meanwhile arrives when stepping goes on)
-        self.scheduler.probe.pause()
+        self.scheduler.clock.pause()
 
     # -- what to look at --------------------------------------------------------------------
     @property
@@ -108,7 +108,7 @@ class Workbench(Results):
         self.llm.check_request(ids, sampling)
         step = max(arrival_step or 0, self.step_index)
         self._submitted.append((ids, sampling, step, arrival_time))
-        if arrival_time is not None and arrival_time > self.scheduler.probe.clock():
+        if arrival_time is not None and arrival_time > self.scheduler.clock.now():
             uid = self.scheduler.new_uid()
             self._arrivals.add(Due(arrival_time, uid, ids, sampling), by_time=True)
         elif arrival_step is None or arrival_step <= self.step_index:
@@ -142,7 +142,8 @@ class Workbench(Results):
 
         A hook that raised during a step raises HookError here, after that step completed.
         """
-        n = V.integer("n", n, 1)
+        if type(n) is not int or n < 1:
+            n = V.integer("n", n, 1)
         record = None
         try:
             for i in range(n):
@@ -156,38 +157,43 @@ class Workbench(Results):
         return record
 
     def _step_once(self) -> StepRecord | None:
-        self.llm.check_open()
+        scheduler = self.scheduler
+        if scheduler is None:
+            self.llm.check_open()  # (raises: closed)
         server = self.llm.server
         if server is None:
-            self.scheduler.probe.resume()
-            outcome = self._engine_step()
+            scheduler.clock.resume()
+            record = self._engine_step()
         elif server.loop.paused:  # by hand: the clients' requests join it, its tokens reach them
-            outcome = server.loop.step_once(raising=True)
+            record = server.loop.step_once(raising=True)
         else:
             raise RuntimeError(
                 f"the engine is serving HTTP clients ({server.url}) and steps by itself: "
                 "wb.pause() first, then step; wb.resume() lets it run on"
             )
-        if outcome is None:
+        if record is None:
             return None
-        record = outcome.record or build_record(outcome, self.scheduler.occupancy())
-        self.hooks.raise_pending()
-        return record
+        hooks = scheduler.probe.hooks
+        if hooks.errors:
+            hooks.raise_pending()
+        return record.complete()
 
-    def _engine_step(self):
-        """One scheduler step, the requests due now queued first; its outcome (None: nothing
+    def _engine_step(self) -> StepRecord | None:
+        """One scheduler step, the requests due now queued first; its record (None: nothing
         to do)."""
-        self._arrivals.release(self.scheduler)
-        return self.scheduler.step() or self.scheduler.flush()
+        scheduler = self.scheduler
+        if self._arrivals.waiting:
+            self._arrivals.release(scheduler)
+        return scheduler.step() or scheduler.flush()
 
-    def _served_step(self):
+    def _served_step(self) -> StepRecord | None:
         """A step the server's thread takes: the views follow from a thread of their own."""
-        outcome = self._engine_step()
-        if outcome is not None:
+        record = self._engine_step()
+        if record is not None:
             self.hooks.raise_pending()  # (the server's thread logs a hook's error)
             if self._views is not None:
                 self._views.poke()
-        return outcome
+        return record
 
     @contextlib.contextmanager
     def _engine_held(self):
@@ -204,12 +210,17 @@ class Workbench(Results):
     def _end_call(self) -> None:
         """After every step, run or run_until: the profiler's events (record="full") go to the
         records (the records handed back show them), then the views redraw."""
-        if self.scheduler is not None:  # not closed
-            self.scheduler.probe.flush()
-            self.scheduler.probe.read_events()
+        scheduler = self.scheduler
+        if scheduler is not None:  # not closed
+            probe = scheduler.probe
+            if probe.profiling:
+                probe.flush()
+            if probe.history.sessions:
+                probe.history.fill_in()
             if self.llm.server is None:  # a server's clients arrive on the run's clock
-                self.scheduler.probe.pause()
-        self._notify(final=True)
+                scheduler.clock.pause()
+        if self._observers:
+            self._notify(final=True)
 
     def observe(self, fn: Callable[[bool], None]) -> Callable[[], None]:
         """Call `fn(final)` whenever the workbench has stepped: `final` False during a `run`
@@ -318,7 +329,7 @@ class Workbench(Results):
             )
         self.llm.reconfigure(record=record, **settings)
         self.scheduler, self.config = self.llm.scheduler, self.llm.config
-        self.scheduler.probe.pause()
+        self.scheduler.clock.pause()
         self._notify(final=True)
 
     def compare(
@@ -389,7 +400,7 @@ class Workbench(Results):
         with finish_reason "abort"). While it serves, the run's clock runs on. Needs the `serve`
         extra (FastAPI, uvicorn)."""
         self.llm._check_can_serve()
-        self.scheduler.probe.resume()
+        self.scheduler.clock.resume()
         self._views = ViewThread(self._notify)
         host_ = Host(self.llm, self._served_step, lambda: self.is_done, keep_finished=True)
         try:
@@ -401,7 +412,7 @@ class Workbench(Results):
             self.llm.server = None
             self._views.stop()
             self._views = None
-            self.scheduler.probe.pause()
+            self.scheduler.clock.pause()
             raise
         self._notify(final=True)
         return self.llm.server
@@ -424,7 +435,7 @@ class Workbench(Results):
             self._views.stop()
             self._views = None
         if self.scheduler is not None:
-            self.scheduler.probe.pause()
+            self.scheduler.clock.pause()
         self._notify(final=True)
 
     @property

@@ -17,15 +17,12 @@ if TYPE_CHECKING:
 
 
 class AttentionBackend(ABC):
-    """Paged attention over the token-granular page table.
+    """Paged attention over the token-granular page table. `prepare` runs once per batch and
+    leaves the kernels' inputs in `batch.attn_metadata`; `forward` runs per layer: it stores the
+    new K/V at `out_loc(batch)` (k and v None: a fused kernel stored them) and attends each
+    request's queries to its tokens ``[0, device_len)``."""
 
-    `prepare` runs once per batch, before the forward, and leaves what the kernels need in
-    `batch.attn_metadata`; `forward` runs once per layer: it stores the new K/V at
-    `out_loc(batch)` and attends each request's queries to its tokens ``[0, device_len)``.
-    Given k and v as None, it takes them as stored already (by a fused kernel, at `out_loc`).
-    """
-
-    supports_cuda_graph = False  # True: has graph_metadata() and prepare_replay()
+    supports_cuda_graph = False  # True: has graph_metadata() and plan_replay()
 
     def __init__(
         self,
@@ -35,8 +32,7 @@ class AttentionBackend(ABC):
         head_dim: int,
         decode_tensor_cores: bool | None = None,
     ) -> None:
-        """`decode_tensor_cores`: decode attention on tensor cores (a backend that has the
-        choice; None: the backend decides)."""
+        """`decode_tensor_cores`: decode attention on tensor cores (None: the backend decides)."""
         self.pool, self.table = pool, table
         self.decode_tensor_cores = decode_tensor_cores
         self.num_heads, self.head_dim = num_heads, head_dim
@@ -56,8 +52,7 @@ class AttentionBackend(ABC):
         """q [tokens, heads, dim], k and v [tokens, kv_heads, dim] -> [tokens, heads, dim]."""
 
     def launched(self, timer: DeviceTimer) -> None:
-        """The batch prepared last is launched: everything its `prepare` enqueued lies before
-        `timer`'s start (a backend that reuses host buffers knows when they are free)."""
+        """The batch prepared last is launched: its `prepare`'s work precedes `timer`'s start."""
         return None
 
     def out_loc(self, batch: Batch) -> torch.Tensor:

@@ -20,7 +20,6 @@ class ForwardContext:
 
     @contextlib.contextmanager
     def running(self, batch: Batch) -> Iterator[ForwardContext]:
-        """The layers see `batch` inside, and no batch after (even when the forward fails)."""
         self.batch = batch
         try:
             yield self
@@ -30,7 +29,6 @@ class ForwardContext:
     def attend(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
     ) -> torch.Tensor:
-        """Attention output; k and v None when a fused kernel already stored them."""
         return self.backend.forward(layer_id, q, k, v, self.batch)
 
     def kv_target(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

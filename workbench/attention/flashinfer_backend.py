@@ -1,17 +1,8 @@
 """FlashInfer attention on the GPU: batched paged prefill and decode over the page table.
 
-The page table is token-granular; FlashInfer gets the pool's real pages. Page ``i`` of a request
-is slot ``page_table[row, i * page_size] // page_size`` (a page is ``page_size`` consecutive,
-aligned slots, and a request's token ``p`` sits at offset ``p % page_size`` of its page). Those
-index lists are gathered on the device (`kernels/page_indices.py`, no trip through the host);
-only the small ``indptr`` and lengths are built on the host, which FlashInfer's planner wants
-there anyway. Pages of 16 tokens read the KV about 4% faster than pages of one (decode at batch
-256 on the H200).
-
-CUDA graphs: one decode wrapper per captured batch size, with fixed buffers. Before each replay
-the wrapper is planned again for the real batch, padded with dummy requests that read and write
-the pool's dummy slot; the graph itself gathers the page ids (`graph_indices`).
-"""
+The page table is token-granular, so page ``i`` of a request is slot
+``page_table[row, i * page_size] // page_size``; those page ids are gathered on the device
+(`kernels/page_indices.py`), and only ``indptr`` and lengths are built on the host."""
 
 from __future__ import annotations
 
@@ -29,10 +20,10 @@ from .flashinfer_graphs import WORKSPACE_BYTES, FlashInferMetadata, GraphWrapper
 class _PagedKV(NamedTuple):
     """A batch's KV pages as FlashInfer's planner wants them, on the host (pinned)."""
 
-    indptr: torch.Tensor  # [batch + 1] int32: where each request's pages start
-    last_page_len: torch.Tensor  # [batch] int32: tokens in each last page
-    seq_lens: torch.Tensor  # [batch] int32: KV tokens per request
-    indptr_np: np.ndarray  # the same indptr, for the host's own use
+    indptr: torch.Tensor
+    last_page_len: torch.Tensor
+    seq_lens: torch.Tensor
+    indptr_np: np.ndarray
 
 
 class FlashInferBackend(GraphWrappers, AttentionBackend):
@@ -51,13 +42,7 @@ class FlashInferBackend(GraphWrappers, AttentionBackend):
         self.page_size = pool.page_size
         self.staging = staging(self.device)
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        # NOTE: tensor-core decode already pays at a GQA group of 2 (Qwen3-0.6B on the H200:
-        # +5.7% and +6.3% on the throughput benchmark, two runs each way). Alone, at batch 256
-        # with 156,546 KV tokens (`python benchmarks/decode_attention.py`, H200, Dec 1):
-        # Qwen3-0.6B heads, page 1 / 16: CUDA cores 3.47 / 3.34 TB/s, tensor cores (fa2, and
-        # FlashInfer's default backend, the same kernel) 3.76 / 3.90, the prefill wrapper fa2
-        # 3.70 / 3.84, its default (fa3) 1.47 / 1.55; Qwen3-8B: 2.33 / 2.27, 3.70 / 3.87,
-        # 3.64 / 3.80, 0.72 / 0.73. Tensor cores and fa2, then, here too.
+        # tensor cores from GQA group 2, and fa2: faster kernels (benchmarks/decode_attention.py)
         gqa = num_heads // self.num_kv_heads >= 2
         self.use_tensor_cores = gqa if decode_tensor_cores is None else decode_tensor_cores
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
@@ -67,17 +52,13 @@ class FlashInferBackend(GraphWrappers, AttentionBackend):
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend="fa2"
         )
         self._init_graph_wrappers()
-        # NOTE: plan() fills a pinned host buffer and copies it to the device asynchronously;
-        # planning again before that copy ran would overwrite the earlier batch's metadata
-        # (with overlap the CPU is a step ahead). Each plan waits for the previous one's copy:
-        # for the start of the step it was launched with (`launched`), or when it never was
-        # (a failed step, the graphs' first plans), for the stream.
+        # NOTE: plan() copies a pinned host buffer to the device asynchronously, and with overlap
+        # the next plan could overwrite it first. Each plan waits for the previous one's copy: for
+        # its step's start (`launched`), or for the stream when it never launched.
         self._plan_done: torch.cuda.Event | None = None
         self._unlaunched = False
 
-    # -- metadata ---------------------------------------------------------------------------
     def _paged(self, kv_lens: np.ndarray) -> _PagedKV:
-        """The requests' pages covering KV positions ``[0, kv_len)``, as pinned host arrays."""
         ps = self.page_size
         num_pages = -(-kv_lens // ps)
         indptr = np.zeros(len(kv_lens) + 1, dtype=np.int32)
@@ -87,7 +68,6 @@ class FlashInferBackend(GraphWrappers, AttentionBackend):
         return _PagedKV(*host, indptr)
 
     def _kv_indices(self, rows: np.ndarray, kv: _PagedKV) -> torch.Tensor:
-        """The requests' page ids, gathered on the device from the page table."""
         from ..kernels.page_indices import page_indices
 
         rows_d, indptr_d = self.staging.send([rows.astype(np.int64), kv.indptr_np])
@@ -111,7 +91,6 @@ class FlashInferBackend(GraphWrappers, AttentionBackend):
         self._unlaunched = True
 
     def _before_plan(self) -> None:
-        """Wait until the copies of the last plan have run."""
         if self._unlaunched:
             torch.cuda.current_stream(self.device).synchronize()
         elif self._plan_done is not None:
@@ -134,7 +113,6 @@ class FlashInferBackend(GraphWrappers, AttentionBackend):
             self._plan(self.decode_wrapper, None, kv, indices)
             batch.attn_metadata = FlashInferMetadata(self.decode_wrapper, batch.out_loc)
 
-    # -- the kernel -------------------------------------------------------------------------
     def out_loc(self, batch: Batch) -> torch.Tensor:
         return batch.attn_metadata.out_loc  # a graph's static buffer when replayed
 

@@ -1,12 +1,7 @@
 """The CUDA-graph side of the FlashInfer backend: one wrapper per captured shape, with fixed
-buffers, planned again before each replay by FlashInfer's scheduler alone (`Replan`).
-
-Decode: one decode wrapper per captured batch size; the real batch is padded with dummy
-requests that read and write the pool's dummy slot, and the graph itself gathers the page ids
-(`graph_indices`). Prefill and mixed steps: one prefill wrapper per captured (tokens, rows);
-the requests past a batch's own have no queries and one dummy page, its padding tokens belong
-to no request (FlashInfer leaves their attention output zero).
-"""
+buffers, planned again before each replay by FlashInfer's scheduler alone (`Replan`). A batch is
+padded to its graph's shape with dummy requests on the pool's dummy slot (in prefill graphs they
+have no queries, and padding tokens belong to no request: FlashInfer leaves their output zero)."""
 
 from __future__ import annotations
 
@@ -23,34 +18,31 @@ WORKSPACE_BYTES = 256 * 2**20  # FlashInfer's float workspace, shared by the eag
 
 @dataclass
 class FlashInferMetadata:
-    wrapper: Any  # the planned flashinfer wrapper whose run() this batch uses
-    out_loc: torch.Tensor  # where each new token's K/V goes
+    wrapper: Any
+    out_loc: torch.Tensor
 
 
 class GraphWrappers:
-    """The graph wrappers of `FlashInferBackend` (a mixin: it uses the backend's planning,
-    staging and metadata)."""
+    """The graph wrappers of `FlashInferBackend` (a mixin over its planning and staging). The
+    caller fills each graph's device buffers (``indptr``, ``last_page_len``, ``qo_indptr``) before
+    a replay, and the graph gathers its page ids itself (`graph_indices`)."""
 
     def _init_graph_wrappers(self) -> None:
         self.graph_wrappers: dict[int, Any] = {}  # decode: batch size -> wrapper
-        self._graph_indices: torch.Tensor | None = None  # shared by all graph wrappers
-        self._replans: dict[int, Replan | None] = {}  # each decode graph wrapper's planner
+        self._graph_indices: torch.Tensor | None = None
+        self._replans: dict[int, Replan | None] = {}
         # prefill and mixed: (tokens, rows) -> its wrapper's planner; the workspaces they share
         self._prefill_replans: dict[tuple[int, int], Replan] = {}
         self._prefill_floats: torch.Tensor | None = None
         self._prefill_ints: tuple[torch.Tensor, torch.Tensor] | None = None  # device, pinned
 
     def paged_lens(self, kv_lens: np.ndarray, indptr: np.ndarray, last_page_len: np.ndarray):
-        """`paged_lens` for this pool's page size."""
         paged_lens(kv_lens, self.page_size, indptr, last_page_len)
 
     def graph_metadata(
         self, bs: int, out_loc: torch.Tensor, indptr: torch.Tensor, last_page_len: torch.Tensor
     ) -> FlashInferMetadata:
-        """A wrapper for decode batches of exactly `bs` requests, planned with dummy requests.
-        `indptr` and `last_page_len` are its device buffers, which the caller fills before
-        each replay (the graph runner's one staged copy); the graph gathers the page ids
-        (`graph_indices`)."""
+        """A wrapper for decode batches of exactly `bs` requests, planned with dummy requests."""
         wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace,
             "NHD",
@@ -74,14 +66,10 @@ class GraphWrappers:
         return FlashInferMetadata(wrapper, out_loc)
 
     def plan_replay(self, bs: int, indptr: np.ndarray, kv_lens: np.ndarray) -> None:
-        """Plan the `bs` graph wrapper for these KV lengths (the batch's, then 1 for each
-        dummy request that pads it to `bs`) and page `indptr`, on the host. Its device
-        `indptr` and `last_page_len` are the caller's to fill; the graph gathers the page ids.
-
-        Only FlashInfer's scheduler runs (`Replan`)."""
+        """Plan the `bs` graph wrapper for these page `indptr` and KV lengths (1 per dummy)."""
         replan = self._replans[bs]
         self._before_plan()
-        if replan is None:  # a planner we do not know: the wrapper's own plan()
+        if replan is None:
             kv = self._paged(kv_lens.astype(np.int64))
             self.graph_wrappers[bs].plan(
                 kv.indptr,
@@ -100,34 +88,26 @@ class GraphWrappers:
         self._unlaunched = True
 
     def graph_indices(self, rows: torch.Tensor, indptr: torch.Tensor) -> None:
-        """Inside a graph: the page ids of the requests in `rows`, as the graph's `indptr`
-        buffer places them (its last plan's), from the device's page table into the buffer the
-        graph wrappers read."""
+        """Inside a graph: the page ids of the requests in `rows`, where `indptr` places them."""
         from ..kernels.page_indices import page_indices
 
         buffer = self.graph_indices_buffer()
         page_indices(self.table.page_table, rows, indptr, buffer, self.page_size)
 
     def graph_indices_buffer(self) -> torch.Tensor:
-        """The page ids every graph wrapper reads (each graph gathers its batch's before its
-        attention runs): room for every request slot's whole row, and a page for each padded
-        request."""
+        """Page ids all graph wrappers read: a row per request slot, a page per padded request."""
         if self._graph_indices is None:
             table = self.table
             cap = (table.max_running_reqs + 1) * (table.max_seq_len + 1)
             self._graph_indices = torch.zeros(cap, dtype=torch.int32, device=self.device)
         return self._graph_indices
 
-    # -- CUDA graphs of prefill and mixed steps ---------------------------------------------
     def prefill_graph_metadata(
         self, shape: tuple[int, int], out_loc: torch.Tensor, buffers: dict[str, torch.Tensor]
     ) -> FlashInferMetadata | None:
-        """A prefill wrapper for batches of `shape` = (at most `tokens` query tokens, exactly
-        `rows` requests: those past a batch's own have no queries and one dummy KV page).
-        `buffers`: its device ``qo_indptr``, ``kv_indptr`` and ``last_page_len``, which the
-        caller fills before each replay, and planned here for the dummy batch the graph is
-        captured with (`dummy_prefill`), written to them too. None: FlashInfer's planner is
-        not one `Replan` knows, and prefill steps stay eager."""
+        """A prefill wrapper for batches of at most `tokens` query tokens and exactly `rows`
+        requests; `buffers`: its device ``qo_indptr``, ``kv_indptr`` and ``last_page_len``. None:
+        `Replan` does not know this FlashInfer's planner, and prefill steps stay eager."""
         tokens, rows = shape
         wrapper = self.flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self._prefill_workspace(tokens, rows),
@@ -155,16 +135,13 @@ class GraphWrappers:
     def plan_prefill_replay(
         self, shape: tuple[int, int], qo_indptr: np.ndarray, indptr: np.ndarray, kv_lens: np.ndarray
     ) -> None:
-        """Plan the `shape` graph wrapper for these query `qo_indptr`, page `indptr` and KV
-        lengths (host arrays, padded to its rows); its device buffers are the caller's."""
         self._before_plan()
         self._prefill_replans[shape](indptr, kv_lens, qo_indptr)
         self._unlaunched = True
 
     def _prefill_workspace(self, tokens: int, rows: int) -> torch.Tensor:
-        """The float workspace of the prefill graphs, shared (one replays at a time): the
-        eager wrappers' when the split KV of `tokens` x `rows` fits in it (called largest
-        first)."""
+        """The prefill graphs' float workspace, shared as one replays at a time: the eager
+        wrappers' when the split KV of the first (largest) shape fits in it."""
         if self._prefill_floats is None:
             sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
             need = split_kv_bytes(
@@ -176,11 +153,9 @@ class GraphWrappers:
         return self._prefill_floats
 
     def _share_int_workspace(self, wrapper: Any) -> None:
-        """Give `wrapper` the int workspace (device and pinned) of the first prefill graph
-        wrapper: FlashInfer allocates 8 MB of each per wrapper, and a prefill graph's plan is
-        always written again before it replays (stream order keeps the device copy's turn; the
-        pinned one is reused only after its copy ran, `_before_plan`). A wrapper without these
-        attributes keeps its own (and `Replan` refuses it)."""
+        """Give `wrapper` the first prefill graph wrapper's int workspaces (device and pinned, 8 MB
+        each): a prefill graph's plan is always written again before it replays, once the last
+        copy ran (`_before_plan`). A wrapper without these attributes keeps its own."""
         names = ("_int_workspace_buffer", "_pin_memory_int_workspace_buffer")
         if not all(hasattr(wrapper, n) for n in names):
             return
@@ -195,8 +170,7 @@ class GraphWrappers:
 def paged_lens(
     kv_lens: np.ndarray, page_size: int, indptr: np.ndarray, last_page_len: np.ndarray
 ) -> None:
-    """Fill each request's page `indptr` (one longer than `kv_lens`: where its pages start in
-    the batch's page list) and last-page length, for these KV lengths, in place."""
+    """Fill each request's page `indptr` and last-page length for these KV lengths, in place."""
     indptr[0] = 0
     if page_size == 1:
         np.cumsum(kv_lens, out=indptr[1:])
@@ -208,9 +182,8 @@ def paged_lens(
 
 
 def dummy_prefill(tokens: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """The batch a prefill graph of (`tokens`, `rows`) is captured with: all `tokens` query
-    tokens spread over the `rows` requests, each attending to itself only (its KV that long),
-    as the query `qo_indptr` and the KV lengths."""
+    """The batch a prefill graph is captured with, as (`qo_indptr`, KV lengths): the `tokens`
+    spread over the `rows` requests, each attending to itself only."""
     q_lens = np.full(rows, tokens // rows, dtype=np.int64)
     q_lens[: tokens % rows] += 1
     qo = np.zeros(rows + 1, dtype=np.int32)

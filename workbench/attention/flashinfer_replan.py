@@ -1,19 +1,9 @@
-"""FlashInfer's scheduler called directly, for wrappers captured in CUDA graphs.
-
-A captured wrapper's buffers, kernels and plan layout are fixed at capture; what changes per
-step is only the work split its scheduler writes to the workspace. `Replan` calls that
-scheduler (the wrapper's compiled module's ``plan``) with the arguments the wrapper's own
-plan() gives it for the fa2 backend (tensor-core decode runs the same prefill planner), and
-checks that it returns the plan the graph was captured with. The wrapper's plan() around it
-checks and copies again, per step, what the graph fixed once (about 0.1 ms of host time a
-decode step on the H200). Any other wrapper (CUDA-core decode, another FlashInfer whose
-wrapper lacks these attributes) keeps its plan() (`Replan.of` returns None).
-
-In CUDA-graph mode FlashInfer's planner sizes everything from the captured batch: `rows`
-requests and at most `total_rows` query tokens (the query tile from ``total_rows - rows + 1``,
-the grid from both), always splits the KV, and reads the real token count from the workspace,
-so one plan layout serves every batch that fits (FlashInfer 0.7.2, ``PrefillSplitQOKVIndptr``).
-"""
+"""FlashInfer's scheduler called directly, for wrappers captured in CUDA graphs: their buffers,
+kernels and plan layout are fixed, and per step only the work split the scheduler writes to the
+workspace changes. `Replan` calls it (the compiled module's ``plan``) as a wrapper's fa2 plan()
+would, without re-checking and re-copying what the graph fixed. In graph mode the planner sizes
+everything from the captured batch, so one layout serves every batch that fits (FlashInfer 0.7.2,
+``PrefillSplitQOKVIndptr``)."""
 
 from __future__ import annotations
 
@@ -48,8 +38,8 @@ class Replan:
             wrapper._int_workspace_buffer,
             wrapper._pin_memory_int_workspace_buffer,
         )
-        self.decode_qo_indptr = torch.arange(rows + 1, dtype=torch.int32)  # a token a request
-        self.checks = 2  # the plans still compared with the captured one (each costs ~60 us)
+        self.decode_qo_indptr = torch.arange(rows + 1, dtype=torch.int32)
+        self.checks = 2
         self.middle = (total_rows, rows, num_heads, num_kv_heads, page_size, True)
         # window_left, fixed split size, split-KV on, colocated CTAs, uniform q len
         self.tail = (head_dim, head_dim, causal, -1, -1, False, 0, 0)
@@ -69,8 +59,7 @@ class Replan:
     def __call__(
         self, indptr: np.ndarray, kv_lens: np.ndarray, qo_indptr: np.ndarray | None = None
     ) -> None:
-        """Plan for these page `indptr`, KV lengths and query `qo_indptr` (None: one query
-        token a request, decode), all on the host."""
+        """Plan for these host page `indptr`, KV lengths and query `qo_indptr` (None: decode)."""
         qo = self.decode_qo_indptr if qo_indptr is None else torch.from_numpy(qo_indptr)
         info = self.module.plan(
             *self.workspaces,
@@ -96,9 +85,8 @@ class Replan:
 def split_kv_bytes(
     rows: int, total_rows: int, num_heads: int, num_kv_heads: int, head_dim: int, sm_count: int
 ) -> int:
-    """An upper bound of the float workspace a CUDA-graph prefill plan of `rows` requests and
-    `total_rows` query tokens reserves for its split KV (partial outputs and their softmax
-    sums): FlashInfer reserves them for the whole padded grid, whatever the batch."""
+    """An upper bound of the float workspace a CUDA-graph prefill plan reserves for its split KV
+    (partial outputs and softmax sums), which FlashInfer sizes for the whole padded grid."""
     group = num_heads // num_kv_heads
     tile = 128  # the largest query tile (rows of packed query heads)
     split_ctas = 2 * sm_count // num_kv_heads

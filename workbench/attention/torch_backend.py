@@ -1,8 +1,5 @@
-"""The reference backend: plain torch SDPA reading K/V through the page table. Runs anywhere.
-
-Prefill attends request by request (each with its own causal offset, `cached_len`); decode
-gathers every request's K/V into one padded batch.
-"""
+"""The reference backend, which runs anywhere: torch SDPA reading K/V through the page table,
+request by request for prefill (each its own causal offset), as one padded batch for decode."""
 
 from __future__ import annotations
 
@@ -27,26 +24,21 @@ class TorchMetadata:
 
 class TorchBackend(AttentionBackend):
     def prepare(self, batch: Batch) -> None:
+        table_rows, cached, kv_lens = batch.ledger  # as launched
         rows = self.table.page_table_host
-        reqs = batch.reqs
-        kv_lens = [r.device_len for r in reqs]
-        meta = TorchMetadata(
-            [r.extend_len for r in reqs], [r.cached_len for r in reqs], None, None, None
-        )
+        meta = TorchMetadata((kv_lens - cached).tolist(), cached.tolist(), None, None, None)
         device = self.pool.buffer.device
         if batch.is_prefill:
             meta.kv_slots = [
-                torch.from_numpy(rows[r.table_idx, : r.device_len].astype(np.int64)).to(device)
-                for r in reqs
+                torch.from_numpy(rows[row, :n].astype(np.int64)).to(device)
+                for row, n in zip(table_rows.tolist(), kv_lens.tolist())
             ]
         else:
-            width = max(kv_lens)
-            slots = np.full((len(reqs), width), self.pool.dummy_slot, dtype=np.int64)
-            for i, r in enumerate(reqs):
-                slots[i, : r.device_len] = rows[r.table_idx, : r.device_len]
-            meta.padded_slots = torch.from_numpy(slots).to(device)
-            if min(kv_lens) != width:
-                valid = np.arange(width)[None, :] < np.asarray(kv_lens)[:, None]
+            width = int(kv_lens.max())
+            valid = np.arange(width)[None, :] < kv_lens[:, None]
+            slots = np.where(valid, rows[table_rows, :width], self.pool.dummy_slot)
+            meta.padded_slots = torch.from_numpy(slots.astype(np.int64)).to(device)
+            if not valid.all():
                 meta.padded_mask = torch.from_numpy(valid)[:, None, None, :].to(device)
         batch.attn_metadata = meta
 

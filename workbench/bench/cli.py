@@ -18,8 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # NOTE: argparse lists flags in the order they are added; the groups below keep --help's order.
     gpu = torch.cuda.is_available()
     _workload_arguments(p, gpu)
-    # nano-vllm's budget (max_num_batched_tokens=16384): fewer, fuller prefill steps. On the H200,
-    # dummy Qwen3-0.6B, page 16: 24,793 tok/s against 24,239 at 8192 (prefill 0.32 s, not 0.43)
+    # nano-vllm's budget (max_num_batched_tokens=16384): fewer, fuller prefill steps
     add_schedule_arguments(p, max_extend_tokens=16384, max_running_reqs=256)
     add_engine_arguments(p)
     _run_arguments(p)
@@ -173,8 +172,7 @@ def _window_and_slo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_record(args: argparse.Namespace) -> None:
-    """--profile-when profiles steps (record full); --slo reads the run's records (light at
-    least)."""
+    """--profile-when profiles steps (record full); --slo reads the records (light at least)."""
     if args.profile_steps is not None:
         if args.record == "light":
             raise ValueError("--profile-when profiles steps: it needs --record full, not light")

@@ -1,8 +1,5 @@
-"""`python -m workbench bench`: the offline throughput benchmark.
-
-One timed run (throughput.py), or with `--sweep` every combination of settings (sweep.py); printed
-as lines (report.py) or a table, or with `--json` as one JSON object (a list for a sweep).
-"""
+"""`python -m workbench bench`: one timed run (throughput.py), or with `--sweep` every combination
+of settings (sweep.py); printed as lines (report.py), a table, or with `--json` as JSON."""
 
 from __future__ import annotations
 

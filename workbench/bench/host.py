@@ -1,10 +1,6 @@
 """`bench --profile`: where a decode step's host time goes, stage by stage, at several batch sizes.
-
-For each batch size, that many requests are prefilled, then decode steps of exactly that batch
-are timed (the engine's own settings: overlap, CUDA graphs, record level). Each step's host time
-is split by the stages of its `StageClock` (`workbench.stages`): a step whose host time is above
-its device time is host-bound, and the split says which part of the host to cut.
-"""
+Decode steps of exactly each batch are timed with the engine's own settings, and their host time
+split by their `StageClock`'s stages: which part of a host-bound step to cut."""
 
 from __future__ import annotations
 
@@ -17,11 +13,11 @@ import statistics
 import time
 from typing import NamedTuple
 
+from ..clocks import HOST_STAGES
 from ..core import SamplingParams
 from ..history.roofline import decode_step_bound
 from ..instrument.profiler import activities
 from ..llm import LLM
-from ..stages import HOST_STAGES
 from .profile import family_ms, kernel_times
 from .roofline import DEVICES
 from .workload import random_workload
@@ -39,9 +35,8 @@ class HostSplit(NamedTuple):
     device_ms: float
     host_ms: float  # launch + collect (without waiting) + record, measured around them
     wait_ms: float  # the host blocked on the device for the tokens
-    stages: dict[str, float]  # host_ms by stage (`stages.HOST_STAGES`)
-    # on a GPU, over a few more such steps under torch.profiler: device ms per step by kernel
-    # family, and the busiest kernels (name, ms and launches per step)
+    stages: dict[str, float]  # host_ms by stage (`clocks.HOST_STAGES`)
+    # on a GPU, from a few more steps under torch.profiler: (name, ms, launches) per step
     families: dict[str, float] | None = None
     kernels: list[tuple[str, float, float]] | None = None
 
@@ -77,13 +72,13 @@ def host_split(
     while len(measured) < MEASURED_STEPS:
         if profiler is not None and seen == WARM_STEPS and not measured:
             profiler.enable()  # again after a step that was not of this batch: no effect
-        outcome = sched.step()
-        if outcome is None:
+        record = sched.step()
+        if record is None:
             break
-        if outcome.batch.phase == "decode" and outcome.batch.size == batch_size:
+        if record.phase == "decode" and record.size == batch_size:
             seen += 1
             if seen > WARM_STEPS:
-                measured.append(outcome)
+                measured.append(record)
                 ends.append(time.perf_counter())
     if profiler is not None:
         profiler.disable()
@@ -110,9 +105,10 @@ def _profile_kernels(llm: LLM) -> dict[str, tuple[float, float]]:
 
 def _medians(llm: LLM, args, batch_size: int, measured: list, ends: list[float]) -> HostSplit:
     med = statistics.median
-    host = [_host_ms(o) for o in measured]
-    stages = {s: med(o.launched.clock.ms[s] for o in measured) for s in HOST_STAGES}
-    kv_tokens = int(med(int(o.batch.ledger[2].sum()) for o in measured))
+    for record in measured:
+        record.complete()
+    stages = {s: med(o.stage_ms()[s] for o in measured) for s in HOST_STAGES}
+    kv_tokens = int(med(sum(r.cached_len for r in o.rows) for o in measured))
     bound = math.nan
     if llm.engine.device.type == "cuda":
         spec = DEVICES[args.device_spec].times(llm.engine.num_devices)
@@ -121,19 +117,11 @@ def _medians(llm: LLM, args, batch_size: int, measured: list, ends: list[float])
         batch_size=batch_size,
         step_ms=med(b - a for a, b in zip(ends, ends[1:])) * 1e3,
         bound_ms=bound,
-        device_ms=med(o.launched.device.timer.elapsed_ms() for o in measured),
-        host_ms=med(host),
+        device_ms=med(o.device_ms for o in measured),
+        host_ms=med(o.host_ms for o in measured),
         wait_ms=med(o.wait_ms for o in measured),
         stages=stages,
     )
-
-
-def _host_ms(outcome) -> float:
-    """Measured around the step's parts, apart from the stage clock: launch + collect, and the
-    record when one was built."""
-    if outcome.record is not None:
-        return outcome.record.host_ms
-    return outcome.launched.launch_ms + outcome.collect_ms
 
 
 def split_table(splits: list[HostSplit]) -> str:

@@ -1,11 +1,6 @@
-"""Requests that arrive over time: Poisson arrivals at a request rate, and per-request latencies.
-
-`python -m workbench bench --request-rate R` serves the benchmark's requests as they arrive
-(seeded exponential gaps, mean 1/R seconds) instead of all at once, and reports time to first
-token (TTFT), time per output token after the first (TPOT) and end-to-end latency as percentiles.
-Policies and chunk sizes only show their differences when requests arrive while others run:
-`--request-rate 30 --sweep policy=prefill_first,mixed`.
-"""
+"""Requests that arrive over time (`bench --request-rate R`): Poisson arrivals, and per-request
+latencies. Policies and chunk sizes only differ when requests arrive while others run:
+`--request-rate 30 --sweep policy=prefill_first,mixed`."""
 
 from __future__ import annotations
 
@@ -20,7 +15,7 @@ import numpy as np
 from ..core import SamplingParams
 from ..history import latency
 from ..llm import LLM
-from ..scheduler.outcome import StepOutcome
+from ..scheduler.record import StepRecord
 
 
 def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> list[float]:
@@ -60,13 +55,11 @@ def serve(
     prompts: Sequence[list[int]],
     params: Sequence[SamplingParams],
     arrivals: Sequence[float],
-    on_step: Callable[[StepOutcome], None] | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
 ) -> list[Timing]:
     """Add each request when its arrival time has come, step until every one has finished.
 
-    A token counts as delivered when the step that collected it returns (the host has it).
-    When nothing runs and the next request is not due yet, the loop sleeps until it is.
-    """
+    A token counts as delivered when the step that collected it returns (the host has it)."""
     for i, (ids, sp) in enumerate(zip(prompts, params)):
         llm.check_request(ids, sp, i)  # every request is valid before the clock starts
     sched = llm.scheduler
@@ -83,30 +76,37 @@ def serve(
             i = order[due]
             index_of[sched.add_request(list(prompts[i]), params[i])] = i
             due += 1
-        outcome = sched.step()
-        if outcome is None:
-            if due < len(order):  # idle until the next arrival
+        record = sched.step()
+        if record is None:
+            if due < len(order):
                 time.sleep(max(0.0, arrivals[order[due]] - (time.perf_counter() - start)))
                 continue
             break
         t = time.perf_counter() - start
-        for req, token in zip(outcome.batch.sampled_reqs, outcome.tokens):
+        sampled = record.batch.sampled_reqs if record.batch is not None else None
+        uids = [r.uid for r in sampled] if sampled is not None else _sampled_uids(record)
+        for uid, token in zip(uids, record.tokens):
             if token is not None:
-                i = index_of[req.uid]
+                i = index_of[uid]
                 first.setdefault(i, t)
                 count[i] += 1
-        for req in outcome.finished:
-            finish[index_of[req.uid]] = t
+        for uid in record.finished:
+            finish[index_of[uid]] = t
         if on_step is not None:
-            on_step(outcome)
+            on_step(record)
         llm.hooks.raise_pending()
-    outcome = sched.flush()
-    if outcome is not None and on_step is not None:
-        on_step(outcome)
+    record = sched.flush()
+    if record is not None and on_step is not None:
+        on_step(record)
     sched.probe.flush()  # record="full": the session ends (its events are read when looked at)
     for uid in index_of:
         sched.finished.pop(uid, None)
     return [Timing(arrivals[i], first[i], finish[i], count[i]) for i in range(len(prompts))]
+
+
+def _sampled_uids(record: StepRecord) -> list[int]:
+    """The requests of a completed record that got a token, in batch order."""
+    return [r.uid for r in record.rows if r.kind != "chunk"]
 
 
 def latency_summary(timings: list[Timing]) -> dict:

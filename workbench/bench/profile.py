@@ -45,8 +45,7 @@ def profile_decode(llm: LLM, args: argparse.Namespace) -> str:
 
 
 def by_family(prof, steps: int) -> str:
-    """Device time per step by kernel family (with tensor parallelism, `communication` is
-    rank 0's all-reduces and all-gathers)."""
+    """Device time per step by kernel family (with TP, `communication` is rank 0's collectives)."""
     totals = family_ms(kernel_times(prof, steps))
     parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(totals.items()))
     return f"device ms per decode step by family: {parts}"

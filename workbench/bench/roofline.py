@@ -1,10 +1,5 @@
-"""Roofline of a whole offline workload: its prefill, then every decode step at its bound.
-
-A decode step must at least read every weight once and every active request's KV cache once
-(memory-bound), and do two FLOPs per weight per token plus the attention products
-(compute-bound); it takes no less than the larger of the two (`history/roofline.py`, which
-also bounds any recorded step). Prefill is bounded by its FLOPs.
-"""
+"""Roofline of a whole offline workload: its prefill (its FLOPs), then every decode step at its
+bound (reading every weight and active KV once, or its FLOPs: `history/roofline.py`)."""
 
 from __future__ import annotations
 

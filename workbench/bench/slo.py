@@ -1,6 +1,5 @@
-"""`bench --slo ttft:500,tpot:50`: the run against service-level objectives (`history.slo`):
-goodput, attainment, each limit's pass rate, and the missed requests' delay by cause
-(`history.misses`)."""
+"""`bench --slo ttft:500,tpot:50`: the run against service-level objectives: goodput, attainment,
+each limit's pass rate, and the missed requests' delay by cause."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from .roofline import DeviceSpec, decode_step_bound
 
 if TYPE_CHECKING:
     from ..models.config import ModelConfig
-    from ..scheduler.outcome import StepOutcome
+    from ..scheduler.record import StepRecord
 
 BATCH_BUCKETS = (16, 64, 128, 192)
 
@@ -32,36 +32,38 @@ class StepTime(NamedTuple):
     batch_size: int
     kv_tokens: int  # KV tokens the step read, over all its rows
     host: HostTime
-    # a step with prompt tokens: its tokens, the host's forward stage (launching the layers, or
-    # replaying a graph) and its device time; 0 for a decode step (its timer is not read)
+    # a step with prompt tokens: its tokens, forward stage and device time (0: a decode step)
     tokens: int = 0
     forward_ms: float = 0.0
     device_ms: float = 0.0
-    graph: bool = False  # it replayed a captured CUDA graph
+    graph: bool = False
 
 
-def step_time(outcome: StepOutcome) -> StepTime:
-    """What the run keeps of a step: plain numbers, read from the batch's ledger (not from the
-    per-request rows, which would cost the timed run a pass over every request per step)."""
-    batch, launched = outcome.batch, outcome.launched
-    kv_tokens = int(batch.ledger[2].sum())  # each request's KV as launched, its new token's too
-    host = HostTime(launched.launch_ms, outcome.wait_ms, outcome.collect_ms)
-    step = StepTime(time.perf_counter(), batch.phase, batch.size, kv_tokens, host)
-    if batch.phase == "decode":
+def step_time(record: StepRecord) -> StepTime:
+    """What the run keeps of a step: plain numbers, read without completing the record (no
+    per-request pass) unless it has prompt tokens."""
+    ms = record.stage_ms()
+    collect_ms = ms["collect"] + ms["record"]
+    host = HostTime(sum(ms.values()) - collect_ms, record.wait_ms, collect_ms)
+    if record.batch is not None:  # each request's KV as launched, its new token's too
+        kv_tokens = int(record.batch.ledger[2].sum())
+    else:
+        kv_tokens = sum(r.cached_len for r in record.rows)
+    step = StepTime(time.perf_counter(), record.phase, record.size, kv_tokens, host)
+    if record.phase == "decode":
         return step
-    tokens = int((batch.ledger[2] - batch.ledger[1]).sum())
-    device_ms = launched.device.timer.elapsed_ms()  # (collected: no wait)
-    forward_ms = launched.clock.ms["forward"]
+    record.complete()  # (collected: its device time needs no wait)
     return step._replace(
-        tokens=tokens, forward_ms=forward_ms, device_ms=device_ms, graph=launched.cuda_graph
+        tokens=record.num_tokens,
+        forward_ms=ms["forward"],
+        device_ms=record.device_ms,
+        graph=record.cuda_graph,
     )
 
 
 class PromptSteps(NamedTuple):
-    """The steps with prompt tokens (prefill and mixed): how many, and medians of their tokens,
-    of the host's forward stage and of their device time. On a GPU the device timer's two
-    events bracket the launches: where the forward stage is about as long, the GPU waited on
-    the layers' launching, which set the step's length."""
+    """The steps with prompt tokens: how many, and medians of tokens, forward stage and device
+    time (on a GPU, a forward stage about as long as the device time means launches set it)."""
 
     steps: int
     tokens: float
@@ -92,8 +94,7 @@ class TimeSplit(NamedTuple):
 
 
 def split_time(steps: list[StepTime], start: float) -> TimeSplit:
-    """Seconds between consecutive step ends, by the later step's phase; and decode seconds by
-    batch size (where the time goes as requests finish)."""
+    """Seconds between consecutive step ends, by the later step's phase, and decode's by batch."""
     by_phase: dict[str, list[float]] = {}
     by_batch: dict[str, list[float]] = {}
     for prev_end, step in zip([start] + [s.end for s in steps], steps):
@@ -113,7 +114,7 @@ class DecodeStep(NamedTuple):
 
     batch_size: int  # 0 when the run had no decode step
     step_ms: float  # between consecutive decode steps of that size; NaN when no two were
-    kv_tokens: int  # KV tokens read by the later step of each such pair; 0 when none
+    kv_tokens: int
     bound_ms: float  # the roofline's time for such a step; 0 when none
     host: HostTime  # over every decode step of that size; NaN when none
 
@@ -127,7 +128,6 @@ def decode_step(steps: list[StepTime], model_cfg: ModelConfig, spec: DeviceSpec)
         host = HostTime(*(statistics.median(ms) for ms in zip(*at_top)))
     else:
         host = HostTime(nan, nan, nan)
-    # the step time: gaps between consecutive decode steps of that size
     pairs = [
         (a, b)
         for a, b in zip(steps, steps[1:])

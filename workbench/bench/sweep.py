@@ -1,9 +1,5 @@
-"""`bench --sweep KEY=V1,V2` (repeatable): every combination in one process, on the same workload.
-
-It ends with a table: e.g. `--sweep overlap=True,False --sweep cuda_graph=True,False`, or
-`--sweep record=off,light,full` for what recording costs. KEY is an option of this command (with
-underscores) or any EngineConfig field.
-"""
+"""`bench --sweep KEY=V1,V2` (repeatable): every combination in one process, on the same workload,
+then a table. KEY is an option of this command or any EngineConfig field."""
 
 from __future__ import annotations
 

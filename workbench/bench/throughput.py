@@ -1,10 +1,5 @@
-"""The offline throughput benchmark's timed run.
-
-256 requests of random token ids (below 10,000), prompt and output lengths uniform in [100, 1024],
-seed 0, temperature 0.6, EOS ignored; one warm-up generate on other prompts, then one timed
-generate. The result holds output tokens, seconds, output tokens/s, the roofline bound for the
-workload and the median decode step time at the largest batch against its bound.
-"""
+"""The offline throughput benchmark's timed run: a warm-up generate on other prompts, then one
+timed generate of the workload (EOS ignored), and its figures against the roofline bound."""
 
 from __future__ import annotations
 
@@ -84,17 +79,17 @@ def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
     ]
     steps: list[StepTime] = []
     # on a terminal: requests finished and tokens so far (tqdm redraws a few times a second)
-    bar = tqdm(total=len(work.prompts), unit="req", desc="bench", leave=False,
-               disable=not sys.stderr.isatty())  # fmt: skip
+    quiet = not sys.stderr.isatty()
+    bar = tqdm(total=len(work.prompts), unit="req", desc="bench", leave=False, disable=quiet)
     tokens = 0
 
-    def on_step(outcome) -> None:
+    def on_step(record) -> None:
         nonlocal tokens
-        steps.append(step_time(outcome))
+        steps.append(step_time(record))
         if not bar.disable:
-            tokens += sum(t is not None for t in outcome.tokens)
+            tokens += sum(t is not None for t in record.tokens)
             bar.set_postfix(tokens=tokens, refresh=False)
-            bar.update(len(outcome.finished))
+            bar.update(len(record.finished))
 
     sync = torch.cuda.synchronize if llm.engine.device.type == "cuda" else (lambda: None)
     gc.collect()
@@ -110,7 +105,7 @@ def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
     collections.stop()
     # NOTE: the profiler's events are read when first looked at, after the run (timed apart)
     read = time.perf_counter()
-    llm.scheduler.probe.read_events()
+    llm.history.fill_in()
     read_seconds = time.perf_counter() - read
     return TimedRun(start, seconds, output_tokens, steps, collections, latency, read_seconds)
 

@@ -24,9 +24,9 @@ class Batch:
     reqs: list[Req]
     phase: Phase
     num_decode: int = -1  # requests at the head that decode; -1: all for "decode", none otherwise
-    # filled by prepare_batch (`snapshot`): [3, size] int64, each request's table_idx,
-    # cached_len and device_len as launched (a host snapshot: the requests' own lengths move
-    # on), and [size] int64, each one's max_device_len
+    # filled by `snapshot` when its pages are allocated (`CacheManager.allocate`): [3, size]
+    # int64, each request's table_idx, cached_len and device_len as launched (a host snapshot:
+    # the requests' own lengths move on), and [size] int64, each one's max_device_len
     ledger: np.ndarray = field(init=False)
     max_lens: np.ndarray = field(init=False)
     # filled with the batch's inputs (engine/inputs.py; a CUDA graph keeps its own)

@@ -80,7 +80,7 @@ class Req:
     # "stop" | "length" | "abort" | "error", set by the scheduler
     finish_reason: str | None = field(default=None, init=False)
     error: str | None = field(default=None, init=False)  # finish_reason "error": what failed
-    # KV slots its page-table row holds, in whole pages: set by prepare_batch when it allocates.
+    # KV slots its page-table row holds, in whole pages: set by `CacheManager.allocate`.
     # Between steps it is ceil_page(cached_len); only a batch in flight (or one that failed)
     # has allocated more.
     alloc_len: int = field(init=False)
@@ -149,7 +149,7 @@ class Req:
             req.device_len = n + 1
 
     def end_reason(self, token: int, eos_ids: frozenset[int]) -> str | None:
-        """Host side, once `token` is appended to `token_ids` (`scheduler/collect.py`): "stop"
+        """Host side, once `token` is appended to `token_ids` (`Scheduler.collect`): "stop"
         at an EOS token (unless ignored), "length" at its last token, else None."""
         if token in eos_ids and not self.sampling.ignore_eos:
             return "stop"

@@ -15,10 +15,7 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 @dataclass(frozen=True)
 class TPGroup:
-    """Rank `rank` of `size` processes that each hold 1/size of every layer.
-
-    `group` is the torch.distributed process group (None when size is 1: nothing to talk to).
-    """
+    """Rank `rank` of `size` processes that each hold 1/size of every layer (`group`: None if 1)."""
 
     rank: int
     size: int
@@ -31,11 +28,10 @@ class TPGroup:
             raise ValueError(f"a TP group of size {self.size} needs a process group iff size > 1")
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place; returns it."""
+        """Sum `x` over the ranks, in place."""
         if self.size == 1:
             return x
-        # NOTE: a plain synchronous collective on the current stream: NCCL records it into a
-        # CUDA graph under capture (no multicast or symmetric-memory paths, which the hosts lack).
+        # NOTE: plain and synchronous on the current stream, so NCCL records it into a CUDA graph
         dist.all_reduce(x, group=self.group)
         return x
 
@@ -48,11 +44,9 @@ class TPGroup:
         return int(x.item())
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """The ranks' `x` concatenated along `dim`, rank order (every rank gets the whole)."""
         if self.size == 1:
             return x
-        # NOTE: the concatenated form along dim 0 (gloo refuses the stacked one), then viewed
-        # as [size, *x.shape] to move the rank axis next to `dim`.
+        # gathered along dim 0 (gloo refuses the stacked form), then the rank axis moved to `dim`
         out = x.new_empty((self.size * x.shape[0], *x.shape[1:]))
         _all_gather(out, x.contiguous(), group=self.group)
         d = dim % x.dim()
@@ -70,13 +64,9 @@ def init_tp(
     timeout: timedelta = timedelta(minutes=5),
     device: torch.device | None = None,
 ) -> TPGroup:
-    """Join a TP group of `size` processes (the default torch.distributed group).
-
-    `backend`: "gloo" (CPU) or "nccl" (CUDA; default when CUDA is available). `timeout`: how long
-    a collective waits for a peer; a dead peer then raises (gloo) or makes NCCL's watchdog abort
-    the process, instead of a hang. For NCCL, `device` (default: the current CUDA device) is
-    bound at once, so the communicator exists before any CUDA graph capture.
-    """
+    """Join a TP group of `size` processes. `backend`: "gloo" or "nccl" (default with CUDA).
+    `timeout` bounds a wait for a dead peer, which then raises or aborts instead of hanging. NCCL
+    binds `device` at once, so the communicator exists before any CUDA graph capture."""
     if size == 1:
         return SINGLE
     if backend is None:
@@ -93,6 +83,5 @@ def init_tp(
 
 
 def close_tp(tp: TPGroup) -> None:
-    """Leave the group `init_tp` joined (nothing for size 1)."""
     if tp.group is not None:
         dist.destroy_process_group()

@@ -1,6 +1,5 @@
-"""The engine: forward one batch on the device and sample from its logits (`Engine`), with its
-CUDA graphs, sampler and tensor-parallel ranks."""
+"""The engine: the model, KV pool and request table on one device (or one rank of several)."""
 
-from .engine import DeviceStep, Engine
+from .engine import Engine, Launch
 
-__all__ = ["DeviceStep", "Engine"]
+__all__ = ["Engine", "Launch"]

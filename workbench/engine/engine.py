@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import gc
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,8 +12,8 @@ import torch
 from ..attention import create_backend
 from ..attention.context import ForwardContext
 from ..config import EngineConfig
-from ..core import Batch, Req
-from ..device import DeviceTimer, to_device_many
+from ..core import Batch
+from ..device import DeviceTimer
 from ..distributed import SINGLE, TPGroup
 from ..kvcache.pool import KVPool
 from ..kvcache.table import TableManager
@@ -20,15 +21,14 @@ from ..models import ModelConfig, resolve
 from ..models.decoder import check_tp_size
 from ..models.weights import build_model
 from ..profiling import release_cupti_at_stop
-from ..stages import StageClock
 from .graph import GraphRunner
-from .inputs import fill_inputs
+from .inputs import fill_inputs, prompt_tokens, write_prompts
 from .memory import check_fits, out_of_memory, pages_from_memory
 from .placement import check_gpus, num_devices, rank_device, use_cpu_threads
 from .prefill_graph import PrefillGraphRunner
-from .ranks import OneRank, Ranks
+from .ranks import Ranks
 from .ranks import start as start_ranks
-from .sampler import Sampler
+from .sampler import Sampler, SamplingArgs
 
 
 class Engine:
@@ -40,8 +40,8 @@ class Engine:
         self.model_config = model_cfg = ModelConfig.from_dir(self.model_dir)
         check_tp_size(model_cfg, config.tp_size)  # before any process or memory is taken
         use_cpu_threads(config)
-        # rank 0 of several: the others (`OneRank` for an engine alone, or a rank above 0)
-        self.ranks: Ranks | OneRank = OneRank()
+        # rank 0 of several: the other ranks (None: an engine alone, or a rank above 0)
+        self.ranks: Ranks | None = None
         self.launches = 0  # steps run (each rank counts the same)
         if tp is None and config.tp_size > 1:
             check_gpus(config)
@@ -106,7 +106,7 @@ class Engine:
         # NOTE: whole pages: a request near the context limit allocates its last page in full.
         width = -(-self.max_seq_len // config.page_size) * config.page_size
         self.table = TableManager(config.max_running_reqs, width, self.device)
-        if self.ranks.keeps_journal:
+        if self.ranks is not None:
             self.table.journal = []  # what the other ranks replay before each step
         self.backend = create_backend(
             config.attention_backend,
@@ -120,6 +120,7 @@ class Engine:
         self.table.write_row(
             self.table.dummy_row, 0, np.full(width, self.pool.dummy_slot, np.int32)
         )
+        self.table.sync_device()
 
     def _build_graphs(self, config: EngineConfig) -> None:
         """The CUDA graphs of decode steps and of prefill and mixed steps (on a GPU whose
@@ -168,155 +169,162 @@ class Engine:
         self.graphs = self.prefill_graphs = None
         self.model = self.pool = self.table = self.backend = None
         self.ctx = self.sampler = None
-        ranks, self.ranks = self.ranks, OneRank()
-        ranks.close()
-
-    def runner(self, batch: Batch) -> GraphRunner | PrefillGraphRunner | None:
-        """The graph runner that runs this batch padded (captured or eager), None: it runs
-        unpadded and eagerly."""
-        if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs
-        if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
-            return self.prefill_graphs
-        return None
-
-    def uses_graph(self, batch: Batch) -> bool:
-        """Whether this batch runs through a padded graph path (captured or eager), which
-        writes its new page-table entries on the device itself."""
-        return self.runner(batch) is not None
+        ranks, self.ranks = self.ranks, None
+        if ranks is not None:
+            ranks.close()
 
     @property
     def captures_graphs(self) -> bool:
         """Whether the padded steps replay captured CUDA graphs (not run eagerly)."""
         return self.graphs is not None and self.graphs.capture
 
-    def padded_size(self, batch: Batch) -> int:
-        """The requests the batch runs as (padded rows included)."""
-        runner = self.runner(batch)
-        return batch.size if runner is None else runner.padded_rows(batch)
-
-    def padded_tokens(self, batch: Batch) -> int:
-        """The tokens the batch runs as, padding included (of a prepared batch: its ledger)."""
-        runner = self.runner(batch)
-        if runner is not None:
-            return runner.padded_tokens(batch)
-        _, cached, device_len = batch.ledger
-        return int((device_len - cached).sum())
-
-    def prepare(self, batch: Batch) -> None:
-        """The inputs (`fill_inputs`) and attention metadata (`plan`) of a batch whose ledger
-        (`Batch.snapshot`) and pages are ready."""
-        self.fill_inputs(batch)
-        self.plan(batch)
-
-    def fill_inputs(self, batch: Batch) -> None:
-        """The batch's device inputs: a CUDA graph's static buffers (one copy), or positions,
-        input ids, KV slots and sampled rows of its own (`inputs.py`)."""
-        runner = self.runner(batch)
+    # -- one step: prepare, forward, sample, wait --------------------------------------------
+    def prepare(self, batch: Batch, prompt_ids: np.ndarray | None = None) -> Launch:
+        """Decide how the batch runs (eagerly, or padded to a graph's shape) and make every
+        device-side write of its step: rows the host rewrote (`TableManager.sync_device`), its
+        prompt tokens into the token pool, its inputs (each new token's page-table entry
+        among them), its sampling inputs and the attention plan. `prompt_ids`: the prompt
+        tokens it computes, in order (a tensor-parallel rank above 0 gets them from rank 0;
+        None: read from the requests)."""
+        table = self.table
+        if table.unsynced:
+            table.sync_device()
+        if prompt_ids is None and batch.num_decode < batch.size:
+            prompt_ids = prompt_tokens(batch)
+        runner, shape = self._runner_for(batch)
+        launch = Launch(batch, runner, shape, prompt_ids, self.tp.size)
+        sampled = batch.sampled_mask()
+        reqs, lens = batch.sampled_reqs, batch.ledger[2][sampled]  # each token's position
         if runner is None:
-            fill_inputs(batch, self.table)
-        elif runner is self.graphs:  # a decode graph samples too
-            runner.fill_inputs(batch, self.sampler.race_inputs(batch.reqs, batch.ledger[2] + 1))
-        else:
-            runner.fill_inputs(batch)
-
-    def plan(self, batch: Batch) -> None:
-        """The attention metadata of a batch whose inputs are filled in."""
-        runner = self.runner(batch)
-        if runner is not None:
-            runner.plan(batch)
-        else:
+            launch.targets = fill_inputs(batch, table, sampled, prompt_ids)
             self.backend.prepare(batch)
+            launch.padded_rows, launch.padded_tokens = batch.size, len(batch.positions)
+        else:
+            if prompt_ids is not None:
+                write_prompts(batch, table, prompt_ids)
+            race = None
+            if runner is self.graphs and runner.sample:
+                race = self.sampler.race_inputs(reqs, lens + 1)
+            runner.prepare(batch, shape, race)
+            launch.sampled_in_graph = race is not None
+            launch.padded_rows, launch.padded_tokens = runner.padded(shape)
+            launch.cuda_graph = runner.capture
+            if reqs and not launch.sampled_in_graph:
+                launch.targets = runner.token_targets(shape, len(reqs))
+        if reqs and not launch.sampled_in_graph:
+            launch.sampling = self.sampler.prepare(reqs, lens + 1)
+        return launch
 
-    def run_batch(self, batch: Batch, clock: StageClock | None = None) -> DeviceStep:
-        """The device side of a step: the forward, each request's ledger moved past it
-        (`complete_one`), the next token of every request that finished its prompt sampled and
-        written to the token pool (where the next decode reads it), and a copy of those tokens
-        to the host started. On a GPU all of it is only enqueued; wait on `done` before reading
-        `tokens`. `clock` is told the stage running ("forward", then "sample"): a failure
-        names it, and the step's host time is split by it."""
-        clock = clock if clock is not None else StageClock()
-        clock.enter("forward")
-        launch, self.launches = self.launches, self.launches + 1
-        self.ranks.launch(batch, self.table)
-        with self.ranks.alive():
-            timer = DeviceTimer(self.device)
-            timer.start()
-            self.backend.launched(timer)  # the plan's copies are behind its start
-            logits = self.forward(batch)
-            Req.complete_all(batch.reqs)
-            clock.enter("sample")
-            tokens = self.sample(batch, logits)
-            timer.stop()  # behind the tokens' copy to the host
-        done = timer.stopped if self.device.type == "cuda" and len(tokens) else None
-        return DeviceStep(tokens, done, timer, self.tp.size, launch)
+    def _runner_for(self, batch: Batch) -> tuple[GraphRunner | PrefillGraphRunner | None, Any]:
+        """The graph runner that runs this batch padded (captured or eager) and the shape it
+        pads it to; (None, None): it runs unpadded and eagerly."""
+        for runner in (self.graphs, self.prefill_graphs):
+            if runner is not None:
+                shape = runner.shape(batch)
+                if shape is not None:
+                    return runner, shape
+        return None, None
 
-    def wait(self, step: DeviceStep) -> None:
-        """Until `step`'s tokens are on the host (with other ranks, watching them)."""
-        if step.done is not None:
-            self.ranks.wait(step.done)
+    def forward(self, launch: Launch) -> torch.Tensor:
+        """Enqueue the prepared batch's forward (with tensor parallelism, after sending it to
+        the other ranks); the logits of its sampled requests."""
+        launch.index, self.launches = self.launches, self.launches + 1
+        batch, runner = launch.batch, launch.runner
+        try:
+            if self.ranks is not None:
+                self.ranks.launch(batch, self.table, launch.prompt_ids)
+            timer = launch.timer = DeviceTimer(self.device)  # started
+            if timer.cuda:
+                self.backend.launched(timer)  # the plan's copies are behind its start
+            if runner is not None:
+                return runner.replay(batch, launch.shape)  # (no inference mode needed)
+            with torch.inference_mode(), self.ctx.running(batch) as ctx:
+                return self.model(batch.input_ids, batch.positions, ctx, batch.sample_idx)
+        except Exception:
+            self._check_ranks_alive()
+            raise
+
+    def sample(self, launch: Launch, logits: torch.Tensor) -> None:
+        """Enqueue the sampling of the batch's tokens, their writes to the token pool (where
+        the next decode reads them) and, on a GPU, their copy to pinned host memory; then stop
+        the step's device timer. Read `launch.tokens` after `wait(launch)`."""
+        count = len(launch.batch.sampled_reqs)
+        try:
+            if count == 0:
+                tokens = torch.zeros(0, dtype=torch.int32)
+            elif launch.sampled_in_graph:
+                tokens = launch.runner.tokens(launch.shape, count)  # in the token pool too
+            else:
+                tokens = self.sampler.sample(logits, launch.sampling)
+                rows, cols = launch.targets
+                self.table.token_pool[rows, cols] = tokens
+            if self.device.type == "cuda" and count:
+                # NOTE: pinned buffers taken in turn: a step's tokens are read at its collect,
+                # at most one step later (overlap); four leave room
+                host = self._token_host[launch.index % len(self._token_host)][:count]
+                host.copy_(tokens, non_blocking=True)
+                tokens = host
+                launch.done = launch.timer.stopped
+            launch.timer.stop()  # behind the tokens' copy to the host
+            launch.tokens = tokens
+        except Exception:
+            self._check_ranks_alive()
+            raise
+
+    def _check_ranks_alive(self) -> None:
+        """With tensor parallelism, a failure says so when one of the ranks died (gloo raises
+        at once when a peer's connection closes)."""
+        if self.ranks is not None:
+            self.ranks.check(wait_s=2.0)
+
+    def wait(self, launch: Launch) -> None:
+        """Until the batch's tokens are on the host (with other ranks, watching them)."""
+        if launch.done is None:
+            return
+        if self.ranks is None:
+            launch.done.synchronize()
+        else:
+            self.ranks.wait(launch.done)
 
     def rank_device_ms(self) -> dict[int, list[float]]:
         """With tensor parallelism: the device time of each step not asked about before on
         ranks 1.. (launch -> ms per rank), from each rank's own timer."""
-        return self.ranks.device_ms()
+        return {} if self.ranks is None else self.ranks.device_ms()
 
     def rank_events(self) -> dict[int, list[list[tuple]]]:
         """With tensor parallelism: the profiler events of ranks 1.. of the steps they
         profiled (those rank 0's profiler recorded) since the last call, launch -> a list per
         rank, each on that rank's own clock."""
-        return self.ranks.events()
+        return {} if self.ranks is None else self.ranks.events()
 
     def check_ranks(self) -> None:
         """With tensor parallelism: every rank's request table (page table, token pool) equals
         rank 0's, so the ranks read and write the same KV slots."""
-        differ = self.ranks.same_tables(self.table)
+        differ = [] if self.ranks is None else self.ranks.same_tables(self.table)
         if differ:
             raise AssertionError(
                 f"tensor-parallel ranks {differ} hold a request table unlike rank 0's"
             )
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        """Logits [sampled requests, vocab] in the model's dtype."""
-        runner = self.runner(batch)
-        if runner is not None:
-            return runner.replay(batch)  # (a replay needs no inference mode)
-        with torch.inference_mode(), self.ctx.running(batch) as ctx:
-            return self.model(batch.input_ids, batch.positions, ctx, batch.sample_idx)
 
-    def sample(self, batch: Batch, logits: torch.Tensor) -> torch.Tensor:
-        """The tokens of the batch's sampled requests, written to the token pool (where the
-        next decode reads them) and, on a GPU, copied to pinned host memory (asynchronously:
-        ready when the step's timer has stopped)."""
-        reqs = batch.sampled_reqs
-        if not reqs:
-            return torch.zeros(0, dtype=torch.int32)
-        runner = self.runner(batch)
-        if runner is not None and runner.sampled:
-            tokens = runner.tokens(batch)  # sampled in the graph, into the token pool too
-        else:
-            sampled = batch.sampled_mask()
-            launched_lens = batch.ledger[2][sampled]  # each sampled token's position
-            tokens = self.sampler.sample(logits, self.sampler.prepare(reqs, launched_lens + 1))
-            if runner is not None:
-                rows, cols = runner.token_targets(batch)
-            else:
-                rows, cols = to_device_many([batch.ledger[0][sampled], launched_lens], self.device)
-            self.table.token_pool[rows, cols] = tokens  # where the next decode reads them
-        if self.device.type != "cuda":
-            return tokens
-        # NOTE: pinned buffers taken in turn: a step's tokens are read at its collect, at most
-        # one step later (overlap); four leave room
-        host = self._token_host[self.launches % len(self._token_host)][: len(reqs)]
-        host.copy_(tokens, non_blocking=True)
-        return host
+@dataclass(slots=True, eq=False)
+class Launch:
+    """One batch as the engine runs it, from `Engine.prepare` (which decided how) to `wait`:
+    the graph runner and shape it runs padded to (None: eagerly), its padded size, its sampling
+    inputs and where its tokens go, then its device timer and sampled tokens."""
 
-
-class DeviceStep(NamedTuple):
-    """What `Engine.run_batch` enqueued: the sampled tokens' host copy and when it is ready."""
-
-    tokens: torch.Tensor  # int32 [sampled requests], on the host (filled asynchronously)
-    done: torch.cuda.Event | None  # after the copy (the timer's stop); None: nothing to wait for
-    timer: DeviceTimer  # the step's device time
-    tp_size: int = 1  # processes the step ran on (tensor parallelism)
-    launch: int = 0  # the engine's count of steps before this one (the same on every rank)
+    batch: Batch
+    runner: GraphRunner | PrefillGraphRunner | None
+    shape: Any  # the runner's: a decode graph's size, a prompt graph's (tokens, rows)
+    prompt_ids: np.ndarray | None  # the prompt tokens it computes (None: it decodes only)
+    tp_size: int = 1  # processes it runs on
+    padded_rows: int = 0
+    padded_tokens: int = 0
+    cuda_graph: bool = False  # replays a captured CUDA graph
+    sampling: SamplingArgs | None = None  # None: nothing sampled, or by the graph
+    sampled_in_graph: bool = False
+    targets: tuple[torch.Tensor, torch.Tensor] | None = None  # token pool rows and columns
+    index: int = 0  # the engine's count of steps before it (the same on every rank)
+    timer: DeviceTimer | None = None  # its device time, from forward to sample
+    tokens: torch.Tensor | None = None  # int32 [sampled requests] on the host
+    done: torch.cuda.Event | None = None  # after their copy (None: nothing to wait for)

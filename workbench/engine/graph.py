@@ -69,8 +69,6 @@ class GraphRunner:
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.metadata: dict[int, object] = {}
         self.capture, self.sample = capture, sample
-        self.sampled = False  # whether the batch filled in last was sampled by its graph
-        self._plan: tuple[int, np.ndarray, np.ndarray] | None = None  # filled in, not planned
         self._capture_all()
 
     def _run(self, bs: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -79,8 +77,8 @@ class GraphRunner:
         x = self.inputs[bs]
         rows, positions = x["rows"], x["positions"]
         input_ids = self.table.token_pool[rows, positions]
-        # NOTE: the host wrote these entries in its own copy only (`prepare_batch`); padded rows
-        # write the dummy row's first entry, which holds the dummy slot already
+        # NOTE: the host wrote these entries in its own table only (`CacheManager.allocate`);
+        # padded rows write the dummy row's first entry, which holds the dummy slot already
         self.table.page_table[rows, positions] = x["slots"]
         self.backend.graph_indices(rows, x["indptr"])
         logits = self.model(input_ids, positions, self.ctx, self.sample_idx[:bs])
@@ -130,23 +128,22 @@ class GraphRunner:
             run = functools.partial(self._run, bs)
             self.graphs[bs], self.outputs[bs] = capture(run, pool, stream, self.model.tp.size)
 
-    def can_run(self, batch: Batch) -> bool:
-        return batch.phase == "decode" and batch.size <= self.max_bs
+    def shape(self, batch: Batch) -> int | None:
+        """The size the batch runs padded to (None: it does not decode, or is too large)."""
+        if batch.phase == "decode" and batch.size <= self.max_bs:
+            return self._padded[batch.size]
+        return None
 
-    def padded_size(self, size: int) -> int:
-        return self._padded[size]
+    def padded(self, bs: int) -> tuple[int, int]:
+        """Requests and tokens a batch padded to `bs` runs as: a token each."""
+        return bs, bs
 
-    def padded_rows(self, batch: Batch) -> int:
-        return self._padded[batch.size]
-
-    def padded_tokens(self, batch: Batch) -> int:
-        return self._padded[batch.size]  # a token a request
-
-    def fill_inputs(self, batch: Batch, race: tuple[np.ndarray, np.ndarray] | None) -> None:
-        """Send the batch's inputs to the static buffers, padded with dummy requests: one copy.
-        `race`: each request's temperature and Philox key when the graph samples them (None:
-        the caller samples from the logits)."""
-        bs, size = self.padded_size(batch.size), batch.size
+    def prepare(self, batch: Batch, bs: int, race: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Send the batch's inputs, padded to `bs` with dummy requests, to the static buffers
+        (one copy), and plan the captured attention for them. `race`: each request's
+        temperature and Philox key when the graph samples them (None: the engine samples from
+        the logits)."""
+        size = batch.size
         x = self.host_inputs[bs]
         rows, positions, device_len = batch.ledger
         kv_lens = x["kv_lens"]
@@ -157,33 +154,23 @@ class GraphRunner:
         x["out_loc"][:size], x["out_loc"][size:] = slots, self.dummy_slot
         x["slots"][:size], x["slots"][size:] = slots, self.dummy_slot
         x["following"][:size], x["following"][size:] = device_len, 1  # where each next token goes
-        self.sampled = self.sample and race is not None
-        temperatures, keys = race if self.sampled else (0.0, 0)
+        temperatures, keys = race if race is not None else (0.0, 0)
         x["temperatures"][:size], x["temperatures"][size:] = temperatures, 0.0
         x["keys"][:size], x["keys"][size:] = keys, 0
         self.backend.paged_lens(kv_lens, x["indptr"], x["last_page_len"])
         send_staged(self.ring, self.host[bs], self.staged)
         batch.attn_metadata = self.metadata[bs]
-        self._plan = (bs, x["indptr"], kv_lens)
+        self.backend.plan_replay(bs, x["indptr"], kv_lens)
 
-    def plan(self, batch: Batch) -> None:
-        """Plan the captured attention for the batch filled in last (`fill_inputs`; the host
-        arrays it planned from are rewritten by the next one)."""
-        bs, indptr, kv_lens = self._plan
-        self._plan = None
-        assert bs == self.padded_size(batch.size), "plan() the batch whose inputs were filled in"
-        self.backend.plan_replay(bs, indptr, kv_lens)
+    def token_targets(self, bs: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the batch's `count` sampled tokens go in the token pool: rows and positions,
+        on the device already (staged with the inputs)."""
+        x = self.inputs[bs]
+        return x["rows"][:count], x["following"][:count]
 
-    def token_targets(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where the batch's sampled tokens go in the token pool: rows and positions, on the
-        device already (staged with the inputs)."""
-        x = self.inputs[self.padded_size(batch.size)]
-        return x["rows"][: batch.size], x["following"][: batch.size]
-
-    def replay(self, batch: Batch) -> torch.Tensor:
-        """The batch's logits; when it was `sampled`, its tokens are in `tokens(batch)` and the
-        token pool."""
-        bs = self.padded_size(batch.size)
+    def replay(self, batch: Batch, bs: int) -> torch.Tensor:
+        """The batch's logits; when the graph samples, its tokens are in `tokens(bs, n)` and
+        the token pool."""
         if not self.capture:  # the same padded computation, run eagerly
             with self.ctx.running(batch), torch.inference_mode():
                 self.outputs[bs] = self._run(bs)
@@ -191,9 +178,9 @@ class GraphRunner:
             self.graphs[bs].replay()
         return self.outputs[bs][0][: batch.size]
 
-    def tokens(self, batch: Batch) -> torch.Tensor:
-        """The tokens the last replay of the batch's graph sampled (when `sampled`)."""
-        return self.outputs[self.padded_size(batch.size)][1][: batch.size]
+    def tokens(self, bs: int, count: int) -> torch.Tensor:
+        """The tokens the last replay of the `bs` graph sampled."""
+        return self.outputs[bs][1][:count]
 
 
 def capture(run: Callable[[], T], pool, stream: torch.cuda.Stream, tp_size: int):

@@ -1,33 +1,63 @@
-"""A prepared batch's device inputs, read from the request table: each new token's position,
-input id (from the token pool) and KV slot, and the rows that get logits."""
+"""An eager step's device inputs, read from the request table: each new token's position,
+input id (from the token pool) and KV slot, the rows that get logits, and where the sampled
+tokens go; and the prompt tokens a step computes, written to the token pool."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..core import Batch
 from ..device import to_device_many
 from ..kvcache.table import TableManager
 
 
-def fill_inputs(batch: Batch, table: TableManager) -> None:
+def fill_inputs(
+    batch: Batch, table: TableManager, sampled: np.ndarray, prompt_ids: np.ndarray | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fill `batch.positions`, `input_ids`, `out_loc` and `sample_idx` from its ledger
-    (`Batch.snapshot`), for requests whose new tokens' KV slots are in the page table already
-    (the engine adds the attention metadata)."""
+    (`Batch.snapshot`) and the host's page table, after writing its prompt tokens to the token
+    pool and, where the device has a page table of its own, each new token's entry to it.
+    Returns where the sampled tokens go in the token pool (rows and positions)."""
     rows, cached, device_len = batch.ledger
     extend = device_len - cached
     positions = ranges(cached, device_len)
     token_rows = np.repeat(rows, extend)
     out_loc = table.page_table_host[token_rows, positions]
-    sample_idx = (np.cumsum(extend) - 1)[batch.sampled_mask()]
-
-    rows_t, positions_t, out_loc_t, sample_idx_t = to_device_many(
-        [token_rows, positions, out_loc, sample_idx], table.device
-    )
+    sample_idx = (np.cumsum(extend) - 1)[sampled]
+    arrays = [token_rows, positions, out_loc, sample_idx, rows[sampled], device_len[sampled]]
+    if prompt_ids is not None:
+        arrays.append(prompt_ids)
+    sent = to_device_many(arrays, table.device)
+    rows_t, positions_t, out_loc_t = sent[0], sent[1], sent[2]
+    if prompt_ids is not None:  # the prompt's tokens follow the decoding requests' one each
+        first = batch.num_decode
+        table.token_pool[rows_t[first:], positions_t[first:]] = sent[6].to(torch.int32)
+    if not table.shares_host_memory:
+        table.page_table[rows_t, positions_t] = out_loc_t.to(torch.int32)
     batch.positions = positions_t
     batch.input_ids = table.token_pool[rows_t, positions_t]
     batch.out_loc = out_loc_t
-    batch.sample_idx = sample_idx_t
+    batch.sample_idx = sent[3]
+    return sent[4], sent[5]
+
+
+def prompt_tokens(batch: Batch) -> np.ndarray:
+    """The prompt tokens the batch computes, in order: each prompt's (or chunk's) new tokens."""
+    _, cached, device_len = batch.ledger
+    first = batch.num_decode
+    spans = zip(batch.reqs[first:], cached[first:].tolist(), device_len[first:].tolist())
+    return np.concatenate([np.asarray(r.token_ids[a:b], dtype=np.int64) for r, a, b in spans])
+
+
+def write_prompts(batch: Batch, table: TableManager, prompt_ids: np.ndarray) -> None:
+    """The batch's prompt tokens to the token pool, where a padded graph step reads them."""
+    rows, cached, device_len = batch.ledger
+    first = batch.num_decode
+    positions = ranges(cached[first:], device_len[first:])
+    token_rows = np.repeat(rows[first:], device_len[first:] - cached[first:])
+    rows_t, positions_t, ids = to_device_many([token_rows, positions, prompt_ids], table.device)
+    table.token_pool[rows_t, positions_t] = ids.to(torch.int32)
 
 
 def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -92,7 +92,8 @@ class PrefillGraphRunner:
     copy of its inputs and FlashInfer's planner; the graph writes the new page-table entries,
     gathers the page ids, reads the input ids from the token pool and runs the model."""
 
-    sampled = False  # the engine samples from the logits
+    capture: bool
+    sample = False  # the engine samples from the logits
 
     def __init__(
         self,
@@ -121,30 +122,19 @@ class PrefillGraphRunner:
         self.logits = torch.empty((max_rows, vocab), dtype=dtype, device=device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.metadata: dict[tuple[int, int], object] = {}
-        self._last: tuple[Batch | None, tuple[int, int] | None] = (None, None)
-        self._plan: tuple | None = None  # filled in, not planned
         self._capture_all()
 
-    # -- shapes -----------------------------------------------------------------------------
+    # -- shapes ---------------------------------------------------------------------------
     def shape(self, batch: Batch) -> tuple[int, int] | None:
         """The smallest captured shape that holds the batch (None: none does, or it decodes)."""
-        last, shape = self._last
-        if last is batch:
-            return shape
-        shape = None
-        if batch.is_prefill:
-            shape = shape_for(self.shapes, sum(r.extend_len for r in batch.reqs), batch.size)
-        self._last = (batch, shape)
-        return shape
+        if not batch.is_prefill:
+            return None
+        _, cached, device_len = batch.ledger
+        return shape_for(self.shapes, int((device_len - cached).sum()), batch.size)
 
-    def can_run(self, batch: Batch) -> bool:
-        return self.shape(batch) is not None
-
-    def padded_rows(self, batch: Batch) -> int:
-        return self.shape(batch)[1]
-
-    def padded_tokens(self, batch: Batch) -> int:
-        return self.shape(batch)[0]
+    def padded(self, shape: tuple[int, int]) -> tuple[int, int]:
+        """Requests and tokens a batch padded to `shape` runs as."""
+        return shape[1], shape[0]
 
     # -- capture ----------------------------------------------------------------------------
     def _capture_all(self) -> None:
@@ -188,8 +178,8 @@ class PrefillGraphRunner:
         the shared buffer."""
         x = self.inputs[shape]
         token_rows, positions = x["token_rows"], x["positions"]
-        # NOTE: the host wrote these entries in its own copy only (`prepare_batch`); padding
-        # tokens write the dummy row's first entry, which holds the dummy slot already
+        # NOTE: the host wrote these entries in its own table only (`CacheManager.allocate`);
+        # padding tokens write the dummy row's first entry, which holds the dummy slot already
         self.table.page_table[token_rows, positions] = x["slots"]
         self.backend.graph_indices(x["rows"], x["kv_indptr"])
         input_ids = self.table.token_pool[token_rows, positions]
@@ -197,10 +187,9 @@ class PrefillGraphRunner:
         self.logits[: shape[1]].copy_(logits)
 
     # -- a step -----------------------------------------------------------------------------
-    def fill_inputs(self, batch: Batch) -> None:
-        """Send the batch's inputs, padded to its shape, to the static buffers: one copy."""
-        shape = self.shape(batch)
-        tokens, rows = shape
+    def prepare(self, batch: Batch, shape: tuple[int, int], race: None = None) -> None:
+        """Send the batch's inputs, padded to `shape`, to the static buffers (one copy), and
+        plan the captured attention for them (the engine samples: `race` is always None)."""
         x = self.host_inputs[shape]
         table_rows, cached, device_len = batch.ledger
         n, extend = batch.size, device_len - cached
@@ -226,18 +215,10 @@ class PrefillGraphRunner:
         self.backend.paged_lens(kv_lens, x["kv_indptr"], x["last_page_len"])
         send_staged(self.ring, self.host[shape], self.staged)
         batch.attn_metadata = self.metadata[shape]
-        self._plan = (shape, qo, x["kv_indptr"], kv_lens)
+        self.backend.plan_prefill_replay(shape, qo, x["kv_indptr"], kv_lens)
 
-    def plan(self, batch: Batch) -> None:
-        """Plan the captured attention for the batch filled in last (`fill_inputs`)."""
-        shape, qo, indptr, kv_lens = self._plan
-        self._plan = None
-        assert shape == self.shape(batch), "plan() the batch whose inputs were filled in"
-        self.backend.plan_prefill_replay(shape, qo, indptr, kv_lens)
-
-    def replay(self, batch: Batch) -> torch.Tensor:
+    def replay(self, batch: Batch, shape: tuple[int, int]) -> torch.Tensor:
         """The logits of the batch's sampled requests."""
-        shape = self.shape(batch)
         if not self.capture:  # the same padded computation, run eagerly
             with self.ctx.running(batch), torch.inference_mode():
                 self._run(shape)
@@ -245,8 +226,10 @@ class PrefillGraphRunner:
             self.graphs[shape].replay()
         return self.logits[: len(batch.sampled_reqs)]
 
-    def token_targets(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where the batch's sampled tokens go in the token pool: rows and positions, on the
-        device already (staged with the inputs)."""
-        x, count = self.inputs[self.shape(batch)], len(batch.sampled_reqs)
+    def token_targets(
+        self, shape: tuple[int, int], count: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the batch's `count` sampled tokens go in the token pool: rows and positions,
+        on the device already (staged with the inputs)."""
+        x = self.inputs[shape]
         return x["sample_rows"][:count], x["following"][:count]

@@ -8,7 +8,7 @@ slots). Rank 0 sends every step it launches (the requests' ledgers and its reque
 since the last step, `kvcache.table.TableWrite`) and every rank runs the same forward. Every
 rank samples: the logits are gathered whole on each and the samplers are seeded alike, so each
 rank's token pool gets the tokens its next decode reads, and no step waits for rank 0's tokens
-to travel. An engine of one process has `OneRank` in place of `Ranks`.
+to travel. An engine of one process has none (`Engine.ranks` is None).
 
 Two process groups: the model's collectives (NCCL on GPUs, gloo on the CPU), which time out,
 and a gloo group that carries rank 0's step messages, which waits as long as the user thinks.
@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -65,6 +64,7 @@ class StepMessage(NamedTuple):
     """One launched step, as rank 0 sends it to the other ranks."""
 
     journal: list[TableWrite]  # rank 0's request-table writes since the last step
+    prompt_ids: np.ndarray | None  # the prompt tokens the step computes (`Engine.prepare`)
     phase: str
     num_decode: int
     ledgers: np.ndarray  # int64 [requests, 7]: `ledger_of` each request
@@ -92,10 +92,7 @@ def ledger_of(req: Req) -> tuple[int, ...]:
 
 class Ranks:
     """Rank 0's side of a tensor-parallel engine: the other ranks, the step messages it sends
-    them, and a clear error when one of them has died. `OneRank` stands in for them when there
-    are none."""
-
-    keeps_journal = True  # the request table keeps its writes for the ranks to replay
+    them, and a clear error when one of them has died."""
 
     def __init__(self, size: int, control, procs: list[subprocess.Popen], scratch: str) -> None:
         self.size, self._control, self._procs, self._scratch = size, control, procs, scratch
@@ -118,7 +115,7 @@ class Ranks:
         """Requests whose sampling the ranks hold (sent once each, forgotten when they end)."""
         return len(self._sent)
 
-    def launch(self, batch: Batch, table: TableManager) -> None:
+    def launch(self, batch: Batch, table: TableManager, prompt_ids: np.ndarray | None) -> None:
         """Send the step rank 0 is about to run to the other ranks."""
         self.check()
         journal, table.journal = table.journal, []
@@ -132,7 +129,9 @@ class Ranks:
                 new[req.uid] = req.sampling
         ledgers = np.array([ledger_of(r) for r in batch.reqs], dtype=np.int64).reshape(-1, 7)
         profile = session_running()
-        message = StepMessage(journal, batch.phase, batch.num_decode, ledgers, new, gone, profile)
+        message = StepMessage(
+            journal, prompt_ids, batch.phase, batch.num_decode, ledgers, new, gone, profile
+        )
         try:
             dist.broadcast_object_list([message], src=0, group=self._control)
         except Exception:
@@ -167,16 +166,6 @@ class Ranks:
         reports: list[dict | None] = [None] * self.size
         dist.all_gather_object(reports, {}, group=self._control)
         return reports[1:]
-
-    @contextlib.contextmanager
-    def alive(self) -> Iterator[None]:
-        """A failure inside says so when one of the ranks died (gloo raises at once when a
-        peer's connection closes)."""
-        try:
-            yield
-        except Exception:
-            self.check(wait_s=2.0)
-            raise
 
     def wait(self, done: torch.cuda.Event) -> None:
         """Until `done`, polled: a rank that died leaves rank 0's collectives waiting on the
@@ -228,40 +217,6 @@ class Ranks:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
         shutil.rmtree(self._scratch, ignore_errors=True)
-
-
-class OneRank:
-    """The ranks of an engine that runs in this process alone: nothing to send, nothing to
-    wait for but the device."""
-
-    size, processes, pids, requests_known, failure, keeps_journal = 1, [], [], 0, None, False
-
-    def launch(self, batch: Batch, table: TableManager) -> None:
-        return None
-
-    def alive(self) -> contextlib.AbstractContextManager:
-        return _NOTHING
-
-    def wait(self, done: torch.cuda.Event) -> None:
-        done.synchronize()
-
-    def same_tables(self, table: TableManager) -> list[int]:
-        return []
-
-    def device_ms(self) -> dict[int, list[float]]:
-        return {}
-
-    def events(self) -> dict[int, list[list[tuple]]]:
-        return {}
-
-    def check(self, wait_s: float = 0.0) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-_NOTHING = contextlib.nullcontext()
 
 
 def torchrun_rank(config: EngineConfig) -> int | None:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ..core import Batch, ChunkedReq, Req, SamplingParams
 from ..distributed import TPGroup, close_tp
-from .engine import DeviceStep, Engine
+from .engine import Engine, Launch
 from .rank_profiler import RankProfiler
 from .ranks import DEVICE_MS, EVENTS, INTEGRITY, MAX_TIMERS, StepMessage, join, torchrun_rank
 
@@ -64,7 +64,7 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
             if isinstance(message, StepMessage):
                 with profiler.step(engine.launches, message.profile):
                     step = run_step(engine, message, sampling)
-                timers[step.launch] = step.timer
+                timers[step.index] = step.timer
                 if len(timers) > MAX_TIMERS:  # rank 0 has not asked for a long while
                     del timers[next(iter(timers))]
             elif message[0] == INTEGRITY:
@@ -83,9 +83,7 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
         close_tp(tp)
 
 
-def run_step(
-    engine: Engine, message: StepMessage, sampling: dict[int, SamplingParams]
-) -> DeviceStep:
+def run_step(engine: Engine, message: StepMessage, sampling: dict[int, SamplingParams]) -> Launch:
     """Replay rank 0's table writes, then run the step it launched. `sampling`: what earlier
     messages said of the requests' sampling (kept up to date here)."""
     for uid in message.gone:
@@ -95,8 +93,9 @@ def run_step(
     reqs = [mirror(row, sampling[row[0]]) for row in message.ledgers.tolist()]
     batch = Batch(reqs, message.phase, message.num_decode)
     batch.snapshot()
-    engine.prepare(batch)
-    return engine.run_batch(batch)
+    launch = engine.prepare(batch, message.prompt_ids)
+    engine.sample(launch, engine.forward(launch))
+    return launch
 
 
 def mirror(ledger: list[int], sampling: SamplingParams) -> Req:

@@ -1,13 +1,11 @@
-"""Kernel families: profiler event names sorted into communication (tensor parallelism's
-collectives), attention, matmul, sampling, norm/rope/act and other, and each step's device time
-by family (record="full")."""
+"""Kernel families: profiler event names sorted into families, and each step's time by family."""
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
 
-from .timing import add_timing_columns, device_on_host
+from ..timing import add_timing_columns, device_on_host
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,8 +24,7 @@ _FAMILIES = [
     ),
     ("norm/rope/act", re.compile(r"norm|rsqrt|rope|rotary|silu|act_and_mul|pow|mean", re.I)),
 ]
-# On a CPU there are no kernels: time is counted on these leaf operators (counting the operators
-# that call them as well would count it twice).
+# on a CPU, time is counted on these leaf operators (with their callers it would count twice)
 _CPU_LEAVES = {
     "aten::mm",
     "aten::addmm",
@@ -64,8 +61,7 @@ _CPU_LEAVES = {
 
 
 def family(name: str, category: str) -> str:
-    """The family of one profiler event: "hook" for a hook range, else the first family whose
-    pattern its name matches, else "other"."""
+    """An event's family: "hook" for a hook range, else the first pattern its name matches."""
     if category == "hook":
         return "hook"
     for fam, pattern in _FAMILIES:
@@ -75,11 +71,9 @@ def family(name: str, category: str) -> str:
 
 
 def breakdown_table(history) -> pd.DataFrame:
-    """ms per (step, family) of the profiled steps: the kernels on a GPU (the leaf operators on
-    a CPU) by family; "between kernels", the rest of the step's device time (launch gaps on a
-    GPU; on the CPU, the forward's Python between its operators); "idle", the rest of the
-    step's span, the device doing nothing of the step (`timing.py`: the same idle as the steps
-    table's `idle_ms`). A step's rows add up to its span."""
+    """ms per (step, family) of the profiled steps: kernels (a CPU's leaf operators) by family;
+    "between kernels", the rest of the device time; "idle", the rest of the span (`idle_ms`). A
+    step's rows add up to its span."""
     import pandas as pd
 
     events = history.events

@@ -1,5 +1,4 @@
-"""The finishing touches of a history's tables: the other ranks' device times as columns,
-times rounded to what survives a save, text as pandas' string dtype."""
+"""The finishing touches of a history's tables: rank columns, rounding, text as string dtype."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ if TYPE_CHECKING:
 def add_rank_columns(
     steps: pd.DataFrame, rank_ms: dict[int, list[float]], prefix: str = "device_ms_rank"
 ) -> None:
-    """Tensor parallelism: a value per rank 1.. of each step, `<prefix>1`.. (NaN until read):
-    `device_ms_rank1`.. beside rank 0's `device_ms`; `clock_offset_ms_rank1`.., what moved
-    each rank's clock onto rank 0's in a profiled step (`rank_clock.py`)."""
+    """Tensor parallelism: a column per rank 1.. (`<prefix>1`.., NaN until read), beside rank 0's
+    `device_ms`, or each rank's clock offset (`rank_clock.py`)."""
     if not rank_ms:
         return
     for r in range(int(steps.tp_size.max()) - 1):
@@ -25,8 +23,7 @@ def add_rank_columns(
 
 
 def rounded(frame: pd.DataFrame) -> pd.DataFrame:
-    """Times to the nanosecond: beyond that the digits are noise, and they would not survive a
-    save (JSON keeps 15 significant digits), so a loaded run would differ from the live one."""
+    """Times to the nanosecond: further digits are noise, and would not survive a save (JSON)."""
     decimals = {c: 9 if c.endswith("_s") or c.endswith("_at") else 6 for c in frame.columns}
     floats = [c for c in frame.columns if frame[c].dtype.kind == "f"]
     return frame.round({c: (3 if c.endswith("_us") else decimals[c]) for c in floats})

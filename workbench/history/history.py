@@ -19,19 +19,19 @@ every view can show without a model or a GPU (`workbench.load_run` adds the view
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..timing import add_timing_columns, device_on_host
 from . import runfile
 from .pages import pages_at
 from .tables import TableRows
-from .timing import add_timing_columns, device_on_host
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .record import StepRecord
+    from ..scheduler.record import StepRecord
     from .roofline import StepCost
 
 TABLES = ("steps", "ledger", "requests", "admissions", "events", "pages")
@@ -83,14 +83,15 @@ class _Tables:
 
 
 class History(_Tables):
-    def __init__(
-        self, cost: StepCost | None = None, before_tables: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, cost: StepCost | None = None, other_ranks: Any = None) -> None:
         """`cost`: the roofline of the engine's steps, for the steps table's `bytes_read`,
         `flops`, `bound_ms` and `achieved_gbps` (None: those columns are NaN).
-        `before_tables`: called before the tables or a record are read (the probe reads the
-        profiler events of ended sessions into the records then)."""
-        self.cost, self._before_tables = cost, before_tables
+        `other_ranks`: with tensor parallelism, what ranks 1.. report of the steps
+        (`instrument.other_ranks.OtherRanks`), asked for when the history is read."""
+        self.cost, self.other_ranks = cost, other_ranks
+        # ended profiler sessions whose events go to their steps' records when the history is
+        # read (`instrument.profiler.SessionEvents`)
+        self.sessions: list = []
         self.records: list[StepRecord] = []
         # uid -> step, seconds, prompt tokens, max tokens, source ("python", "http")
         self.arrivals: dict[int, tuple[int, float, int, int, str]] = {}
@@ -126,26 +127,30 @@ class History(_Tables):
             self.records.append(record)
             self._cache = None
 
-    def rank_times_changed(self) -> None:
-        """Other ranks' device times reached records already tabled: build the frames again
-        (the rows hold the records' lists, filled in place)."""
-        self._cache = None
-
-    def events_changed(self) -> None:
-        """Profiler events were given to records already tabled: build the tables again."""
-        self._rows, self._cache = TableRows(self.cost), None
+    def fill_in(self) -> None:
+        """What reaches records after their step: the events of ended profiler sessions and,
+        with tensor parallelism, the other ranks' device times and events (in place, in the
+        lists the records hold); the tables that show them are built again."""
+        with self._lock:
+            ranks = self.other_ranks
+            if ranks is not None and ranks.read_times():
+                self._cache = None  # (the rows hold the records' lists)
+            sessions, self.sessions = self.sessions, []
+            for session in sessions:
+                session.fill()
+            placed = ranks is not None and not ranks.session_running and ranks.read_events()
+            if sessions or placed:
+                self._rows, self._cache = TableRows(self.cost), None
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, i: int) -> StepRecord:
-        if self._before_tables is not None:
-            self._before_tables()
+        self.fill_in()
         return self.records[i]
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        if self._before_tables is not None:
-            self._before_tables()
+        self.fill_in()
         with self._lock:
             # the records were cleared or replaced, or the rows were built with another cost
             if not self._rows.follows(self.records) or self._rows.cost is not self.cost:

@@ -1,11 +1,6 @@
-"""Per-request latency, defined once: the records, the views and the benchmarks all use these.
-
-TPOT (time per output token) is measured after the first token, as vLLM and SGLang report it:
-``(finish - first_token) / (output_tokens - 1)``; a request with fewer than two tokens has none.
-ITL (inter-token latency) is every gap between two consecutive tokens of one request, from the
-first token on; its percentiles are taken over the gaps of all requests together.
-The arguments may be numbers (seconds, or steps) or pandas Series of them.
-"""
+"""Per-request latency, defined once for the records, the views and the benchmarks. TPOT counts
+after the first token, as vLLM and SGLang do: ``(finish - first_token) / (output_tokens - 1)``.
+ITL is every gap between consecutive tokens of a request; its percentiles pool all requests'."""
 
 from __future__ import annotations
 
@@ -16,8 +11,7 @@ if TYPE_CHECKING:
 
 
 def tpot(first_token, finish, output_tokens):
-    """Time per output token after the first: None for a number below two tokens (or a missing
-    finish); for Series, NaN where a request has fewer than two tokens."""
+    """TPOT of numbers or Series: None (a Series: NaN) below two tokens."""
     if hasattr(output_tokens, "where"):  # pandas
         return ((finish - first_token) / (output_tokens - 1)).where(output_tokens > 1)
     if finish is None or first_token is None or output_tokens < 2:
@@ -26,15 +20,9 @@ def tpot(first_token, finish, output_tokens):
 
 
 def inter_token_latencies(steps: pd.DataFrame, ledger: pd.DataFrame) -> pd.Series:
-    """Seconds between consecutive tokens of each request (vLLM's and SGLang's ITL), indexed by
-    uid: one gap per token after a request's first. A token arrives when the step that sampled
-    it completes (`steps.completed_at`); the ledger says which step gave which request a token
-    (`token` not null).
-
-    A request's gaps add up to its last token minus its first, so their mean over all requests,
-    weighted by tokens, equals TPOT when each request's finish is its last token; the median
-    ITL and the median TPOT (a mean per request, then a median over requests) differ in
-    general, and ITL's tail shows the pauses that a request's mean smooths out."""
+    """Seconds between consecutive tokens of each request, indexed by uid: a token arrives when
+    the step that sampled it completes. Their token-weighted mean is TPOT; unlike TPOT's, ITL's
+    tail shows the pauses that a request's mean smooths out."""
     import pandas as pd
 
     sampled = ledger.loc[ledger.token.notna(), ["uid", "step"]]
@@ -58,23 +46,20 @@ FIGURES = (
 
 
 def run_seconds(requests: pd.DataFrame) -> float:
-    """A run's length as its throughput counts it: from the first request's arrival to the
-    last one's finish (vLLM's and SGLang's benchmark duration); 0 for a run of no requests."""
+    """A run's length as throughput counts it: first arrival to last finish (as vLLM, SGLang)."""
     if requests.empty or requests.finish_s.isna().all():
         return 0.0
     return float(requests.finish_s.max() - requests.arrival_s.min())
 
 
 def output_throughput(requests: pd.DataFrame) -> float:
-    """Output tokens per second: every request's completion tokens over `run_seconds` (NaN for
-    a run of no time). The one definition of "output tokens/s" and "throughput (tok/s)"."""
+    """Completion tokens over `run_seconds` (NaN: no time): the one "output tokens/s"."""
     seconds = run_seconds(requests)
     return float(requests.completion_tokens.sum() / seconds) if seconds > 0 else float("nan")
 
 
 def run_figures(history) -> dict[str, float]:
-    """A run's `FIGURES`: TTFT percentiles over requests, ITL's over every gap, the median
-    TPOT and end-to-end latency over requests, and `output_throughput`."""
+    """A run's `FIGURES`: ITL's percentiles over every gap, the others' over requests."""
     r, steps = history.requests, history.steps
     itl_ms = inter_token_latencies(steps, history.ledger) * 1e3
     ttft_ms, e2e_ms = r.ttft_s * 1e3, (r.finish_s - r.arrival_s) * 1e3

@@ -1,28 +1,7 @@
-"""Why a request missed its SLOs (`slo.py`), from the records: where its delay went.
-
-A missed request's *delay* is the part of its life its missed limits measure: arrival to first
-token for TTFT, first token to finish for TPOT and ITL, arrival to finish for E2E (the span of
-those it missed). The run's time is cut at each step's completion, step s holding
-``(completed_at[s - 1], completed_at[s]]`` (the host's time between steps with it, and with
-overlap the next launch), so the delay is the sum of its overlaps with the steps. Each overlap
-goes to one cause, by what the step was to the request (`CAUSES`):
-
-- ``queued: <reason>``: it waited to be scheduled, refused for that reason (its admission
-  decision of the step: no_token_budget, no_slot, kv_full, queued_behind, decode_first, ...),
-  before its first chunk or between two;
-- ``queued: arrived mid-step``: it arrived while the step ran, and waited for the next one;
-- ``prompt in chunks``: the step ran a chunk of its prompt that was not the last, or it waited
-  between chunks with no refusal recorded;
-- ``prefill``: the step computed the end of its prompt (and its first token);
-- ``decode``: it decoded in a step of decodes alone; in a mixed step, what a decode step
-  takes (the run's median decode-only step; none when the run has no such step);
-- ``decode slowed by prefill``: the rest of a mixed step, where prompt chunks shared its batch;
-- ``decode paused for prefill``: a step ran without it while it was decoding (a prefill step
-  that ran first: policy "prefill_first").
-
-So the causes add up to the delay; `miss_causes` gives them per request, `misses_by_cause` in
-all.
-"""
+"""Why a request missed its SLOs (`slo.py`): its delay (the span its missed limits measure) split
+over the steps, step s holding ``(completed_at[s - 1], completed_at[s]]``, each share going to
+one of `CAUSES` by what the step was to it: refused (by reason), arrived mid-step, a chunk of its
+prompt, its prefill, a decode (a mixed step: beyond the median decode step, "slowed"), or paused."""
 
 from __future__ import annotations
 
@@ -82,9 +61,8 @@ def miss_causes(history, slo: Mapping[str, float]) -> pd.DataFrame:
 
 
 def misses_by_cause(history, slo: Mapping[str, float]) -> pd.DataFrame:
-    """Each cause of `CAUSES` over every missed request: `ms` in all, `share` (% of all the
-    missed requests' delay) and `requests` (how many it held up); the largest first, the
-    causes that held up none left out."""
+    """Each of `CAUSES` over every missed request: `ms`, `share` (% of their delay) and `requests`
+    held up; the largest first, causes that held up none left out."""
     import pandas as pd
 
     causes = miss_causes(history, slo)
@@ -122,9 +100,7 @@ def _overlaps(starts: np.ndarray, ends: np.ndarray, start: float, end: float):
 
 
 def _cause(r, step: int, kind: str | None, refusal: str | None) -> str:
-    """What step `step` was to request `r`, which finished (so it was scheduled and had a
-    first token); `kind`: its ledger row's kind in the step, None when it was not in the
-    batch; `refusal`: why it was refused then."""
+    """What `step` was to finished request `r`; `kind`: its ledger row's (None: not in batch)."""
     if kind is not None:
         return {"chunk": CHUNKS, "prefill": PREFILL}.get(kind, DECODE)
     if step > r.first_token_step:

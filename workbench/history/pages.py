@@ -1,5 +1,4 @@
-"""A step's page-table rows put back together from what each row gained per step (the pages
-table, kept by the probe's `PageSnapshots` with record="full")."""
+"""A step's page-table rows put back together from what each row gained per step (record="full")."""
 
 from __future__ import annotations
 
@@ -10,9 +9,8 @@ if TYPE_CHECKING:
 
 
 def pages_at(pages: pd.DataFrame, step: int) -> pd.DataFrame:
-    """The rows of `step` from the runs they gained (the pages table), joined into maximal
-    runs. A run gained at step s belongs to every later step of its row with the same `since`
-    (a pages table saved before runs were kept as gains lists every step whole)."""
+    """The rows of `step`, joined into maximal runs: a run gained at step s belongs to every later
+    step of its row with the same `since`."""
     columns = ["step", "uid", "table_idx", "pos_start", "pos_end", "slot_start"]
     if "since" not in pages.columns:
         return pages.loc[pages.step == step, columns].reset_index(drop=True)

@@ -1,28 +1,7 @@
-"""Tensor parallelism, one timeline for all ranks: every rank's profiler events on rank 0's clock.
-
-Each rank records its events on its own clock, and each step's events of a rank above 0 move
-onto rank 0's clock by one offset, found at the all-reduces. An all-reduce is a barrier: no rank
-ends it before every rank has begun it. So each all-reduce bounds the offset (rank r's clock +
-offset = rank 0's) from both sides:
-
-    rank 0's start - rank r's end <= offset <= rank 0's end - rank r's start.
-
-A step's all-reduces give the tightest of these; clocks drift slowly (on one host, not at all),
-so the bounds of the `WINDOW_STEPS` steps on either side narrow them further (the nearest first,
-each only where it leaves some room: bounds that exclude one another mean the clock moved). The
-offset is the middle of what is left, off the true one by at most half its width. The ends' gaps
-alone do worse: on a busy CPU a thread woken late records an end milliseconds late. Measured on
-the busy 2-core CPU over runs of 11 and 12 steps (gloo ranks on one host: their clocks are the
-host's, so the true offset is known), the median of a step's end gaps was up to 1.0 ms (two
-ranks) and 1.9 ms (three) off the truth, the middle of one step's bounds up to 0.43 and 1.7 ms,
-with eight steps on either side 0.03 and 0.14 ms. A step whose own bounds contradict each other
-(records that do not pair up) takes the median of its ends' gaps; a step without all-reduces
-keeps the rank's last offset.
-
-The all-reduces are NCCL's kernels on a GPU (a name with "AllReduce"), else their host work
-(`profiling.ALL_REDUCES`: gloo's runs on a thread of its own from when the rank hands it over).
-All-gathers are left out: the ranks' control messages use gloo's all-gather too.
-"""
+"""Tensor parallelism, one timeline: every rank's profiler events on rank 0's clock. No rank ends
+an all-reduce before every rank began it, so each bounds the offset from both sides: rank 0's
+start - rank r's end <= offset <= rank 0's end - rank r's start. A step's offset is the middle of
+its bounds narrowed by its neighbours' (clocks drift slowly); the ends' gaps alone do worse."""
 
 from __future__ import annotations
 
@@ -41,14 +20,14 @@ CLOCK_ALIGNMENT = (
     "the middle of the tightest bounds of the step's all-reduces and of its neighbours' (the "
     "steps table's clock_offset_ms_rank<r>)"
 )
-NCCL_ALL_REDUCE = "AllReduce"  # in the name of each of NCCL's all-reduce kernels
+# all-gathers are left out: the ranks' control messages use gloo's all-gather too
+NCCL_ALL_REDUCE = "AllReduce"
 WINDOW_STEPS = 8  # the steps on either side whose bounds narrow a step's
 Bounds = tuple[float, float]  # the least and the most the offset can be (us)
 
 
 def all_reduces(events: Iterable[tuple]) -> list[tuple[float, float]]:
-    """(start_us, end_us) of one rank's all-reduces in a step, in order, from its (name,
-    category, track, start_us, duration_us) events: its NCCL kernels if any, else host work."""
+    """(start_us, end_us) of one rank's all-reduces in a step: its NCCL kernels, else host work."""
     kernels, host = [], []
     for name, category, _, start, duration in events:
         if category == "kernel" and NCCL_ALL_REDUCE in name:
@@ -59,9 +38,7 @@ def all_reduces(events: Iterable[tuple]) -> list[tuple[float, float]]:
 
 
 def step_bounds(reference: list[tuple], other: list[tuple]) -> Bounds | float | None:
-    """What one step's all-reduces (`all_reduces` of rank 0 and of another rank, paired in
-    order) say of the offset: its bounds; where they contradict each other, the median of the
-    ends' gaps alone; None: no all-reduce."""
+    """A step's paired all-reduces' bounds on the offset; if they contradict, the ends' gap."""
     pairs = list(zip(reference, other))
     if not pairs:
         return None
@@ -73,16 +50,14 @@ def step_bounds(reference: list[tuple], other: list[tuple]) -> Bounds | float | 
 
 
 class RankClock:
-    """What moves one rank's clock onto rank 0's, step after step: the bounds of the steps it
-    aligned last (the next steps' window reaches back to them), and the last offset."""
+    """One rank's clock offset, step after step: the last steps' bounds and the last offset."""
 
     def __init__(self) -> None:
         self.past: deque[Bounds] = deque(maxlen=WINDOW_STEPS)
         self.last: float | None = None
 
     def offsets_us(self, steps: list[Bounds | float | None]) -> list[float | None]:
-        """The offset of each of `steps` (their `step_bounds`, in launch order), as the
-        module's docstring says; None: no offset yet."""
+        """The offset of each of `steps` (their `step_bounds`, in launch order); None: none yet."""
         window = [*self.past, *steps]
         out = []
         for i in range(len(self.past), len(window)):
@@ -97,8 +72,7 @@ class RankClock:
 
 
 def _middle(window: list, i: int) -> float:
-    """The middle of step i's bounds, narrowed by its neighbours' nearest first (those that
-    leave no room are left out)."""
+    """The middle of step i's bounds, narrowed by its neighbours' that leave room, nearest first."""
     low, high = window[i]
     for distance in range(1, WINDOW_STEPS + 1):
         for j in (i - distance, i + distance):
@@ -112,10 +86,8 @@ def _middle(window: list, i: int) -> float:
 def align_steps(
     steps: list[tuple[list, list[list]]], clocks: dict[int, RankClock]
 ) -> list[tuple[list[tuple[int, list[tuple]]], list[float]]]:
-    """Steps' events of ranks 1.. on rank 0's clock. For each of `steps` (rank 0's events,
-    [rank 1's, rank 2's, ..]), in launch order: the (rank, its events moved) pairs and each
-    rank's offset (ms, rank 0's clock minus the rank's; NaN where it has none yet, the rank
-    then left out of the step). `clocks`: each rank's `RankClock`, made here when missing."""
+    """For each of `steps` (rank 0's events, [rank 1's, ..]): the (rank, its events moved onto rank
+    0's clock) pairs and each rank's offset in ms (NaN: none yet, the rank left out)."""
     references = [all_reduces(events0) for events0, _ in steps]
     offsets = {}
     for rank in range(1, max((len(others) for _, others in steps), default=0) + 1):

@@ -1,12 +1,6 @@
-"""Tensor parallelism: how late each rank came to each step's all-reduces, once every rank's
-events are on rank 0's clock (`rank_clock.py`).
-
-Once aligned, the start of a rank's k-th all-reduce is when that rank got there. At each
-all-reduce the latest rank is late by the latest arrival minus the earliest. Per step:
-`rank_skew_ms` sums that over the step's all-reduces (the earliest ranks' wait for the latest),
-`late_ms_rank<r>` is what rank r alone was late by, summed, and `latest_rank` the rank that came
-last to most of them (the later one in all on a tie).
-"""
+"""Tensor parallelism: how late each rank came to each step's all-reduces, on rank 0's clock. Per
+step, `rank_skew_ms` sums the latest start minus the earliest over its all-reduces,
+`late_ms_rank<r>` rank r's own lateness, and `latest_rank` is the one last to most of them."""
 
 from __future__ import annotations
 
@@ -21,9 +15,7 @@ if TYPE_CHECKING:
 
 
 def all_reduce_times(events: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's all-reduces of each step from an events table with a `rank` column: step,
-    rank, k (its order in the step), start_us, end_us; NCCL's kernels where a rank has them in
-    the step, else the host work (as `all_reduces` chooses)."""
+    """Each rank's all-reduces of each step (step, rank, k, start_us, end_us), as `all_reduces`."""
     kernel = (events.category == "kernel") & events.name.str.contains(NCCL_ALL_REDUCE, regex=False)
     found = kernel | events.name.isin(ALL_REDUCES)
     times = events.loc[found, ["step", "rank", "start_us"]].assign(
@@ -36,8 +28,7 @@ def all_reduce_times(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_skew(events: pd.DataFrame, size: int) -> pd.DataFrame:
-    """By step (the index): `rank_skew_ms`, `latest_rank` and `late_ms_rank0`.. of the steps
-    whose all-reduces every one of `size` ranks recorded."""
+    """By step: `rank_skew_ms`, `latest_rank`, `late_ms_rank0`.. where all `size` ranks recorded."""
     import pandas as pd
 
     times = all_reduce_times(events)
@@ -60,8 +51,7 @@ def step_skew(events: pd.DataFrame, size: int) -> pd.DataFrame:
 
 
 def add_skew_columns(steps: pd.DataFrame, events: pd.DataFrame) -> None:
-    """A run on several ranks with profiled steps: its steps table gains each step's
-    `step_skew` columns (NaN, and <NA> for `latest_rank`, where a step has none)."""
+    """With several ranks and profiled steps: each step's `step_skew` columns (NA where none)."""
     if not len(steps) or steps.tp_size.max() <= 1 or not steps.profiled.any():
         return
     skew = step_skew(events, int(steps.tp_size.max()))
@@ -72,8 +62,7 @@ def add_skew_columns(steps: pd.DataFrame, events: pd.DataFrame) -> None:
 
 
 def residual_us(events: pd.DataFrame) -> float:
-    """After alignment: the largest gap between two ranks' ends of one all-reduce (NaN: no
-    all-reduce on two ranks)."""
+    """After alignment: the largest gap between two ranks' ends of one all-reduce (NaN: none)."""
     times = all_reduce_times(events)
     if times.empty or times["rank"].nunique() < 2:
         return math.nan

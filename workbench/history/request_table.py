@@ -1,6 +1,4 @@
-"""The history's requests table: one row per request, its lengths and its latencies (arrival,
-first scheduled, first token and finish, in steps and seconds), built from the steps and ledger
-tables."""
+"""The history's requests table: one row per request, its lengths and latencies."""
 
 from __future__ import annotations
 
@@ -13,8 +11,6 @@ if TYPE_CHECKING:
 
 
 class RequestRow(NamedTuple):
-    """One request: arrival, first scheduled, first token and finish, in steps and seconds."""
-
     uid: int
     source: str  # how it came: "python" (a call) or "http" (the server)
     prompt_tokens: int

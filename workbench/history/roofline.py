@@ -1,11 +1,6 @@
-"""Roofline: what a step must at least cost on a device, from the sizes of the model and batch.
-
-A forward reads every streamed weight once, reads each request's KV context and writes the KV of
-its new tokens (memory); it does two FLOPs per weight per token computed, plus the attention
-products (compute). It takes no less than the larger of bytes / bandwidth and FLOPs / peak.
-`StepCost` applies this to any batch (prefill, chunk, decode, mixed) from its ledger rows; the
-steps table carries the result of every step (`bytes_read`, `flops`, `bound_ms`).
-"""
+"""Roofline: what a step must at least cost on a device. A forward reads every streamed weight
+once and each request's KV, writes its new tokens' KV, and does two FLOPs per weight per token
+plus the attention products; it takes no less than max(bytes / bandwidth, FLOPs / peak)."""
 
 from __future__ import annotations
 
@@ -28,8 +23,7 @@ class DeviceSpec:
     flops: float  # dense FLOP/s in the model's dtype
 
     def times(self, count: int) -> DeviceSpec:
-        """`count` of these devices sharing a step evenly (tensor parallelism: each reads and
-        computes 1/count of it, so the step's bound is 1/count of one device's)."""
+        """`count` of these devices sharing a step evenly (tensor parallelism)."""
         if count == 1:
             return self
         return DeviceSpec(f"{count} x {self.name}", self.bandwidth * count, self.flops * count)
@@ -58,9 +52,8 @@ def decode_step_bound(
     device: DeviceSpec,
     dtype_bytes: int = 2,
 ) -> float:
-    """Seconds for one decode step of `batch_size` requests whose attention reads `kv_tokens`
-    tokens of KV in all (each request's context, its new token included); each writes the KV of
-    its one new token."""
+    """Seconds for one decode step of `batch_size` requests whose attention reads `kv_tokens` of
+    KV in all (new tokens included); each writes its new token's KV."""
     weights = streamed_weights(model_cfg)
     kv_moved = kv_tokens + batch_size
     memory = weights * dtype_bytes + kv_moved * model_cfg.kv_bytes_per_token(dtype_bytes)
@@ -80,7 +73,6 @@ def prefill_bound(model_cfg: ModelConfig, prompt_lens: list[int], device: Device
 
 
 def device_spec(device: torch.device | str) -> DeviceSpec | None:
-    """The spec of a CUDA device whose name says H200 or H100; None on a CPU or another GPU."""
     import torch
 
     device = torch.device(device)
@@ -97,37 +89,30 @@ def spec_named(name: str) -> DeviceSpec | None:
 class StepBound(NamedTuple):
     """What one step must at least cost: bytes moved, FLOPs, and the time on the device."""
 
-    bytes_read: float  # weights once, the KV contexts read, the new tokens' KV written
+    bytes_read: float
     flops: float
     bound_ms: float  # max(bytes / bandwidth, FLOPs / peak); NaN without a device spec
 
 
 @dataclass(frozen=True)
 class StepCost:
-    """The roofline of any step (prefill, chunk, decode, mixed) of one model on one device.
-
-    Per step, over the requests of its batch (context = the tokens its attention reads, the new
-    ones included; new = `extend_len`, the tokens the step computes for it):
+    """The roofline of any step of one model on one device, over its batch's requests (context:
+    the tokens attention reads; new: `extend_len`), padding rows not counted:
 
     - bytes = weight_bytes + kv_bytes_per_token x sum(context + new);
     - FLOPs = flops_per_token x sum(new) + flops_per_pair x sum(new x (context - new + (new + 1)
-      / 2)), the causal pairs: each new token attends to the tokens before it and to itself;
-    - bound = max(bytes / bandwidth, FLOPs / peak).
-
-    Padding rows of a CUDA-graph batch are not counted: the bound is of the useful work."""
+      / 2)), the causal pairs."""
 
     weight_bytes: int  # the streamed weights, read once per step
-    kv_bytes_per_token: int  # K and V of one token over all layers
+    kv_bytes_per_token: int
     flops_per_token: int  # 2 x the streamed weights: the matmuls of one token
-    flops_per_pair: int  # attention of one (query, key) pair over all layers
+    flops_per_pair: int
     device: DeviceSpec | None  # None (a CPU, an unknown GPU): no time bound
 
     @classmethod
     def for_model(
         cls, model_cfg: ModelConfig, dtype_bytes: int, device: DeviceSpec | None = None
     ) -> StepCost:
-        """The cost of the model's steps with weights and KV of `dtype_bytes` each, on
-        `device`."""
         weights = streamed_weights(model_cfg)
         return cls(
             weight_bytes=weights * dtype_bytes,
@@ -145,8 +130,7 @@ class StepCost:
         device: torch.device | str,
         num_devices: int = 1,
     ) -> StepCost:
-        """The cost of an engine's steps: its model in its dtype, on its device's spec (times
-        `num_devices` GPUs a tensor-parallel engine splits each step over)."""
+        """The cost of an engine's steps: its model and dtype on `num_devices` of its device."""
         spec = device_spec(device)
         return cls.for_model(model_config, dtype.itemsize, spec and spec.times(num_devices))
 
@@ -154,8 +138,8 @@ class StepCost:
         """The bound of a step from its ledger rows (a StepRecord's `rows`)."""
         kv_tokens = pairs = tokens = 0
         for r in rows:
-            # NOTE: ledger rows hold the lengths after the step: the context the attention read
-            # is `cached_len`, of which the last `extend_len` tokens are the ones computed.
+            # NOTE: ledger rows hold lengths after the step: of `cached_len`, the last
+            # `extend_len` tokens are the ones computed
             new = r.extend_len
             kv_tokens += r.cached_len + new
             pairs += new * (r.cached_len - new) + new * (new + 1) // 2

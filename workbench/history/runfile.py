@@ -1,25 +1,7 @@
-"""A saved run on disk: its tables and its meta in one file, Parquet or (older) JSON.
-
-Parquet (``workbench-run/2``), one file for every table:
-- one schema, the union of the tables' columns named ``<table>.<column>`` (``steps.step``,
-  ``events.name``); a table's rows are null in the other tables' columns (a run of nulls costs
-  a few bytes); zstd, and dictionary encoding for text and integers;
-- the tables' rows one table after another, cut into row groups of `ROW_GROUP_ROWS` rows, so a
-  large table has row groups of its own and small ones share one (a row group costs some 100
-  bytes per column of the schema whatever its rows: a row group per table made the file of a
-  small run two to three times larger);
-- the footer's key-value metadata ``workbench-run``: JSON of the format, the run's meta and, for
-  each table, its rows (``[first, stop)`` of the file's rows), columns and pandas dtypes
-  (restored exactly on load).
-
-A table is read from the row groups that hold its rows, and only its own columns, so a loaded
-run reads each table the first time it is asked for (`ParquetTables`): opening a large run reads
-the footer alone. Other tools read the file as it is, e.g. DuckDB:
-``SELECT "events.name", sum("events.duration_us") FROM 'run.parquet' GROUP BY 1``.
-
-JSON (``workbench-run/1``): one document, each table in pandas' "table" orient; it is what runs
-were saved as before, and what a path ending in ``.json`` still writes.
-"""
+"""A saved run: its tables and meta in one file. Parquet (``workbench-run/2``): the tables' rows
+one after another under one schema of ``<table>.<column>`` columns, their layout in the footer,
+each table read on first use (`ParquetTables`); DuckDB reads it too: ``SELECT "events.name" FROM
+'run.parquet'``. JSON (``workbench-run/1``, a ``.json`` path): pandas' "table" orient."""
 
 from __future__ import annotations
 
@@ -37,8 +19,8 @@ PARQUET_FORMAT = "workbench-run/2"
 JSON_FORMAT = "workbench-run/1"
 KEY = "workbench-run"  # the footer's key-value metadata entry
 MAGIC = b"PAR1"
-# NOTE: rows per row group; each is built whole (with a column of nulls for every other table's
-# column) before it is written, so this also bounds the memory a save adds.
+# NOTE: rows per row group: small tables share one (each costs bytes per schema column whatever its
+# rows); each is built whole before it is written, so this also bounds the memory a save adds.
 ROW_GROUP_ROWS = 1 << 18
 
 
@@ -82,9 +64,8 @@ def write_parquet(path: Path, tables: Mapping[str, pd.DataFrame], meta: dict) ->
     # NOTE: written beside the target and moved over it: a run loaded lazily from `path` keeps
     # reading the file it opened, even when it is saved back to the same path.
     part_path = path.with_name(f".{path.name}.part")
-    # NOTE: dictionary encoding for text and integers (kernel names, phases, steps and uids
-    # repeat), not for floats (times are nearly all distinct: a dictionary only adds to them);
-    # no statistics (nothing filters on them, and every null column chunk would carry some).
+    # NOTE: dictionary encoding for text and integers (they repeat), not floats (nearly all
+    # distinct); no statistics: nothing filters on them, and every null column chunk has some
     dictionary = [f.name for f in schema if not pa.types.is_floating(f.type)]
     try:
         with pq.ParquetWriter(
@@ -136,7 +117,6 @@ class ParquetTables(Mapping):
         return len(self._layout)
 
     def loaded(self) -> list[str]:
-        """The tables read so far."""
         return list(self._frames)
 
     def _read(self, name: str, spec: dict) -> pd.DataFrame:
@@ -187,8 +167,7 @@ def _to_arrow(frame: pd.DataFrame) -> pa.Table:
 
 
 def _row_groups(arrow: dict[str, pa.Table], schema: pa.Schema) -> Iterator[pa.Table]:
-    """The tables' rows one table after another under the whole schema, in row groups of
-    `ROW_GROUP_ROWS` rows: small tables share one."""
+    """The tables' rows one after another under the whole schema, in `ROW_GROUP_ROWS` groups."""
     import pyarrow as pa
 
     pieces, count = [], 0
@@ -223,8 +202,7 @@ def _widen(name: str, rows: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _nullable(arrow_type: pa.DataType):
-    """Integers and text as pandas' nullable dtypes (exact, missing = <NA>); `astype` then gives
-    each column the dtype it was saved with."""
+    """Integers and text as pandas' nullable dtypes; `astype` then restores the saved dtypes."""
     import pandas as pd
     import pyarrow as pa
 

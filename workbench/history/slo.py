@@ -1,16 +1,7 @@
-"""Service-level objectives: each request's verdict, goodput and attainment.
-
-An SLO is a mapping of latency limits in ms, any of `SLO_KEYS`: ``ttft_ms`` (arrival to first
-token), ``tpot_ms`` (time per output token after the first, as vLLM's ``--goodput`` takes it:
-``(E2E - TTFT) / (n - 1)``), ``itl_ms`` (every gap between two consecutive tokens of the
-request: its longest) and ``e2e_ms`` (arrival to last token). A request meets a limit when its
-latency is at most the limit (a request of one token has TPOT and ITL 0, as in vLLM), and is
-*good* when it finished (``stop`` or ``length``) meeting every limit given.
-
-Goodput is good requests per second of the run, from the first arrival to the last finish (the
-span the run's throughput is over); attainment is the share of requests that are good. Why each
-missed request missed is in `misses.py`.
-"""
+"""Service-level objectives: each request's verdict, goodput and attainment. An SLO maps any of
+`SLO_KEYS` to ms; TPOT is vLLM's ``--goodput`` one, ``(E2E - TTFT) / (n - 1)`` (0 for one token),
+ITL a request's longest gap. A request is *good* when it finished within every limit; goodput is
+good requests per second from the first arrival to the last finish."""
 
 from __future__ import annotations
 
@@ -29,8 +20,7 @@ FINISHED = ("stop", "length")
 
 
 def check_slo(slo) -> dict[str, float]:
-    """The SLO as ``{key: ms}`` in `SLO_KEYS` order; TypeError or ValueError naming the key
-    that is wrong and the keys allowed."""
+    """The SLO as ``{key: ms}`` in `SLO_KEYS` order; TypeError or ValueError say what is wrong."""
     example = "e.g. {'ttft_ms': 500, 'tpot_ms': 50}"
     if not isinstance(slo, Mapping):
         raise TypeError(f"slo must be a mapping of {SLO_KEYS} to ms ({example}), got {slo!r}")
@@ -43,11 +33,9 @@ def check_slo(slo) -> dict[str, float]:
 
 
 def slo_verdicts(history, slo: Mapping[str, float]) -> pd.DataFrame:
-    """The requests table with each request's verdict: `finished` (stop or length), its
-    latencies in ms (`ttft_ms`, `tpot_ms`, `itl_ms`: its longest gap, `e2e_ms`; NaN where it
-    has none), a pass column per limit given (`ttft_ok`, ...), `good` (finished, every limit
-    met) and `missed` (the limits it missed, comma-separated; "unfinished" for one that did
-    not finish)."""
+    """The requests table with each request's verdict: `finished`, its latencies in ms (`ttft_ms`,
+    ..., NaN where it has none), a pass column per limit (`ttft_ok`, ...), `good`, and `missed`
+    (the limits it missed, comma-separated, or "unfinished")."""
     slo = check_slo(slo)
     r = history.requests.copy()
     finished = r.finish_reason.isin(FINISHED).fillna(False).astype(bool) & r.finish_s.notna()
@@ -71,8 +59,7 @@ def slo_verdicts(history, slo: Mapping[str, float]) -> pd.DataFrame:
 
 
 def slo_figures(history, slo: Mapping[str, float]) -> dict[str, float]:
-    """The run's figures against the SLO: goodput (good requests per second), attainment (%
-    of requests good) and the pass rate (%) of each limit given."""
+    """Goodput (good requests/s), attainment (% good) and each limit's pass rate (%)."""
     slo = check_slo(slo)
     v = slo_verdicts(history, slo)
     span = float(v.finish_s.max() - v.arrival_s.min()) if len(v) else float("nan")

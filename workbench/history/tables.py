@@ -8,17 +8,17 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..stages import HOST_STAGES
+from ..clocks import HOST_STAGES
+from ..timing import add_timing_columns
 from .frames import add_rank_columns, rounded, text_as_string
 from .rank_skew import add_skew_columns
 from .request_table import requests_table
 from .roofline import NO_COST
-from .timing import add_timing_columns
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .record import StepRecord
+    from ..scheduler.record import StepRecord
     from .roofline import StepCost
 
 
@@ -58,7 +58,7 @@ class StepRow(NamedTuple):
     device_ms: float
     host_ms: float
     wait_ms: float
-    # host_ms by stage (`stages.HOST_STAGES`); NaN in a run recorded before the split
+    # host_ms by stage (`clocks.HOST_STAGES`); NaN in a run recorded before the split
     host_schedule_ms: float
     host_prepare_ms: float
     host_plan_ms: float

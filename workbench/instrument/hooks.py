@@ -42,6 +42,7 @@ HOOK_POINTS = (
 )
 
 Hook = Callable[[Any], None]
+OUTSIDE = frozenset({"request.arrive", "step.end"})  # hook points not inside a step
 
 
 class HookError(RuntimeError):
@@ -62,7 +63,16 @@ class HookHandle:
 class HookRegistry:
     def __init__(self) -> None:
         self._listeners: dict[str, list[Hook]] = {}  # only names with at least one hook
-        self._errors: list[tuple[str, Hook, BaseException]] = []
+        self.errors: list[tuple[str, Hook, BaseException]] = []  # raised after the step
+        self.inside = False  # a hook listens on a point inside a step
+        self.at_end = False  # a hook listens on "step.end"
+        self.on_change: Callable[[], None] | None = None  # told when hooks come and go
+
+    def _changed(self) -> None:
+        self.inside = any(name not in OUTSIDE for name in self._listeners)
+        self.at_end = "step.end" in self._listeners
+        if self.on_change is not None:
+            self.on_change()
 
     def add(self, pattern: str, fn: Hook) -> HookHandle:
         """Call `fn(event)` at every hook point matching `pattern` (a name or a glob: "cache.*")."""
@@ -71,6 +81,7 @@ class HookRegistry:
             raise ValueError(f"no hook point matches {pattern!r}; hook points: {HOOK_POINTS}")
         for name in names:
             self._listeners.setdefault(name, []).append(fn)
+        self._changed()
         return HookHandle(self, names, fn)
 
     @contextlib.contextmanager
@@ -90,9 +101,11 @@ class HookRegistry:
                 listeners.remove(fn)
             if not listeners:
                 self._listeners.pop(name, None)
+        self._changed()
 
     def clear(self) -> None:
         self._listeners.clear()
+        self._changed()
 
     def __contains__(self, name: str) -> bool:
         return name in self._listeners
@@ -107,20 +120,20 @@ class HookRegistry:
     def defer(self, name: str, fn: Callable, exc: BaseException) -> None:
         """Keep an error that `fn` raised for `name` (a hook point, or `profile_steps`): it is
         raised after the step, as a hook's is (`raise_pending`)."""
-        self._errors.append((name, fn, exc))
+        self.errors.append((name, fn, exc))
 
     def raise_pending(self) -> None:
         """Raise HookError for the hook errors of the step that just ended (if any)."""
-        if not self._errors:
+        if not self.errors:
             return
-        errors, self._errors = self._errors, []
+        errors, self.errors = self.errors, []
         name, fn, first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise HookError(f"hook {fn!r} on {name!r} raised {first!r}{more}") from first
 
     def clear_pending(self) -> None:
         """Forget hook errors not raised yet (a call that failed for another reason)."""
-        self._errors.clear()
+        self.errors.clear()
 
     def __repr__(self) -> str:
         hooks = {name: len(fns) for name, fns in self._listeners.items()}

@@ -23,6 +23,7 @@ class OtherRanks:
 
     def __init__(self, device_ms: DeviceTimes | None = None, events: RankEvents | None = None):
         self.ask_device_ms, self.ask_events = device_ms, events
+        self.session_running = False  # rank 0's profiler runs: its events are not read yet
         self.restart()
 
     @property

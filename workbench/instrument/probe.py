@@ -1,42 +1,40 @@
 """The probe: everything a step reports, kept beside the step.
 
 The scheduler calls one method per hook point, named after it (`schedule_end` for
-"schedule.end"), with plain values: step indices, batches, ledgers, counts. The probe owns what
-follows from them: the hook events (built only when someone listens), the run's history and
-step records (at the record level asked for), the page-table snapshots and the profiler of
-record="full", and the clock every record is timed on. With record="off" and no hooks, each
-call is a membership test and a return.
+"schedule.end"), with plain values: step indices, batches, ledgers, counts; at a step's start and
+end always, inside it only while the probe asks to (`inside`: record="full", or a hook on a point
+inside a step). The probe owns what follows from them: the hook events (built only when someone
+listens), the run's history (at the record level asked for), the page-table snapshots and the
+profiler of record="full".
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import validate as V
+from ..clocks import RunClock
 from ..config import RECORD_LEVELS
 from ..core import Admissions, Batch, Req, ReqView
 from ..history.history import History
-from ..history.record import StepRecord, build_record
-from ..profiling import StepEvents, event_cost_us, host_events_by_step
+from ..profiling import StepEvents
 from ..scheduler.observer import Observer
+from ..scheduler.record import StepRecord
 from . import events as ev
 from .hooks import HookRegistry
 from .other_ranks import OtherRanks
 from .pages import PageSnapshots
-from .profiler import ProfilerSession, assign_to_steps, gc_paused
+from .profiler import ProfilerSession, SessionEvents
 from .window import ChosenSteps, StepView, profile_window
 
 if TYPE_CHECKING:
+    from ..engine.engine import Launch
     from ..history.roofline import StepCost
     from ..kvcache.table import TableManager
-    from ..scheduler.outcome import Occupancy, StepOutcome
-
-_NULL = contextlib.nullcontext()
+    from ..scheduler.record import Occupancy
 
 
 class Probe(Observer):
@@ -63,52 +61,48 @@ class Probe(Observer):
         self.hooks = hooks if hooks is not None else HookRegistry()
         self.device = torch.device(device)
         self.cost = cost
-        self.history = History(self.cost, before_tables=self.read_events)
-        super().__init__()  # the clock
-        self._session: ProfilerSession | None = None
-        self._pages = PageSnapshots()
-        # while a session runs: where each step's launch and collect began (the profiler's
-        # events are given to steps by them), and each profiled step's record's event list
-        self._marks: list[tuple[float, int, str]] = []  # seconds, step, "launch" | "collect"
-        self._early: dict[int, list] = {}  # events of a batch launched before a session ended
-        self._pending: dict[int, list] = {}
-        self._start_ms: dict[int, float] = {}  # a session's start in the step it chose
-        self._chosen = ChosenSteps(self.window)  # the steps it chose this run
-        # ended sessions not read yet: (read, marks, step -> the list its events go in)
-        self._unread: list[tuple[Callable[[], list], list, dict[int, list]]] = []
+        self.clock = RunClock()  # the scheduler's, once one is built on this probe
         self.ranks = OtherRanks()  # tensor parallelism: what ranks 1.. report (set by LLM)
-        self._last_batch: Batch | None = None  # the batch recorded last (`build_record`)
         self.meta: dict = {}  # what each history says of the run's setup (`LLM.run_meta`)
+        self.profiling = False  # a profiler session runs
+        self._session: ProfilerSession | None = None
+        self.restart()
+        self.hooks.on_change = self.listen
+        self.listen()
+
+    def listen(self) -> None:
+        """What the scheduler tells this probe: a step's inside (hook points, profiler marks)
+        with record="full" or a hook on a point inside a step; its end with a record level or
+        a "step.end" hook."""
+        self.inside = self.record == "full" or self.hooks.inside
+        self.at_end = self.record != "off" or self.hooks.at_end
 
     def like(self, record: str, profile_steps) -> Probe:
         """A probe for the same engine with another record level and profile window (the
         same hooks, device and roofline; `LLM.reconfigure`)."""
         probe = Probe(record, self.hooks, self.device, profile_steps, cost=self.cost)
         probe.ranks, probe.meta = self.ranks.like(), self.meta
+        probe.restart()
         return probe
 
     def restart(self) -> None:
-        """A new run: an empty history and the clock from zero; the hooks stay."""
+        """A new run: an empty history; the hooks stay."""
         if self._session is not None:
             self._session.discard()
-        self.read_events()  # the old history's, for whoever still holds it
-        self._marks, self._pending, self._early, self._start_ms = [], {}, {}, {}
-        self._last_batch = None
-        self.ranks.restart()
-        self._chosen = ChosenSteps(self.window)
+            self.profiling = self.ranks.session_running = False
+        if getattr(self, "history", None) is not None:
+            self.history.fill_in()  # the old history's, for whoever still holds it
+        self._marks: list[tuple[float, int, str]] = []  # seconds, step, "launch" | "collect"
+        # while a session runs: where each step's launch and collect began (the profiler's
+        # events are given to steps by them), and each profiled step's record's event list
+        self._early: dict[int, list] = {}  # events of a batch launched before a session ended
+        self._pending: dict[int, list] = {}
+        self._start_ms: dict[int, float] = {}  # a session's start in the step it chose
+        self._chosen = ChosenSteps(self.window)  # the steps it chose this run
         self._pages = PageSnapshots()
-        self.history = History(self.cost, before_tables=self.read_events)
+        self.ranks.restart()
+        self.history = History(self.cost, self.ranks if self.ranks.present else None)
         self.history.meta.update(self.meta)
-        super().restart()  # the clock from zero
-
-    def range(self, name: str):
-        """A profiler range named after the hook point that fires at its end (while a
-        profiler session runs: record="full", a step the window chose)."""
-        return torch.profiler.record_function(name) if self._running else _NULL
-
-    @property
-    def _running(self) -> bool:
-        return self._session is not None and self._session.running
 
     def before_step(self, index: int) -> None:
         """Before the scheduler step that launches batch `index`: with record="full", start a
@@ -119,14 +113,15 @@ class Probe(Observer):
         wanted = self._chosen.wanted_at(index)  # None: a predicate's, once it is scheduled
         if wanted:
             self._start()
-        elif wanted is False and self._running:
+        elif wanted is False and self.profiling:
             self.flush()
 
     def _start(self) -> None:
         if self._session is None:
-            self._session = ProfilerSession(self.clock, self.device)
+            self._session = ProfilerSession(self.clock.now, self.device)
         if not self._session.running:
             self._session.start()
+        self.profiling = self.ranks.session_running = True
 
     def _choose(self, step: int, batch: Batch | None, occupancy) -> None:
         """The window's choice of the batch just scheduled: the session started for it, or
@@ -134,20 +129,20 @@ class Probe(Observer):
         chosen = batch is not None and self._chosen.choose(
             step, lambda: StepView.of(step, batch, occupancy()), self.hooks.defer
         )
-        if chosen and not self._running:  # NOTE: a start inside the step: its host time
+        if chosen and not self.profiling:  # NOTE: a start inside the step: its host time
             self._start()
             self._start_ms[step] = self._session.start_ms
-        elif not chosen and self._running and not self._chosen.awaiting:
+        elif not chosen and self.profiling and not self._chosen.awaiting:
             self.flush()
 
     def flush(self) -> None:
         """End the profiler session, if one runs. Its events are read and given to the steps
-        it covered (their records and the history's events table) when first looked for
-        (`read_events`: the history's tables, `wb.step()`), not here: reading a long run's
-        hundreds of thousands of kernels takes seconds of Python. The workbench calls this at
-        the end of every `step`, `run` and `generate`; events are not known before."""
-        if self._session is None or not self._session.running:
+        it covered (their records and the history's events table) when the history is read
+        (`History.fill_in`), not here: reading a long run's hundreds of thousands of kernels
+        takes seconds of Python."""
+        if not self.profiling:
             return
+        self.profiling = self.ranks.session_running = False
         marks, self._marks = self._marks, []
         lists, self._pending = self._pending, {}
         # a batch launched in this session and still in flight (overlap, stepping by hand):
@@ -156,28 +151,8 @@ class Probe(Observer):
         for _, step, kind in marks:
             if kind == "launch" and step in self._chosen.awaiting and step not in lists:
                 lists[step] = self._early[step] = StepEvents()
-        self._unread.append((self._session.stop(), marks, lists))
-
-    def read_events(self) -> None:
-        """Read the ended profiler sessions' events into the steps they belong to (and, with
-        tensor parallelism, the other ranks' device times of the steps recorded since and,
-        while no session runs, their events of the profiled ones: `OtherRanks`)."""
-        if self.ranks.read_times():
-            self.history.rank_times_changed()
-        unread, self._unread = self._unread, []
-        with gc_paused():
-            cost_ms = event_cost_us(self.device) / 1e3
-            for read, marks, lists in unread:
-                capture = read()
-                for step, assigned in assign_to_steps(capture.events, marks).items():
-                    if step in lists:
-                        lists[step].extend(assigned)
-                for step, count in host_events_by_step(capture.host_us, marks).items():
-                    if step in lists:
-                        lists[step].profiler_ms = count * cost_ms + self._start_ms.pop(step, 0.0)
-        placed = not self._running and self.ranks.read_events()
-        if unread or placed:
-            self.history.events_changed()
+        read = self._session.stop()
+        self.history.sessions.append(SessionEvents(read, marks, lists, self._start_ms, self.device))
 
     # -- hook points, in the order they fire ----------------------------------------------
     def request_arrive(
@@ -186,10 +161,9 @@ class Probe(Observer):
         uid: int,
         prompt_len: int,
         max_tokens: int,
-        seconds: float | None = None,
+        seconds: float,
         source: str = "python",
     ) -> None:
-        seconds = self.clock() if seconds is None else seconds
         self.history.arrive(uid, step, seconds, prompt_len, max_tokens, source)
         if "request.arrive" in self.hooks:
             event = ev.RequestArrive(step, uid, prompt_len, max_tokens, source)
@@ -218,12 +192,12 @@ class Probe(Observer):
         to run is a window of no step for the profiler)."""
         # NOTE: the launch's mark before the choice (a session it ends covers the launch),
         # and after it too when the choice starts one
-        mark, marked = (started, -1 if batch is None else step, "launch"), self._running
+        mark, marked = (started, -1 if batch is None else step, "launch"), self.profiling
         if marked:
             self._marks.append(mark)
         if self.record == "full" and self.profiles:
             self._choose(step, batch, occupancy)
-        if self._running and not marked:
+        if self.profiling and not marked:
             self._marks.append(mark)
         hooks = self.hooks
         if "admit" in hooks and batch is not None:
@@ -254,25 +228,25 @@ class Probe(Observer):
             self.hooks.emit("cache.evict", ev.CacheEvict(step, requested, freed))
 
     def batch_prepared(
-        self, step: int, batch: Batch, new_pages: int, table: TableManager
+        self, step: int, batch: Batch, new_pages: int, table: TableManager, launch: Launch
     ) -> dict[int, tuple] | None:
-        """Fires "batch.prepared"; with record="full", returns what the batch's page-table rows
-        gained as slot runs (`PageSnapshots`), taken now: with overlap they change before the
-        batch is collected."""
+        """Fires "batch.prepared" and "forward.begin"; with record="full", returns what the
+        batch's page-table rows gained as slot runs (`PageSnapshots`), taken now: with overlap
+        they change before the batch is collected."""
         page_rows = None
         if self.record == "full":
             page_rows = self._pages.take(table, batch.launched_views(), step)
-        if "batch.prepared" in self.hooks:
+        hooks = self.hooks
+        if "batch.prepared" in hooks:
             rows = batch.launched_views()
             num_tokens = sum(r.extend_len for r in rows)
             event = ev.BatchPrepared(step, batch.phase, tuple(rows), num_tokens, new_pages)
-            self.hooks.emit("batch.prepared", event)
-        return page_rows
-
-    def forward_begin(self, step: int, batch: Batch, graph: bool) -> None:
-        if "forward.begin" in self.hooks:
+            hooks.emit("batch.prepared", event)
+        if "forward.begin" in hooks:
             n, bs = sum(r.extend_len for r in batch.launched_views()), batch.size
-            self.hooks.emit("forward.begin", ev.ForwardBegin(step, batch.phase, bs, n, graph))
+            event = ev.ForwardBegin(step, batch.phase, bs, n, launch.cuda_graph)
+            hooks.emit("forward.begin", event)
+        return page_rows
 
     def forward_end(self, step: int, batch: Batch) -> None:
         if "forward.end" in self.hooks:
@@ -280,61 +254,44 @@ class Probe(Observer):
 
     def sample_end(self, step: int, batch: Batch, tokens: list[int], started: float) -> None:
         """`started`: when the collect began (where the profiler's events of it begin)."""
-        if self._running:
+        if self.profiling:
             self._marks.append((started, step, "collect"))
         if "sample.end" in self.hooks:
             uids = tuple(r.uid for r in batch.sampled_reqs)
             self.hooks.emit("sample.end", ev.SampleEnd(step, uids, tuple(tokens)))
 
-    def request_finish(self, step: int, req: Req, between_steps: bool = False) -> None:
+    def request_finish(
+        self, step: int, req: Req, between_steps: bool = False, seconds: float = 0.0
+    ) -> None:
         """A request ended. `between_steps`: not by a token of a step's record (an abort, or
-        its step failed), so the history is told here."""
+        its step failed, at `seconds`), so the history is told here."""
         if between_steps:
-            self.history.abort(req.uid, step, self.clock(), req.finish_reason)
+            self.history.abort(req.uid, step, seconds, req.finish_reason)
         if "request.finish" in self.hooks:
             event = ev.RequestFinish(
                 step, req.uid, req.finish_reason, req.prompt_len, req.cached_tokens, req.output_len
             )
             self.hooks.emit("request.finish", event)
 
-    def times_device(self) -> bool:
-        return self.record != "off" or "step.end" in self.hooks
-
-    def step_end(
-        self, outcome: StepOutcome, occupancy: Callable[[], Occupancy]
-    ) -> StepRecord | None:
+    def step_end(self, record: StepRecord) -> None:
         """The step's record, kept in the history (record="light" or "full") and handed to
-        "step.end"; None when neither wants it. `occupancy` is called only for a record."""
-        if not self.times_device():
-            return None
-        began, clock = time.perf_counter(), outcome.launched.clock
-        clock.enter("record")
-        profiled = self._chosen.recorded(outcome.index) and self._running
-        # its launch's events, when an earlier session saw it (overlap, stepping by hand)
-        early = self._early.pop(outcome.index, None) if self._early else None
-        # filled when the events are read
-        events = (early if early is not None else StepEvents()) if profiled else None
-        with self.range("step.end"):
-            device = outcome.launched.device
-            ranks = rank_events = None  # filled when the history is read
-            if device.tp_size > 1 and self.ranks.present:
-                ranks = self.ranks.times_of(device.launch)
-                if profiled:  # the other ranks' events, and their clocks' offsets
-                    rank_events = self.ranks.events_of(device.launch, events)
-            record = self.build_record(outcome, occupancy(), events, ranks, began, rank_events)
-            self._last_batch = outcome.batch
-            if self.record != "off":
-                self.history.append(record)
-        if "step.end" in self.hooks:
-            self.hooks.emit("step.end", record)
+        "step.end"."""
+        step = record.step
+        profiled = self._chosen.recorded(step) and self.profiling
         if profiled:
-            self._pending[outcome.index] = events
-        return record
-
-    def build_record(
-        self, outcome, occupancy, events, ranks, began: float, rank_events=None
-    ) -> StepRecord:
-        """The step's record (`history.record.build_record`); `rank_events`: lists for the
-        other ranks' events and clock offsets (`OtherRanks.events_of`)."""
-        last = self._last_batch
-        return build_record(outcome, occupancy, events, ranks, began, last, None, rank_events)
+            # its launch's events, when an earlier session saw it (overlap, stepping by hand);
+            # filled when the events are read
+            early = self._early.pop(step, None) if self._early else None
+            record.events = early if early is not None else StepEvents()
+            self._pending[step] = record.events
+        if record.tp_size > 1 and self.ranks.present:
+            launch = record.launch.index
+            record.rank_device_ms = self.ranks.times_of(launch)  # filled when read
+            if profiled:  # the other ranks' events, and their clocks' offsets
+                record.rank_events, record.rank_clock_ms = self.ranks.events_of(
+                    launch, record.events
+                )
+        if self.record != "off":
+            self.history.append(record.complete())
+        if "step.end" in self.hooks:
+            self.hooks.emit("step.end", record.complete())

@@ -23,7 +23,7 @@ from .. import validate as V
 
 if TYPE_CHECKING:
     from ..core import Batch
-    from ..scheduler.outcome import Occupancy
+    from ..scheduler.record import Occupancy
 
 KEEP: Any = object()  # `with_` and `reconfigure`: keep the current value
 

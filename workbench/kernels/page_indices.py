@@ -1,15 +1,8 @@
 """Each request's KV page ids, gathered from the page table into one flat list: a Triton kernel.
 
-FlashInfer reads a batch's KV pages as one list (`indices`), request after request, with
-`indptr` saying where each request's pages begin. Our page table is token-granular, so page
-``p`` of the request in ``row`` is ``page_table[row, p * page_size] // page_size``. Gathering
-them took seven torch operations per step (a repeat, two aranges, an index, a division and
-their copies): about 0.1 ms of host time a decode step. This kernel does it in one launch, reads
-`rows` and `indptr` from the device, and has a fixed grid (one program per request), so a
-decode step's CUDA graph captures it: a replay gathers the pages itself, at no host cost.
-
-The torch version stays the reference (`page_indices_reference`), and the tests compare them.
-"""
+FlashInfer reads a batch's pages as one list (`indices`, split by `indptr`); with a token-granular
+page table, page ``p`` of ``row`` is ``page_table[row, p * page_size] // page_size``. One launch
+with a fixed grid that reads `rows` and `indptr` on the device, so a decode graph captures it."""
 
 from __future__ import annotations
 

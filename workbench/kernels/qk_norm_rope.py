@@ -1,17 +1,9 @@
 """From the QKV projection to attention's inputs in one launch: q/k norm, RoPE, KV store.
 
-Per layer the eager path runs seven small kernels on a decode batch: two copies (q and k are
-strided views of the projection), the q and k RMSNorms, RoPE, and the K and V stores into the
-pool; each takes 2 to 6 us at batch 256, and inside a CUDA graph every launch also leaves a gap.
-This kernel does them all: one program per token reads its row of the projection, normalises
-each q and k head (Qwen3; skipped when the model has no q/k norm), rotates both with the
-rotate-half convention from the float32 cos/sin tables, writes q, and writes k and v into the
-pool at the token's slot. The arithmetic stays in float32 until the stores (the eager path
-rounds to bf16 between the steps, so results differ by bf16 rounding).
-
-FlashInfer has a kernel of this kind (`cake_fused_qk_rmsnorm_rope_append_paged_kv_cache`), but
-only for (8, 1) and (64, 8) query and KV heads; Qwen3-0.6B has (16, 8).
-"""
+It replaces seven small eager kernels per layer (copies of the strided q and k, two norms, RoPE,
+the K and V stores), each a launch and, in a CUDA graph, a gap. One program per token, in float32
+until the stores (the eager path rounds to bf16 between steps: results differ by that rounding).
+FlashInfer's such kernel covers only (8, 1) and (64, 8) q/KV heads; Qwen3-0.6B has (16, 8)."""
 
 from __future__ import annotations
 

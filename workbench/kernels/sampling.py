@@ -1,17 +1,9 @@
 """Temperature sampling in one pass over the logits: a Triton kernel for the GPU.
 
-The torch sampler makes several passes over a [batch, vocab] float32 tensor (divide, draw the
-noise, its log, subtract, argmax): at batch 256 and Qwen3's 152k vocabulary, 0.5 ms of each
-decode step on the H200. This kernel reads the logits once, in their own dtype, and draws the
-same exponential race, ``argmax(logits / T - log E)`` with ``E = -log U``, with Philox noise
-made in registers (one Philox call per four columns). Each row has its own 63-bit key, and a
-column's noise depends only on that key and the column, so a row's draw does not depend on the
-rest of the batch: a seeded request gets the same tokens in any batch. Greedy rows
-(temperature 0) take the plain argmax.
-
-Each program reduces one segment of one row to its best (value, column); a small torch argmax
-over the segments finishes.
-"""
+Unlike the torch sampler's several float32 passes, it reads the logits once, in their dtype, and
+draws the same race ``argmax(logits / T - log E)``, ``E = -log U``, with Philox noise that depends
+only on the row's key and the column: a seeded request gets the same tokens in any batch. Each
+program reduces a segment of a row; a torch argmax over the segments finishes."""
 
 from __future__ import annotations
 
@@ -19,10 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-# NOTE: tuned on the H200 at batch 256 x 152k (`python benchmarks/kernels.py`): 172 us,
-# against 241 us for (1024, 8192, 4 warps) and 637 us for the worst of 12 tilings tried.
+# tuned at batch 256 x 152k (`python benchmarks/kernels.py`)
 BLOCK = 2048
-SEGMENT = 8192  # columns per program: 19 segments per row for a 152k vocabulary
+SEGMENT = 8192  # columns per program
 NUM_WARPS = 8
 
 

@@ -6,7 +6,6 @@ from ..registry import create
 from .base import CacheHandle, MatchResult, PrefixCache
 from .pool import KVPool
 
-# name -> "module:Class"
 CACHES = {
     "naive": "workbench.kvcache.naive:NaiveCache",
     "radix": "workbench.kvcache.radix:RadixCache",

@@ -1,5 +1,4 @@
-"""The prefix-cache interface: match a prompt against cached KV, lock what a request uses,
-take ownership of KV when a request is done with it, and give space back by eviction."""
+"""The prefix-cache interface: match, lock what a request uses, take its KV, evict."""
 
 from __future__ import annotations
 
@@ -41,28 +40,20 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def insert(self, token_ids: list[int], slots: np.ndarray) -> int:
-        """Offer the KV of `token_ids` (a whole number of pages) to the cache.
-
-        Returns the length of the leading part the cache did *not* take because it already holds
-        KV for those tokens (the naive cache takes nothing, so it returns ``len(token_ids)``).
-        The caller owns ``slots[handle.cached_len : returned]`` and frees them when nothing else
-        points at them.
-        """
+        """Offer the KV of `token_ids` (whole pages) to the cache. Returns how many leading tokens
+        it did *not* take because it holds KV for them already (the naive cache: all); the caller
+        owns ``slots[handle.cached_len : returned]`` and frees them when nothing else uses them."""
 
     @abstractmethod
     def evict(self, num_tokens: int) -> np.ndarray:
-        """Drop at least `num_tokens` of unlocked KV (fewer if not that many are evictable);
-        returns the freed slots, for the caller to put back on the free list."""
+        """Drop at least `num_tokens` of unlocked KV (fewer if not evictable); the freed slots."""
 
     @property
     @abstractmethod
     def size(self) -> int:
         """Tokens held (locked or not)."""
 
-    @property
-    @abstractmethod
-    def evictable_size(self) -> int:
-        """Tokens held and not locked by any request."""
+    evictable_size: int = 0  # tokens held and not locked by any request (kept up to date)
 
     @abstractmethod
     def slots(self) -> np.ndarray:

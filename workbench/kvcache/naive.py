@@ -31,9 +31,5 @@ class NaiveCache(PrefixCache):
     def size(self) -> int:
         return 0
 
-    @property
-    def evictable_size(self) -> int:
-        return 0
-
     def slots(self) -> np.ndarray:
         return _EMPTY

@@ -44,9 +44,8 @@ class KVPool:
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed buffer. On the CPU from the C library's zeroed allocation: a large one is pages
-    the kernel zeroes when first written, so a pool sized from memory that a run barely uses
-    costs neither the time to zero it (0.6 s for SmolLM2's 1 GiB) nor the memory."""
+    """A zeroed buffer; on the CPU a zeroed allocation, whose pages the OS zeroes when first
+    written, so a large pool that a run barely uses costs neither the time to zero it nor memory."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()

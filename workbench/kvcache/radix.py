@@ -1,11 +1,7 @@
 """The radix prefix cache: a tree keyed by token ids (whole pages), ref-counted locks, LRU eviction.
 
-Every node holds a run of tokens and the KV slots that hold them; the path from the root to a node
-spells a cached prefix. A request locks the path it uses (``ref_count`` on every node up to the
-root), so a locked node's ancestors are locked too: the unlocked nodes form whole subtrees, all of
-which can be evicted leaf first. Sizes are kept incrementally: ``evictable_size`` is the tokens of
-unlocked nodes, ``protected_size`` those of locked ones.
-"""
+A request locks its path up to the root (``ref_count``), so a locked node's ancestors are locked
+too: the unlocked nodes form whole subtrees, evictable leaf first. Sizes are kept incrementally."""
 
 from __future__ import annotations
 
@@ -55,10 +51,9 @@ class RadixCache(PrefixCache):
         self.root = RadixNode(_EMPTY, _EMPTY, None)
         self.root.ref_count = 1  # never evicted
         self._clock = itertools.count(1)
-        self._evictable = 0
+        self.evictable_size = 0
         self._protected = 0
 
-    # -- lookup -----------------------------------------------------------------------------
     def _child_key(self, ids: np.ndarray) -> tuple[int, ...]:
         return tuple(ids[: self.page_size].tolist())
 
@@ -70,8 +65,7 @@ class RadixCache(PrefixCache):
         return common // self.page_size * self.page_size
 
     def _walk(self, ids: np.ndarray) -> tuple[RadixNode, int]:
-        """Follow `ids` down the tree, splitting a node where the match ends inside it.
-        Returns the deepest node matched and how many tokens matched."""
+        """The deepest node `ids` matches and the tokens matched; splits where a match ends."""
         node, pos, now = self.root, 0, next(self._clock)
         node.last_access = now
         while len(ids) - pos >= self.page_size:
@@ -108,12 +102,11 @@ class RadixCache(PrefixCache):
         assert len(slots) == length
         return slots
 
-    # -- locks ------------------------------------------------------------------------------
     def lock(self, handle: CacheHandle) -> None:
         node = handle.node
         while node is not self.root:
             if node.ref_count == 0:
-                self._evictable -= len(node.key)
+                self.evictable_size -= len(node.key)
                 self._protected += len(node.key)
             node.ref_count += 1
             node = node.parent
@@ -125,10 +118,9 @@ class RadixCache(PrefixCache):
             node.ref_count -= 1
             if node.ref_count == 0:
                 self._protected -= len(node.key)
-                self._evictable += len(node.key)
+                self.evictable_size += len(node.key)
             node = node.parent
 
-    # -- insert and evict -------------------------------------------------------------------
     def insert(self, token_ids: list[int], slots: np.ndarray) -> int:
         ids = np.asarray(token_ids, dtype=np.int32)
         assert len(ids) == len(slots) and len(ids) % self.page_size == 0
@@ -138,7 +130,7 @@ class RadixCache(PrefixCache):
             leaf = RadixNode(ids[matched:].copy(), value, node)
             leaf.last_access = next(self._clock)
             node.children[self._child_key(leaf.key)] = leaf
-            self._evictable += len(leaf.key)
+            self.evictable_size += len(leaf.key)
         return matched
 
     def evict(self, num_tokens: int) -> np.ndarray:
@@ -154,12 +146,11 @@ class RadixCache(PrefixCache):
             del parent.children[self._child_key(node.key)]
             freed.append(node.value)
             count += len(node.value)
-            self._evictable -= len(node.key)
+            self.evictable_size -= len(node.key)
             if parent is not self.root and parent.is_leaf and parent.ref_count == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return np.concatenate(freed) if freed else _EMPTY
 
-    # -- sizes and checks -------------------------------------------------------------------
     def _nodes(self) -> list[RadixNode]:
         out, stack = [], [self.root]
         while stack:
@@ -171,11 +162,7 @@ class RadixCache(PrefixCache):
 
     @property
     def size(self) -> int:
-        return self._evictable + self._protected
-
-    @property
-    def evictable_size(self) -> int:
-        return self._evictable
+        return self.evictable_size + self._protected
 
     @property
     def protected_size(self) -> int:
@@ -198,7 +185,7 @@ class RadixCache(PrefixCache):
                 evictable += len(node.key)
             else:
                 protected += len(node.key)
-        assert (evictable, protected) == (self._evictable, self._protected), (
+        assert (evictable, protected) == (self.evictable_size, self._protected), (
             f"sizes drifted: counted {evictable} evictable, {protected} protected; "
-            f"kept {self._evictable}, {self._protected}"
+            f"kept {self.evictable_size}, {self._protected}"
         )

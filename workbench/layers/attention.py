@@ -1,8 +1,7 @@
 """The attention layer: merged QKV projection, optional q/k norm, RoPE, backend, output proj.
 
-Tensor-parallel (Megatron): each rank holds num_heads / size query heads and num_kv_heads / size
-KV heads (q/k/v column-parallel), attends over them alone, and o_proj (row-parallel) sums the
-ranks' outputs. Everything after qkv_proj, the KV pool included, sees the local head counts."""
+Tensor-parallel: each rank attends over 1/size of the query and KV heads and o_proj sums the
+ranks' outputs; everything after qkv_proj, the KV pool included, sees the local head counts."""
 
 from __future__ import annotations
 
@@ -35,7 +34,6 @@ class AttentionLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
-        # this rank's heads: what the kernels, the backend and the KV pool see
         self.num_heads = split(num_heads, tp, "num_heads")
         self.num_kv_heads = split(num_kv_heads, tp, "num_kv_heads")
         self.head_dim = head_dim

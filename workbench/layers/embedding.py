@@ -1,8 +1,5 @@
-"""Token embedding and the LM head (which may share the embedding's weight), vocabulary-parallel.
-
-With tensor parallelism each rank holds a contiguous slice of the vocabulary, padded up to a
-multiple of the group size (padding rows are zero). With one rank both are the plain layers.
-"""
+"""Token embedding and LM head (which may share its weight), vocabulary-parallel: each rank holds
+a contiguous slice of the vocabulary, padded to a multiple of the group size with zero rows."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Gated MLP with the gate and up projections merged into one matmul.
-
-Tensor-parallel (Megatron): gate/up column-parallel, down row-parallel with one all-reduce."""
+"""Gated MLP with gate and up merged; tensor-parallel: gate/up column-, down row-parallel."""
 
 from __future__ import annotations
 

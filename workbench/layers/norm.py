@@ -1,8 +1,5 @@
-"""RMSNorm, optionally fused with the residual add that precedes it.
-
-The torch path computes in float32 as Hugging Face does, so outputs match it bit for bit on CPU.
-With `fused` set (CUDA), FlashInfer's kernels do the same work in one launch each.
-"""
+"""RMSNorm, optionally fused with the residual add before it. The torch path computes in float32
+as Hugging Face does, so on the CPU its outputs match Hugging Face's bit for bit."""
 
 from __future__ import annotations
 

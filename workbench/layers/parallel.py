@@ -1,12 +1,6 @@
-"""Megatron-style tensor-parallel linear layers.
-
-A column-parallel layer splits its outputs over the ranks and needs no communication; the
-row-parallel layer after it splits its inputs the same way and sums the partial outputs with
-one all-reduce. With one rank both are the plain `nn.Linear` they subclass: the same parameters,
-the same single matmul.
-
-Each has `load_shard(attr, full, part)`: copy this rank's share of a full (one-rank) weight.
-"""
+"""Megatron-style tensor-parallel linear layers: a column-parallel layer splits its outputs over
+the ranks, the row-parallel one after it splits its inputs and sums the partial outputs with one
+all-reduce. With one rank both are the plain `nn.Linear` they subclass."""
 
 from __future__ import annotations
 
@@ -20,9 +14,8 @@ from ..distributed import SINGLE, TPGroup
 
 
 class Unfilled:
-    """A layer whose parameters start empty: `models.weights` fills every one (a checkpoint,
-    seeded dummy weights or the planted model), so `nn`'s default initialisation, drawn first,
-    was only time (0.8 s of SmolLM2's 2 s build on the CPU)."""
+    """A layer whose parameters start empty: `models.weights` fills every one, so `nn`'s default
+    initialisation would only cost time."""
 
     def reset_parameters(self) -> None:
         pass
@@ -36,8 +29,7 @@ def split(total: int, tp: TPGroup, what: str) -> int:
 
 
 class ColumnParallelLinear(Unfilled, nn.Linear):
-    """Outputs made of parts (q | k | v, or gate | up), each split evenly over the ranks: rank
-    r holds slice r of every part, so its output is again the parts, each 1/size as wide."""
+    """Outputs made of parts (q | k | v, gate | up), each split evenly: rank r holds slice r."""
 
     def __init__(
         self,
@@ -64,8 +56,7 @@ class ColumnParallelLinear(Unfilled, nn.Linear):
 
 
 class RowParallelLinear(Unfilled, nn.Linear):
-    """Inputs split over the ranks (the sharded output of a column-parallel layer); the partial
-    products are summed by one all-reduce, then the bias is added once."""
+    """Inputs split over the ranks; one all-reduce sums the partial products, then bias is added."""
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE

@@ -46,7 +46,7 @@ class Rotary(nn.Module):
         if self.fused and q.numel() > 0:  # NOTE: FlashInfer's kernels fail on zero rows
             from flashinfer.rope import apply_rope_with_cos_sin_cache_inplace
 
-            if not hasattr(self, "cos_sin"):  # [positions, head_dim]: cos half, then sin half
+            if not hasattr(self, "cos_sin"):
                 half = self.head_dim // 2
                 self.cos_sin = torch.cat([self.cos[:, :half], self.sin[:, :half]], -1)
             n = q.shape[0]

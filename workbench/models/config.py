@@ -27,8 +27,7 @@ class ModelConfig:
     qkv_bias: bool  # Qwen2
     qk_norm: bool  # Qwen3
     eos_token_ids: tuple[int, ...]
-    # how a model without weight files is filled: "normal" (seeded random) or "induction"
-    # (planted circuits, models/induction.py); the config's "workbench_init" key
+    # the config's "workbench_init": "normal" (seeded random) or "induction" (models/induction.py)
     dummy_init: str = "normal"
 
     @classmethod
@@ -36,7 +35,7 @@ class ModelConfig:
         arch = (raw.get("architectures") or ["?"])[0]
         if arch not in ARCHITECTURES:
             raise ValueError(f"unsupported architecture {arch!r}; supported: {ARCHITECTURES}")
-        # NOTE: transformers 5 keeps theta and scaling under rope_parameters; 4.x at the top level.
+        # transformers 5 keeps theta and scaling under rope_parameters, 4.x at the top level
         rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
         theta = rope.pop("rope_theta", None) or raw.get("rope_theta") or 10000.0
         if rope.get("rope_type", rope.get("type", "default")) == "default":

@@ -1,11 +1,7 @@
 """One decoder for Llama (SmolLM2), Qwen2 (attention bias) and Qwen3 (q/k norm).
 
 The forward takes a flat batch: every token of every request on one axis, with its absolute
-position; attention reads each request's earlier tokens from the KV pool through the context.
-
-With tensor parallelism (`tp`, Megatron-style) each rank holds a share of every layer's heads,
-intermediate size and vocabulary; the ranks run the same forward and all return full logits.
-"""
+position; attention reads each request's earlier tokens from the KV pool through the context."""
 
 from __future__ import annotations
 
@@ -96,23 +92,20 @@ class Decoder(nn.Module):
         ctx: ForwardContext,
         sample_idx: torch.Tensor,
     ) -> torch.Tensor:
-        """Logits for the rows `sample_idx` of the flat batch, in the model's dtype (the samplers
-        read bf16 directly: a float32 copy of [256, 152k] logits costs a pass of 155 MB)."""
+        """Logits of the rows `sample_idx`, in the model's dtype (samplers need no float32 copy)."""
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             x, residual = layer(x, residual, positions, ctx)
         if sample_idx.shape[0] == 0:
-            # NOTE: a batch of prompt chunks alone samples nothing; fused kernels (FlashInfer's
-            # add-norm) fail on zero rows, so the last norm and the LM head are skipped.
+            # NOTE: fused kernels fail on zero rows, and a batch of prompt chunks samples nothing
             return x.new_empty((0, self.model_cfg.vocab_size))
-        # NOTE: the last add, norm and LM head only where a token is sampled (all per-position).
+        # the last add, norm and LM head are per position: only rows that sample need them
         x, _ = self.norm(x[sample_idx], residual[sample_idx])
         return self.lm_head(x)
 
     def use_fused_kernels(self, on: bool, rope: bool = False) -> None:
-        """Switch norms, rope and SiLU-and-mul to FlashInfer's fused CUDA kernels (or back);
-        `rope`: q/k norm, RoPE and the KV store in one Triton kernel instead (for head sizes
-        that are a power of two)."""
+        """Switch norms, rope and SiLU-and-mul to FlashInfer's fused CUDA kernels (or back); `rope`:
+        q/k norm, RoPE and the KV store in one Triton kernel instead (head sizes a power of two)."""
         d = self.model_cfg.head_dim
         rope = rope and d >= 16 and d & (d - 1) == 0
         for module in self.modules():

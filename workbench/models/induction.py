@@ -1,28 +1,17 @@
 """Seeded weights with two planted attention circuits: a model whose greedy output is known.
 
-Random weights in bf16 give flat logits: near-ties everywhere, so two correct settings of the
-engine (another chunk size, page size or policy) part ways after a few tokens and a token
-comparison proves nothing. A wider random init does not help (measured on the CPU with
-Qwen3-0.6B's shapes: the top-two logit gap stays near 0.2 standard deviations, and bf16
-against float32 agreed on 3 of 12 greedy answers). This model has peaked logits by construction
-and still depends on the whole context, through the KV cache:
+Random bf16 weights give near-tied logits, so two correct engine settings part ways after a few
+tokens and comparing tokens proves nothing. Here the logits are peaked by construction and still
+depend on the whole context, through the KV cache:
 
-- layer 0, every head: a *previous-token* head. q and k are constants (a constant dimension of
-  every embedding, through q/k norm), placed on the fastest RoPE pairs with k rotated one
-  position ahead, so the score peaks at distance one (every other distance is at least 30 lower,
-  checked up to 40,960 positions). Its values copy the token's embedding into a second subspace.
-- layer 1, every head: an *induction* head. q is a random projection of the current token, k the
-  same projection of the previous token written by layer 0, on the slowest RoPE pairs (nearly
-  position-free up to 8,192 tokens): position ``s`` matches when token ``s - 1`` equals the current
-  token, and the head copies token ``s``, three times stronger than the current token itself.
-- the MLPs and any further layers are seeded random (std 0.02), as in `init_dummy`.
+- layer 0: *previous-token* heads. Constant q and k on the fastest RoPE pairs, k rotated one
+  position ahead, so the score peaks at distance one; values copy the token into a second subspace.
+- layer 1: *induction* heads. q projects the current token and k the previous one (from layer 0),
+  on the slowest RoPE pairs: position ``s`` matches when token ``s - 1`` is the current token,
+  and the head copies token ``s``, stronger than the current token itself.
 
-So after ``A B C D A B C D A B``, greedy decoding continues ``C D A B ...``: the answer is known
-without a reference, every token reads keys written a whole period earlier (other pages, other
-chunks, a prefix shared through the radix cache), and the winning logit leads by hundreds of
-bf16 rounding errors. Prompts must repeat a pattern of distinct tokens at least once before
-their last token; a token with no earlier occurrence gets an arbitrary answer.
-"""
+So after ``A B C D A B C D A B`` greedy decoding continues ``C D A B ...``. The MLPs and any
+further layers are seeded random, as in `init_dummy`."""
 
 from __future__ import annotations
 
@@ -35,9 +24,9 @@ import torch
 
 from .decoder import Decoder, full_shapes
 
-PREV_PAIRS = 12  # fastest RoPE pairs for the previous-token score
-MATCH_PAIRS = 16  # slowest RoPE pairs for the induction match
-NORM_GAIN = 5.0  # q/k norm weight on the pairs used: scores of about 280 at a match
+PREV_PAIRS = 12
+MATCH_PAIRS = 16
+NORM_GAIN = 5.0  # q/k norm weight on the pairs used
 COPY_GAIN = 3.0  # the copied token against the current one, in the residual stream
 
 
@@ -58,8 +47,8 @@ def planted_layout(hidden: int, heads: int, kv_heads: int, head_dim: int) -> int
 
 @torch.no_grad()
 def init_induction(model: Decoder, seed: int) -> None:
-    """Fill `model` with the planted weights (built whole in float32 on the CPU, so the same
-    seed gives the same model on any device, dtype and TP size: each rank keeps its share)."""
+    """Fill `model` with the planted weights, built whole in float32 on the CPU so that a seed
+    gives the same model on any device, dtype and TP size."""
     model_cfg = model.model_cfg
     _check_induction(model_cfg)
     shape = _Shape.of(model_cfg)
@@ -85,14 +74,14 @@ def _check_induction(model_cfg) -> None:
 
 
 class _Shape(NamedTuple):
-    """The model's sizes and the planted residual layout: the token's subspace (`main`), the
-    previous token's (`prev`) and a constant dimension (`const`)."""
+    """The model's sizes and the planted residual layout: the token's subspace (`main`, `m`
+    wide), the previous token's (`prev`) and a constant dimension (`const`)."""
 
-    d: int  # hidden size
-    hd: int  # head size
-    nh: int  # query heads
-    nkv: int  # KV heads
-    m: int  # dimensions of each subspace
+    d: int
+    hd: int
+    nh: int
+    nkv: int
+    m: int
     main: torch.Tensor
     prev: torch.Tensor
     const: int
@@ -114,8 +103,6 @@ class _Shape(NamedTuple):
 
 
 def _plant_base(params: dict, shape: _Shape, gen: torch.Generator) -> None:
-    """Token embeddings in the token subspace (and the constant), unit norms, small noise
-    everywhere else but the two planted attention layers (zero but what is planted)."""
     emb = params["embed_tokens.weight"]
     emb[:, shape.main] = torch.randn(emb.shape[0], shape.m, generator=gen)
     emb[:, shape.const] = 1.0
@@ -130,8 +117,6 @@ def _plant_base(params: dict, shape: _Shape, gen: torch.Generator) -> None:
 
 
 def _plant_previous_token_heads(params: dict, shape: _Shape, inv_freq: torch.Tensor) -> None:
-    """Layer 0: previous-token heads; values copy the token subspace into the `prev`
-    subspace."""
     hd, nh, nkv, m, half = shape.hd, shape.nh, shape.nkv, shape.m, shape.half
     q_rows, kv_rows = nh * hd, nkv * hd
     rms0 = math.sqrt((m + 1) / shape.d)  # the embedding's rms (token subspace and constant)
@@ -149,13 +134,11 @@ def _plant_previous_token_heads(params: dict, shape: _Shape, inv_freq: torch.Ten
     params[a + "k_norm.weight"][torch.cat([fast, fast + half])] = NORM_GAIN
     for g in range(m // hd):
         dims = torch.arange(g * hd, (g + 1) * hd)
-        qkv[q_rows + kv_rows + dims, dims] = 1.0  # v: the token subspace, unscaled
-        o[shape.prev[dims], g * shape.group * hd + torch.arange(hd)] = rms0  # embedding's scale
+        qkv[q_rows + kv_rows + dims, dims] = 1.0
+        o[shape.prev[dims], g * shape.group * hd + torch.arange(hd)] = rms0
 
 
 def _plant_induction_heads(params: dict, shape: _Shape, gen: torch.Generator) -> None:
-    """Layer 1: induction heads; q from the current token, k from the previous one, the same
-    random map for both."""
     hd, nh, nkv, m, half, group = shape.hd, shape.nh, shape.nkv, shape.m, shape.half, shape.group
     q_rows, kv_rows = nh * hd, nkv * hd
     rms1 = math.sqrt((2 * m + 1) / shape.d)  # plus the previous token, copied by layer 0
@@ -177,11 +160,10 @@ def _plant_induction_heads(params: dict, shape: _Shape, gen: torch.Generator) ->
 
 
 def pattern_continuation(prompt: list[int], n: int) -> list[int]:
-    """The `n` tokens the planted model answers greedily: each time, the token that followed
-    the earlier occurrences of the last one. Raises ValueError for a prompt whose answer the
-    construction does not fix: a last token seen nowhere before, followed by different tokens
-    at different places, or a first token that occurs again (position 0 has no previous token,
-    so layer 0 copies the token itself there, like a BOS token)."""
+    """The `n` tokens the planted model answers greedily: each the token that followed the
+    earlier occurrences of the last one. Raises ValueError where the construction fixes no answer:
+    a last token not seen before or followed by different tokens, or a first token that occurs
+    again (layer 0 copies position 0's own token, which has no previous one)."""
     seq = list(prompt)
     if seq[0] in seq[1:]:
         raise ValueError("the first token of the prompt occurs again")
@@ -199,10 +181,9 @@ def pattern_continuation(prompt: list[int], n: int) -> list[int]:
 def pattern_prompts(
     rng: random.Random, lengths: Sequence[int], period: int, header_len: int = 4
 ) -> list[list[int]]:
-    """Prompts of the given lengths that the planted model answers decisively: one header of
-    distinct tokens, then one pattern of `period` distinct tokens repeated. They share a
-    prefix (each is a prefix of the longest), as requests sharing a document do. Token ids are
-    drawn from [1000, 150000), clear of special tokens."""
+    """Prompts of the given lengths that the planted model answers decisively: a header of
+    distinct tokens, then a pattern of `period` distinct tokens repeated; each is a prefix of the
+    longest, as requests sharing a document are. Ids avoid special tokens."""
     if min(lengths) < header_len + period + 1:
         raise ValueError(
             f"each length must be at least {header_len + period + 1} (header {header_len}, "

@@ -1,8 +1,6 @@
 """Building the decoder and filling it: Hugging Face safetensors (q/k/v and gate/up merged) or
-seeded dummy weights; and the way back to Hugging Face names, so transformers can load ours.
-
-With tensor parallelism every rank reads (or draws) the full weights and keeps its share, so a
-model on any number of ranks computes what the one-rank model does."""
+seeded dummy weights; and the way back to Hugging Face names. Every tensor-parallel rank reads (or
+draws) the full weights and keeps its share, so any TP size computes what one rank does."""
 
 from __future__ import annotations
 
@@ -48,7 +46,7 @@ def build_model(
 ) -> Decoder:
     """A Decoder on `device` in `dtype`, with weights from `weights_dir` or seeded dummy ones;
     with `tp`, this rank's share of the same weights."""
-    # NOTE: the rotary tables are built in float32 whatever the default dtype (explicit dtypes).
+    # the rotary tables stay float32 whatever the default dtype (they name their dtype)
     with torch.device(device), _default_dtype(dtype):
         model = Decoder(model_cfg, max_positions, tp)
     if weights_dir is not None and any(Path(weights_dir).glob("*.safetensors")):

@@ -14,8 +14,7 @@ def decode_first(state: SchedulerState) -> tuple[Batch | None, Admissions]:
         return prefill_first(state)
     admissions = Admissions()
     if queue:
-        # NOTE: a prompt part-way through its chunks sits at the head of the queue; it keeps
-        # its own decision, which carries how much of it is computed.
+        # a prompt part-way through its chunks heads the queue; its decision carries its progress
         chunked = [p for p in queue[:1] if p.chunked is not None]
         admissions.decided = [
             Admission(p.uid, False, DECODE_FIRST, 0, p.chunked.cached_len) for p in chunked

@@ -1,6 +1,5 @@
-"""``mixed``: every running request decodes, and prefill chunks fill what is left of the token
-budget, in one batch (stall-free batching, as in Sarathi-Serve). Each decode takes one token of
-the budget, so with as many running requests as the budget no prompt is admitted."""
+"""``mixed``: every running request decodes (a token of the budget each) and prefill chunks fill
+the rest of the token budget, in one batch: stall-free batching, as in Sarathi-Serve."""
 
 from __future__ import annotations
 

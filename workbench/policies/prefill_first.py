@@ -1,5 +1,5 @@
-"""``prefill_first`` (the seeds' rule): a prefill batch if anything can be admitted, else a decode
-batch; running requests pause while prompts are computed."""
+"""``prefill_first``: a prefill batch if anything can be admitted, else a decode batch; running
+requests pause while prompts are computed."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Profiler capture (record="full"): one torch.profiler session over many steps (`session.py`),
-its events flattened to (name, category, track, start_us, duration_us) on the clock it is given
-and each event's step (`events.py`), and what the profiler adds to the host per event it records
-(`cost.py`: a profiled step's own distortion). Rank 0's probe uses it (`instrument/profiler.py`
-names its hook ranges), and so does every tensor-parallel rank above 0
-(`engine/rank_profiler.py`), which is why it sits below both."""
+"""Profiler capture (record="full"): the session, its events by step, and the profiler's own cost
+per event. Below both its users: rank 0's probe and every tensor-parallel rank above 0."""
 
 from .cost import event_cost_us
 from .events import (

@@ -1,6 +1,5 @@
-"""What the profiler costs the host per event it records, measured once per process and device
-when the first session starts there (`ProfilerSession.start`): a profiled step's own distortion
-is its recorded host events times that (`StepEvents.profiler_ms`)."""
+"""What the profiler costs the host per event it records, measured at a process's first session
+on each device type: a profiled step's own distortion is its host events times that."""
 
 from __future__ import annotations
 
@@ -10,25 +9,18 @@ import time
 
 import torch
 
-# device type -> host microseconds the profiler adds to each host event it records, measured
-# once per process when the first session starts there (`ProfilerSession.start`)
 _EVENT_COST_US: dict[str, float] = {}
 
 
 def event_cost_us(device: torch.device) -> float:
-    """What the profiler adds to the host per event it records on `device` (NaN before a session
-    started there): the difference, per call, of the fastest of seven rounds of 200 calls that
-    each record one event (a one-element add: an operator on the CPU; on a GPU, where only
-    CUDA runtime calls and ranges are recorded on the host, its kernel launch), with and
-    without the profiler. An estimate: the events a step records differ from that call."""
+    """Host microseconds the profiler adds per event it records on `device` (NaN before a session
+    started there): an estimate from a one-element add timed with and without the profiler."""
     return _EVENT_COST_US.get(device.type, math.nan)
 
 
 def _call_us(device: torch.device, calls: int = 200, rounds: int = 7) -> float:
-    """Host microseconds per call of a one-element add on `device`, the fastest of `rounds`.
-
-    Seven: with three, a busy host (tests on both cores) once made the unprofiled rounds the
-    slower ones and the estimate 0."""
+    """Host microseconds per call of a one-element add, the fastest of `rounds` (with few rounds,
+    a busy host can make the unprofiled ones the slower)."""
     x = torch.zeros(1, device=device)
     best = math.inf
     for _ in range(rounds):
@@ -43,9 +35,8 @@ def _call_us(device: torch.device, calls: int = 200, rounds: int = 7) -> float:
 
 @contextlib.contextmanager
 def measure_event_cost(device: torch.device):
-    """Around the enabling of a session's profiler: the first time on this device type,
-    measures the call before and after it (`event_cost_us`). The calls' events come before the
-    session's first step, so they belong to none."""
+    """Around the enabling of a session's profiler: the first time on this device type, time the
+    call before and after it; those events precede the session's first step, so count in none."""
     if device.type in _EVENT_COST_US:
         yield
         return

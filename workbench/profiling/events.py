@@ -1,6 +1,4 @@
-"""A stopped profiler session's events, flattened to (name, category, track, start_us,
-duration_us) on the run's clock, and each event's step (`assign_to_steps`), with how many host
-events each step recorded (what the profiler cost it: `host_events_by_step`)."""
+"""A stopped profiler session's events on the run's clock, and the step each belongs to."""
 
 from __future__ import annotations
 
@@ -38,27 +36,22 @@ _BOOKKEEPING = {
 
 
 class Capture(NamedTuple):
-    """A stopped session's events (`read_events`), and when each host event it recorded began,
-    kept or not (`host_us`): what the profiler cost the host grows with their number
-    (`host_events_by_step`, `event_cost_us`)."""
+    """A stopped session's events, and when each host event it recorded began, kept or not."""
 
     events: list[Event]
     host_us: np.ndarray
 
 
 class StepEvents(list):
-    """A profiled step's events, filled when its session is read, and `profiler_ms`: the host
-    time the profiler added to the step by its own estimate, the host events it recorded in
-    the step (operators, ranges, CUDA runtime calls; kept or not) times what one costs
-    (`event_cost_us`)."""
+    """A profiled step's events, filled when its session is read, and `profiler_ms`: the host time
+    the profiler added, its host events in the step times `event_cost_us`."""
 
     profiler_ms: float = 0.0
 
 
 class Event(NamedTuple):
-    """One profiler event on the run's clock, with what ties it to a step: a host range or
-    operator has its own correlation id (`corr`); a kernel or a CUDA runtime call links to the
-    range or operator that launched it (`link`), whose step is its step. 0: none."""
+    """One profiler event on the run's clock: a host range or operator has a correlation id
+    (`corr`); a kernel or runtime call links to the one that launched it (`link`). 0: none."""
 
     name: str
     category: str  # "hook" (a range of ours: a hook point's, a rank's step), "kernel", "cpu_op"
@@ -77,17 +70,13 @@ def assign_to_steps(
     marks: list[tuple[float, int, str]],
     range_marks: Mapping[str, str] | None = None,
 ) -> dict[int, list[tuple]]:
-    """Each event's step. `marks` are where the steps' host work began on the session's clock:
-    (seconds, step, "launch") when a batch's launch began (step -1: a launch that found
-    nothing to run), (seconds, step, "collect") when its collect began. A hook range named in
-    `range_marks` (name -> "launch" or "collect") goes to the last mark of that kind before it
-    (give or take the two clocks' skew); another host event
-    to the last mark of any kind before it; a kernel or runtime call to the step of the range
-    or operator that launched it (by time when that one is not known). Returns step ->
-    (name, category, track, start_us, duration_us) tuples, in the events' order."""
+    """Each event's step. `marks`: (seconds, step, "launch" or "collect") where a step's launch
+    (step -1: nothing to run) or collect began. A hook range in `range_marks` (name -> kind) goes
+    to the last mark of its kind before it, within the clocks' skew; another host event to the last
+    mark before it; a kernel or runtime call to its launcher's step (else by time). Returns step ->
+    the events' first five fields, in order."""
     if not events:
         return {}
-    # NOTE: whole columns at once: a profiled run has hundreds of thousands of events
     names, categories, _, starts, durations, corrs, links = zip(*events)
     codes = {name: _MARK_CODES[which] for name, which in (range_marks or {}).items()}
     mid = np.array(starts) + np.array(durations) / 2
@@ -125,8 +114,6 @@ _NONE = -(2**62)  # no step (before the first mark)
 
 
 def _last_before(marks: list[tuple[float, int, str]], t: np.ndarray) -> np.ndarray:
-    """The step of the last of `marks` at or before each time `t` (microseconds); _NONE
-    before the first."""
     marks = sorted(marks)
     times = np.array([m[0] for m in marks], dtype=np.float64) * 1e6
     steps = np.array([m[1] for m in marks] + [_NONE], dtype=np.int64)  # [-1]: none
@@ -134,33 +121,28 @@ def _last_before(marks: list[tuple[float, int, str]], t: np.ndarray) -> np.ndarr
 
 
 def host_events_by_step(host_us: np.ndarray, marks: list[tuple[float, int, str]]) -> dict[int, int]:
-    """How many of a session's host events (`Capture.host_us`) each step's host work recorded:
-    each to the last mark before it (`assign_to_steps`'s marks)."""
+    """How many of a session's host events (`Capture.host_us`) each step's host work recorded."""
     if not len(host_us) or not marks:
         return {}
     steps, counts = np.unique(_last_before(marks, host_us), return_counts=True)
     return {s: n for s, n in zip(steps.tolist(), counts.tolist()) if s != _NONE}
 
 
-# kineto's activity kinds (`KinetoEvent.activity_type()`, a cheaper call than `device_type()`):
-# what runs on the device, and what the host records; any other kind is asked its device type
+# kineto's activity kinds, cheaper to ask than device_type(), which other kinds are asked
 _DEVICE_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
 _HOST_KINDS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"})
 _LAUNCHES = frozenset({"cuda_runtime", "cuda_driver"})  # CUDA API calls: never ours, never reduces
 
 
 def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset()) -> Capture:
-    """A stopped session's events (kineto's `results`), on the session's clock (`offset_us`
-    from kineto's); `ranges` as `ProfilerSession` says."""
+    """A stopped session's events (kineto's `results`), shifted by `offset_us` to its clock."""
     offset, cuda, hooks = offset_us, torch.autograd.DeviceType.CUDA, ranges
     tracks: dict[tuple, str] = {}
     out, host = [], []
     append, counted = out.append, host.append
-    # NOTE: each accessor is a call into C++ and a run leaves hundreds of thousands of
-    # events: the ones dropped (short host calls) go after as few calls as possible
+    # each accessor is a call into C++: events that are dropped are read as little as possible
     events = results.events()
-    # NOTE: torch 2.11's events have no activity_type() (2.13's do): every event is then asked
-    # its device type, as kinds outside both sets are
+    # torch 2.11's events have no activity_type(): each is then asked its device type
     kinds = bool(events) and hasattr(events[0], "activity_type")
     for e in events:
         kind = e.activity_type() if kinds else ""
@@ -169,8 +151,7 @@ def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset())
             if duration <= 0:
                 continue
             name = e.name()
-            # NOTE: a hook range shows on the device too (kineto's GPU annotation of the
-            # kernels it launched); its host twin is kept
+            # a hook range also shows on the device (kineto's annotation): its host twin is kept
             if name in hooks:
                 continue
             where = (e.device_index(), e.device_resource_id())
@@ -189,7 +170,7 @@ def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset())
         if name in hooks:
             category = "hook"
         elif (duration < MIN_CPU_OP_NS or name in _BOOKKEEPING) and name not in ALL_REDUCES:
-            continue  # most host operators are views and casts of a few microseconds
+            continue
         else:
             category = "cpu_op"
         thread = e.start_thread_id()

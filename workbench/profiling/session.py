@@ -1,5 +1,4 @@
-"""The profiler session of record="full": one torch.profiler (kineto) session over many steps,
-started and stopped by rank 0's probe and by every tensor-parallel rank above 0."""
+"""The profiler session of record="full": one torch.profiler (kineto) session over many steps."""
 
 from __future__ import annotations
 
@@ -17,9 +16,6 @@ from .events import Capture, read_events
 
 
 def activities(device: torch.device) -> list:
-    """What torch.profiler records on `device`: host operators, and kernels on a GPU. Every
-    profiler this package starts asks for them; on a GPU, CUPTI is then let go when it stops
-    (`release_cupti_at_stop`)."""
     from torch.profiler import ProfilerActivity
 
     if device.type != "cuda":
@@ -30,36 +26,18 @@ def activities(device: torch.device) -> list:
 
 def release_cupti_at_stop() -> None:
     """Have kineto tear CUPTI down when a profiler stops (`TEARDOWN_CUPTI=1`, unless the
-    environment says otherwise), so that the steps after a profiled window run unprofiled. Set
-    by every GPU engine when it is built (for profilers a user starts around it) and before
-    every profiler this package starts.
-
-    NOTE: torch 2.11's kineto keeps CUPTI's callbacks subscribed after a session by default, and
-    every later CUDA call pays for them. Measured on the H200 (dummy Qwen3-0.6B, decode steps,
-    overlap, record off, after one 5-step profiler session): a decode graph's launch 120-215 us
-    against 10-15, the host's time per step 0.85 / 1.18 ms at batch 8 / 256 against 0.25 / 0.43.
-    Set in the process before its first profiler starts, it took effect there. With CUDA 13
-    there, CUPTI comes back for each window with CUDA graphs replaying (test_profiling's windows
-    on the H200); before CUDA 12.6 that crashed, which is why kineto kept it by default."""
+    environment says otherwise): torch 2.11's kineto keeps CUPTI's callbacks subscribed after a
+    session (tearing down crashed before CUDA 12.6), and every later CUDA call pays for them. Set
+    it before the process's first profiler starts."""
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 
 class ProfilerSession:
-    """One torch.profiler (kineto) session over any number of steps (record="full").
-
-    Nothing is read while it runs: no synchronisation and no Python object per event. `stop()`
-    synchronises once and hands back the reader of kineto's events (`read_events`). A start
-    and stop around every step instead cost a synchronisation and tens of milliseconds each,
-    which a profiled run then measured as its own step times.
-
-    `ranges`: the names of our own `record_function` ranges (the hook points', a rank's step):
-    category "hook" on the host, and their device-side twins dropped.
-
-    On a GPU only ranges (the hook points' `record_function`) are recorded on the host, not
-    every ATen operator: the kernels come from CUPTI, each linked to the range that launched it,
-    and tracing thousands of operators a step would slow the host (the one that matters with
-    overlap) several times over. On a CPU the operators are the kernels, so all are recorded.
-    """
+    """One torch.profiler (kineto) session over any number of steps (record="full"): a start and
+    stop per step would cost a synchronisation each, measured as step time, and nothing is read
+    while it runs. `ranges`: our `record_function` ranges (category "hook"). On a GPU only these
+    are recorded on the host (kernels link to them), as tracing every operator would slow the host
+    several times over; on a CPU the operators are the kernels, so all are recorded."""
 
     def __init__(
         self, clock: Callable[[], float], device: torch.device, ranges: frozenset[str] = frozenset()
@@ -81,7 +59,7 @@ class ProfilerSession:
         from torch.autograd.profiler import profile
 
         began = time.perf_counter()
-        config = profile(use_kineto=True).config()  # this torch's defaults
+        config = profile(use_kineto=True).config()
         scopes = {RecordScope.USER_SCOPE} if self._cuda else set()
         with measure_event_cost(self._device), _quiet_stderr():
             _prepare_profiler(config, self._activities)
@@ -93,9 +71,7 @@ class ProfilerSession:
         self.start_ms, _SECONDS["start"] = seconds * 1e3, _SECONDS["start"] + seconds
 
     def stop(self) -> Callable[[], Capture]:
-        """End the session. Returns what reads its events, in the order kineto gives them:
-        reading a long run's (hundreds of thousands of kernels, a few microseconds of Python
-        each) is left until someone looks."""
+        """End the session; returns the reader of its events, left until someone looks (slow)."""
         disable, self._results_of = self._results_of, None
         _RUNNING.discard(self)
         if self._cuda:
@@ -115,12 +91,8 @@ class ProfilerSession:
 
 
 def clock_offset_us(clock: Callable[[], float], tries: int = 7) -> float:
-    """The run's clock (`clock`, seconds) less the Unix clock (kineto's), in microseconds.
-
-    Read as the run's clock between two Unix readings, from the try whose two readings were
-    closest: a process preempted between two single readings (a loaded 2-core machine) would
-    otherwise shift every event of the session by the pause, and a hook range would land on
-    the step before its own."""
+    """The run's clock less the Unix clock (kineto's), in microseconds, from the try whose two Unix
+    readings were closest: a preemption between readings would shift every event of the session."""
     best = None
     for _ in range(tries):
         before = time.time_ns()
@@ -131,19 +103,15 @@ def clock_offset_us(clock: Callable[[], float], tries: int = 7) -> float:
     return best[1]
 
 
-# NOTE: kineto is one profiler per process, so "a session runs" is a fact of the process: rank 0's
-# engine reads it at each launch to tell the other ranks whether to profile the step too
+# NOTE: kineto is one profiler per process, so "a session runs" is a fact of the process
 _RUNNING: set[ProfilerSession] = set()
 
 
-# host seconds this process spent starting sessions and stopping them (kineto's own processing
-# of what it recorded), in all: `session_seconds`
 _SECONDS = {"start": 0.0, "stop": 0.0}
 
 
 def session_seconds() -> dict[str, float]:
-    """Host seconds spent so far in this process starting profiler sessions ("start") and
-    stopping them ("stop": kineto gathering what it recorded, before any event is read)."""
+    """Host seconds this process spent starting ("start") and stopping ("stop") sessions."""
     return dict(_SECONDS)
 
 
@@ -154,9 +122,8 @@ def session_running() -> bool:
 
 @contextlib.contextmanager
 def gc_paused():
-    """No garbage collection meanwhile: reading a session makes hundreds of thousands of small
-    tuples, each allocation counting towards a collection that would walk every object the
-    process holds (seconds in all, for nothing: none of them is garbage)."""
+    """No garbage collection meanwhile: reading a session allocates so many tuples that the
+    collections it triggers would walk every object, for nothing."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -168,8 +135,7 @@ def gc_paused():
 
 @contextlib.contextmanager
 def _quiet_stderr():
-    """Kineto prints a line to the process's stderr at every profiler start and stop (torch
-    2.13), which a notebook shows under every step; silence file descriptor 2 meanwhile."""
+    """Silence fd 2: kineto prints a line at each start and stop, which notebooks show."""
     try:
         saved = os.dup(2)
     except OSError:

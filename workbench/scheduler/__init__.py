@@ -1,8 +1,8 @@
 """Scheduling: the loop (`Scheduler`), its observer, the cache manager, prefill admission, the
-decode set, batch preparation, early ends and step outcomes."""
+decode set and the step's record."""
 
 from .observer import Observer
-from .outcome import StepError, StepOutcome
-from .scheduler import Scheduler
+from .record import StepRecord
+from .scheduler import Scheduler, StepError
 
-__all__ = ["Observer", "Scheduler", "StepError", "StepOutcome"]
+__all__ = ["Observer", "Scheduler", "StepError", "StepRecord"]

@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..core import Req, ceil_page, floor_page
+from ..core import Batch, Req, ceil_page, floor_page
+from ..engine.inputs import ranges
 from ..kvcache.base import CacheHandle, MatchResult, PrefixCache
 from ..kvcache.table import TableManager
 
@@ -16,6 +17,7 @@ class CacheManager:
 
     def __init__(self, num_pages: int, page_size: int, prefix_cache: PrefixCache) -> None:
         self.num_pages, self.page_size = num_pages, page_size
+        self.total_size = num_pages * page_size  # tokens
         self.prefix_cache = prefix_cache
         # a stack of free page ids; the top is the end
         self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
@@ -25,21 +27,17 @@ class CacheManager:
 
     # -- sizes, in tokens -------------------------------------------------------------------
     @property
-    def total_size(self) -> int:
-        return self.num_pages * self.page_size
+    def evictable_size(self) -> int:
+        return self.prefix_cache.evictable_size
 
     @property
     def free_size(self) -> int:
         return self._free_count * self.page_size
 
     @property
-    def evictable_size(self) -> int:
-        return self.prefix_cache.evictable_size
-
-    @property
     def available_size(self) -> int:
         """What a new request may count on: free now, or free once unlocked prefixes are evicted."""
-        return self.free_size + self.evictable_size
+        return self.free_size + self.prefix_cache.evictable_size
 
     @property
     def in_use_size(self) -> int:
@@ -77,6 +75,53 @@ class CacheManager:
         pages = self._free[self._free_count : self._free_count + count][::-1].copy()
         self._is_free[pages] = False
         return pages
+
+    def allocate(self, batch: Batch, table: TableManager, previous: Batch | None = None) -> int:
+        """Keep the batch's lengths as launched (`batch.ledger`) and allocate the pages of its
+        new tokens, in the host's page table (the engine writes each token's entry to the
+        device's in the step that computes it); returns the number of pages allocated.
+        `previous`: the batch launched just before, whose ledger may give this one's
+        (`Batch.snapshot`)."""
+        # NOTE: one pass over the requests; the rest is whole-array work
+        batch.snapshot(previous)
+        if batch.phase == "decode":
+            return self._allocate_decode(batch, table)
+        ps, reqs = self.page_size, batch.reqs
+        rows, cached, device_len = batch.ledger
+        first, end = cached, device_len
+        if ps > 1:  # whole pages
+            first = -(-cached // ps) * ps  # slots up to here were allocated before this batch
+            end = -(-device_len // ps) * ps
+        new_slots = end - first
+        count = int(new_slots.sum()) // ps
+        if count > 0:
+            pages = self.allocate_pages(count)
+            # NOTE: only those that gained pages; the others' alloc_len is this `end` already
+            for i in np.flatnonzero(new_slots).tolist():
+                reqs[i].alloc_len = int(end[i])
+            slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
+            table.write_slots(np.repeat(rows, new_slots), ranges(first, end), slots)
+        return count
+
+    def _allocate_decode(self, batch: Batch, table: TableManager) -> int:
+        """`allocate` of a decode batch: each request computes the token at `cached`, which
+        needs a page of its own only when it begins one; the others' pages hold it already."""
+        ps, reqs = self.page_size, batch.reqs
+        rows, cached, _ = batch.ledger
+        starting = np.flatnonzero(cached % ps == 0) if ps > 1 else np.arange(len(reqs))
+        count = len(starting)
+        if count > 0:
+            pages = self.allocate_pages(count)
+            begins = cached[starting]
+            for i, begin in zip(starting.tolist(), begins.tolist()):
+                reqs[i].alloc_len = begin + ps
+            offsets = np.arange(ps)
+            table.write_slots(
+                np.repeat(rows[starting], ps),
+                (begins[:, None] + offsets).reshape(-1),
+                (pages[:, None] * ps + offsets).reshape(-1),
+            )
+        return count
 
     def evict(self, num_tokens: int) -> int:
         """Move at least `num_tokens` of unlocked cached KV to the free list (fewer if there is not

@@ -1,66 +1,34 @@
 """What a scheduler reports as it runs: one call per hook point, in the order they fire.
 
 The scheduler calls its observer with plain values (step indices, batches, counts) and never
-looks at what the observer makes of them. This base makes nothing of them and times with the
-host's clock: a scheduler watched by nobody. The instrumentation's `Probe`
-(`instrument/probe.py`) builds the hook events, the step records, the history and the profiler
-session from the same calls.
+looks at what the observer makes of them: at a step's start (`before_step`, only while `inside`)
+and end (`step_end`, while `at_end`), and inside it only while `inside` is True, so a step that
+nobody watches runs none of this code. The instrumentation's `Probe` (`instrument/probe.py`)
+builds the hook events, the step records' history and the profiler session from these calls.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..clocks import RunClock
 
 if TYPE_CHECKING:
     from ..core import Admissions, Batch, Req
+    from ..engine.engine import Launch
     from ..kvcache.table import TableManager
-    from .outcome import Occupancy, StepOutcome
-
-_NULL = contextlib.nullcontext()
+    from .record import Occupancy, StepRecord
 
 
 class Observer:
-    record = "off"  # what the observer keeps of each step: "off", "light" or "full"
-
-    def __init__(self) -> None:
-        self._t0 = time.perf_counter()
-        self._paused_at: float | None = None  # when the clock stopped (None: it runs)
-
-    def clock(self) -> float:
-        """Seconds since the run started (or was reset), the time it was paused left out: the
-        time axis of the run."""
-        now = self._paused_at if self._paused_at is not None else time.perf_counter()
-        return now - self._t0
+    inside = False  # whether it hears of a step's inside (every hook point below)
+    at_end = False  # whether it hears of a step's end (`step_end`)
+    profiling = False  # a profiler session runs: the step's stages run in profiler ranges
+    clock: RunClock  # the run's clock, the scheduler's
 
     def restart(self) -> None:
-        """A new run: the clock from zero (still paused, if it was)."""
-        self._t0 = time.perf_counter()
-        if self._paused_at is not None:
-            self._paused_at = self._t0
-
-    def pause(self) -> None:
-        """Stop the clock: a workbench stepped by hand pauses it between calls, so the time a
-        person takes between two cells is not the run's (a request added meanwhile arrives
-        when the run goes on)."""
-        if self._paused_at is None:
-            self._paused_at = time.perf_counter()
-
-    def resume(self) -> None:
-        """Start the clock again from where it stopped."""
-        if self._paused_at is not None:
-            self._t0 += time.perf_counter() - self._paused_at
-            self._paused_at = None
-
-    def wait_until(self, seconds: float) -> None:
-        """Let the clock reach `seconds` (an idle engine waiting for a request to arrive)."""
-        time.sleep(max(0.0, seconds - self.clock()))
-
-    def range(self, name: str) -> contextlib.AbstractContextManager:
-        """Around the work that ends at hook point `name` (a profiler range, when profiled)."""
-        return _NULL
+        """A new run."""
 
     def before_step(self, index: int) -> None:
         """Before the scheduler step that launches batch `index`."""
@@ -71,11 +39,11 @@ class Observer:
         uid: int,
         prompt_len: int,
         max_tokens: int,
-        seconds: float | None = None,
+        seconds: float,
         source: str = "python",
     ) -> None:
-        """ "request.arrive": a request is queued; it arrived at `seconds` on the run's clock
-        (None: now), by `source` ("python", or "http" through the server)."""
+        """ "request.arrive": a request is queued; it arrived at `seconds` on the run's clock,
+        by `source` ("python", or "http" through the server)."""
 
     def cache_match_hook(self, step: int) -> Callable[[int, int, int], None] | None:
         """What admission calls on each prefix match, (uid, prompt_len, cached_len); None when
@@ -100,14 +68,12 @@ class Observer:
         """ "cache.evict": unlocked cached pages were freed for an allocation."""
 
     def batch_prepared(
-        self, step: int, batch: Batch, new_pages: int, table: TableManager
+        self, step: int, batch: Batch, new_pages: int, table: TableManager, launch: Launch
     ) -> dict[int, tuple] | None:
-        """ "batch.prepared": the batch's pages are allocated and its inputs built. Returns the
-        page-table rows to keep with its record (None: none kept)."""
+        """ "batch.prepared" (the batch's pages are allocated, the engine has prepared it),
+        then "forward.begin" (its forward is about to be launched). Returns the page-table
+        rows to keep with its record (None: none kept)."""
         return None
-
-    def forward_begin(self, step: int, batch: Batch, graph: bool) -> None:
-        """ "forward.begin": the forward is about to be launched (`graph`: as a CUDA graph)."""
 
     def forward_end(self, step: int, batch: Batch) -> None:
         """ "forward.end": the forward and the sampler are launched; ledgers moved."""
@@ -116,15 +82,12 @@ class Observer:
         """ "sample.end": the batch's tokens are on the host. `started`: when collecting
         began."""
 
-    def request_finish(self, step: int, req: Req, between_steps: bool = False) -> None:
+    def request_finish(
+        self, step: int, req: Req, between_steps: bool = False, seconds: float = 0.0
+    ) -> None:
         """ "request.finish": a request ended. `between_steps`: not by a token of a step's
-        record (an abort, or its step failed)."""
+        record (an abort, or its step failed, at `seconds`); the scheduler says so whoever
+        watches."""
 
-    def times_device(self) -> bool:
-        """Whether the step's record will read its device time (`step_end`)."""
-        return False
-
-    def step_end(self, outcome: StepOutcome, occupancy: Callable[[], Occupancy]) -> Any:
-        """ "step.end": the step is complete; returns its record (None: none built).
-        `occupancy` gives the queue and the KV pool after the step, when asked."""
-        return None
+    def step_end(self, record: StepRecord) -> None:
+        """ "step.end": the step is complete, and this is its record."""

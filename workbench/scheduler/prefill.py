@@ -118,7 +118,6 @@ class PrefillAdder:
         chunk = min(self.token_budget, left)
         self.token_budget -= chunk
         self.reserved_size += kv_tokens_needed(pending.total_len, cached_len, self.cache.page_size)
-        self.table.write_tokens(row, cached_len, pending.token_ids[cached_len : cached_len + chunk])
         cls = ChunkedReq if chunk < left else Req
         req = cls(
             uid=pending.uid,

@@ -1,4 +1,9 @@
-"""StepRecord: what one scheduler step did, frozen, in CPU values.
+"""StepRecord: one scheduler step, from its launch to the history's tables.
+
+The scheduler makes a step's record when it launches the batch and completes it when the batch
+is collected; from then on it holds CPU values only (the live batch and the engine's handle of
+it are let go when it is first read: `complete`). The history keeps it as it is, and its tables
+and the views read it.
 
 Launched against completed. A step's batch is *launched* (scheduled, prepared, forward and
 sampling enqueued, device-side ledgers moved) and later *completed* (its sampled tokens reach the
@@ -14,18 +19,20 @@ that computed it.
 from __future__ import annotations
 
 import html
-import time
+import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..core import Admission, ReqView
-from .timing import host_work_ms, is_host_bound
+from ..clocks import HOST_STAGES, StageClock
+from ..core import Admission, Admissions, ReqView
+from ..timing import host_work_ms, is_host_bound
 
 if TYPE_CHECKING:
     from ..core import Batch
-    from ..scheduler.outcome import Occupancy, StepOutcome
+    from ..engine.engine import Launch
 
 _EXTEND = ReqView._fields.index("extend_len")
+_UID = operator.attrgetter("uid")
 
 
 class LedgerRow(NamedTuple):
@@ -52,54 +59,144 @@ class KVState(NamedTuple):
     total: int
 
 
-@dataclass(frozen=True)
+class Occupancy(NamedTuple):
+    """The scheduler's resources after a step, as a record keeps them."""
+
+    queue_len: int  # requests waiting (a prompt part-way through its chunks included)
+    running: int  # requests decoding
+    free_slots: int  # request slots free
+    kv_free: int  # KV slots free
+    kv_evictable: int  # KV slots only the prefix cache holds
+    kv_total: int
+
+
+_NO_KV = KVState(0, 0, 0, 0)
+
+
+@dataclass(eq=False)
 class StepRecord:
     step: int
     phase: str  # "prefill" | "decode" | "mixed"
     # NOTE: per-request facts are kept as plain tuples of ints and strings, and `rows` and
-    # `admissions` are built from them on each access. The garbage collector stops tracking such
-    # tuples after one pass; a named tuple it tracks for ever, and a run of 1,000 steps x 256
-    # requests then made one full collection cost 0.3 s on the H200 machine (6% of the run).
+    # `admissions` are built from them on each access: the garbage collector stops tracking
+    # such tuples after one pass, where a named tuple per request it would track for ever.
     # the batch as launched: one tuple per ReqView field, each with one value per request
-    _launched: tuple[tuple, ...] = field(repr=False)
-    _tokens: tuple[int | None, ...] = field(repr=False)  # per non-chunk row, in order
-    _finishes: tuple[tuple[int, str], ...] = field(repr=False)  # (uid, reason) finished here
-    _admissions: tuple[tuple, ...] = field(repr=False)  # Admission fields, in decision order
-    _behind: tuple[int, ...] = field(repr=False)  # uids refused as a group, after the others
-    _behind_reason: str = field(repr=False)  # why they were: queued_behind or decode_first
-    queue_len: int  # requests waiting after the step
-    running: int  # requests in the running set after the step
-    kv: KVState
-    free_slots: int  # request slots free after the step
-    padded_size: int  # requests as run (a CUDA graph's batch is padded to its shape)
-    cuda_graph: bool
-    overlapped: bool  # the next batch was launched before this one completed
-    launched_at: float  # seconds since the run started
-    completed_at: float
-    device_ms: float  # forward and sampling on the device (CUDA events; wall time on the CPU)
+    _launched: tuple[tuple, ...] = field(default=(), repr=False)
+    _tokens: tuple[int | None, ...] = field(default=(), repr=False)  # per non-chunk row
+    _finishes: tuple[tuple[int, str], ...] = field(default=(), repr=False)  # (uid, reason)
+    _admissions: tuple[tuple, ...] = field(default=(), repr=False)  # Admission fields
+    _behind: tuple[int, ...] = field(default=(), repr=False)  # uids refused as a group, last
+    _behind_reason: str = field(default="", repr=False)  # queued_behind or decode_first
+    queue_len: int = 0  # requests waiting after the step
+    running: int = 0  # requests in the running set after the step
+    kv: KVState = _NO_KV
+    free_slots: int = 0  # request slots free after the step
+    padded_size: int = 0  # requests as run (a CUDA graph's batch is padded to its shape)
+    cuda_graph: bool = False
+    overlapped: bool = False  # the next batch was launched before this one completed
+    launched_at: float = 0.0  # seconds since the run started
+    completed_at: float = 0.0
+    device_ms: float = 0.0  # forward and sampling on the device (CUDA events; wall on the CPU)
     host_ms: float = 0.0  # host work: schedule, prepare, enqueue, process the tokens, record
     wait_ms: float = 0.0  # host blocked on the device for the tokens (near 0: host-bound)
-    # host_ms by stage, in `stages.HOST_STAGES` order (schedule, prepare, plan, forward, ...)
+    # host_ms by stage, in `clocks.HOST_STAGES` order (schedule, prepare, plan, forward, ...)
     host_stage_ms: tuple[float, ...] = ()
     tp_size: int = 1  # processes the step's forward ran on (tensor parallelism)
     simulated: bool = False  # timed by a twin's step costs (`workbench.twin`), not measured
     device_on_host: bool = False  # the forward ran on the host's cores (a CPU engine)
     padded_tokens: int = 0  # tokens as run, padding included (0: not known, a padded row each)
     # tensor parallelism: device_ms of ranks 1.. (rank 0's is device_ms), filled when the
-    # history is read (`Probe.read_events`)
+    # history is read
     rank_device_ms: list[float] | None = field(default=None, repr=False)
     # record="full": table row -> (since, runs): the slot runs (pos_start, pos_end, slot_start)
     # the row gained in this step, its runs listed since step `since` (`History.pages_at`
     # gives a step's rows whole)
     page_rows: dict[int, tuple[int, tuple[tuple[int, int, int], ...]]] | None = None
     # record="full": profiler events (name, category, track, start_us, duration_us); filled in
-    # when the profiler session that covered the step ends (`Probe.flush`)
+    # when the profiler session that covered the step ends
     events: list[tuple] | None = field(default=None, repr=False)
     # record="full", tensor parallelism: the other ranks' events of the step on rank 0's clock,
     # (rank, its events) pairs, and what moved ranks 1..'s clocks onto it (ms,
     # `history.rank_clock`); filled when the history is read
     rank_events: list[tuple[int, list[tuple]]] | None = field(default=None, repr=False)
     rank_clock_ms: list[float] | None = field(default=None, repr=False)
+    # while the step runs (the scheduler's), let go by `complete`: the batch, the engine's
+    # handle of it, its host time by stage, its admissions, and the batch launched before it
+    batch: Batch | None = field(default=None, repr=False)
+    launch: Launch | None = field(default=None, repr=False)
+    stages: StageClock | None = field(default=None, repr=False)
+    _admitted: Admissions | None = field(default=None, repr=False)
+    _previous: Batch | None = field(default=None, repr=False)
+
+    @classmethod
+    def launched(
+        cls,
+        step: int,
+        batch: Batch,
+        admissions: Admissions,
+        launch: Launch,
+        launched_at: float,
+        stages: StageClock,
+        previous: Batch | None,
+    ) -> StepRecord:
+        """The record of a batch the scheduler has just launched."""
+        return cls(
+            step,
+            batch.phase,
+            padded_size=launch.padded_rows,
+            padded_tokens=launch.padded_tokens,
+            cuda_graph=launch.cuda_graph,
+            launched_at=launched_at,
+            tp_size=launch.tp_size,
+            device_on_host=not getattr(launch.timer, "cuda", True),
+            batch=batch,
+            launch=launch,
+            stages=stages,
+            _admitted=admissions,
+            _previous=previous,
+        )
+
+    def collected(
+        self,
+        tokens: list[int | None],
+        finishes: list[tuple[int, str]],
+        completed_at: float,
+        wait_ms: float,
+        occupancy: Occupancy,
+    ) -> None:
+        """What collecting the batch found: its tokens (None where dropped, past a request's
+        end), the requests it finished, and the scheduler's resources after it."""
+        o = occupancy
+        self._tokens, self._finishes = tuple(tokens), tuple(finishes)
+        self.completed_at, self.wait_ms = completed_at, wait_ms
+        self.queue_len, self.running, self.free_slots = o.queue_len, o.running, o.free_slots
+        in_use = o.kv_total - o.kv_free - o.kv_evictable
+        self.kv = KVState(o.kv_free, o.kv_evictable, in_use, o.kv_total)
+
+    def simulate(self, host_stage_ms: tuple[float, ...]) -> None:
+        """A twin's step: its host stages as predicted, not as the twin's own Python took."""
+        self.simulated, self.device_on_host = True, False
+        self.host_stage_ms, self.host_ms = host_stage_ms, sum(host_stage_ms)
+
+    def complete(self) -> StepRecord:
+        """Plain values from here on: the batch's ledger as launched, the admissions, the
+        device time and the host time by stage are read, and the live parts let go."""
+        batch = self.batch
+        if batch is None:
+            return self
+        self._launched = batch.launched_columns(like=self._previous)
+        admitted = self._admitted
+        self._admissions = tuple(map(tuple, admitted.decided))
+        self._behind = tuple(map(_UID, admitted.behind))
+        self._behind_reason = admitted.behind_reason
+        if self.launch is not None and self.launch.timer is not None:
+            self.device_ms = self.launch.timer.elapsed_ms()
+        if self.stages is not None and not self.simulated:
+            self.stages.enter(None)
+            self.host_stage_ms = self.stages.host_ms()
+            self.host_ms = sum(self.host_stage_ms)
+        self.batch = self.launch = self.stages = self._admitted = self._previous = None
+        return self
 
     @property
     def events_by_rank(self) -> list[tuple[int, list[tuple]]]:
@@ -109,6 +206,7 @@ class StepRecord:
     @property
     def rows(self) -> tuple[LedgerRow, ...]:
         """One row per request of the batch, with its lengths after the step."""
+        self.complete()
         launched = [ReqView._make(r) for r in zip(*self._launched)]
         sampled = [r.uid for r in launched if r.kind != "chunk"]
         token_of, finish_of = dict(zip(sampled, self._tokens)), dict(self._finishes)
@@ -133,20 +231,36 @@ class StepRecord:
         """The admissions as kept: the decisions made one by one (`Admission` fields, as plain
         tuples), the uids refused as a group after them, and why they were (what the tables
         read: a queue of thousands is not turned into thousands of named tuples)."""
+        self.complete()
         return self._admissions, self._behind, self._behind_reason
 
     @property
     def admissions(self) -> tuple[Admission, ...]:
         """The step's admission decisions: admitted, or why a request waits."""
+        self.complete()
         behind = (Admission(uid, False, self._behind_reason, 0, 0) for uid in self._behind)
         return (*(Admission._make(a) for a in self._admissions), *behind)
 
     @property
     def size(self) -> int:
-        return len(self._launched[0])
+        return self.batch.size if self.batch is not None else len(self._launched[0])
+
+    @property
+    def tokens(self) -> tuple[int | None, ...]:
+        """The token sampled for each request that got one, in batch order (None: dropped, past
+        its end)."""
+        return self._tokens
+
+    def stage_ms(self) -> dict[str, float]:
+        """Host milliseconds by stage (`clocks.HOST_STAGES`), also before the record is
+        complete."""
+        if self.stages is not None and not self.simulated:
+            return {stage: self.stages.ms[stage] for stage in HOST_STAGES}
+        return dict(zip(HOST_STAGES, self.host_stage_ms))
 
     @property
     def num_tokens(self) -> int:
+        self.complete()
         return sum(self._launched[_EXTEND])
 
     @property
@@ -162,16 +276,19 @@ class StepRecord:
 
     @property
     def host_work_ms(self) -> float:
-        """The host's own work, the device's left out (`history.timing`)."""
+        """The host's own work, the device's left out (`workbench.timing`)."""
+        self.complete()
         return host_work_ms(self.host_ms, self.device_ms, self.device_on_host)
 
     @property
     def host_bound(self) -> bool:
-        """Whether the host's own work took longer than the device's (`history.timing`)."""
+        """Whether the host's own work took longer than the device's (`workbench.timing`)."""
+        self.complete()
         return is_host_bound(self.host_ms, self.device_ms, self.device_on_host)
 
     @property
     def uids(self) -> tuple[int, ...]:
+        self.complete()
         return self._launched[0]
 
     @property
@@ -252,7 +369,7 @@ class StepRecord:
         )
 
     def timing(self) -> str:
-        """ "8.2 ms wall, 6.1 ms device, host's own work 1.9 ms" (`history.timing`; on the CPU
+        """ "8.2 ms wall, 6.1 ms device, host's own work 1.9 ms" (`workbench.timing`; on the CPU
         the device's work is the forward and sampling), and "host-bound" when it was."""
         device = "forward and sampling" if self.device_on_host else "device"
         said = f"{self.wall_ms:.1f} ms wall, {self.device_ms:.1f} ms {device}, "
@@ -286,65 +403,3 @@ class StepRecords(list):
         return (
             f'<div style="font-family:monospace;font-size:12px">{html.escape(self.summary())}</div>'
         )
-
-
-def build_record(
-    outcome: StepOutcome,
-    occupancy: Occupancy,
-    events: list | None = None,
-    rank_device_ms: list | None = None,
-    began: float | None = None,
-    last: Batch | None = None,
-    predicted_host_ms: tuple[float, ...] | None = None,
-    rank_events: tuple[list, list] | None = None,
-) -> StepRecord:
-    """The step's record. `began`: when recording it began (`time.perf_counter()`); the host
-    time counts until the record is built, its stages by the batch's clock. `last`: the
-    batch recorded before (its columns are shared where they are the same).
-    `predicted_host_ms`: a simulated step's host stages as a twin predicted them (in
-    `HOST_STAGES` order); its record says it was simulated."""
-    launched, o = outcome.launched, occupancy
-    in_use = o.kv_total - o.kv_free - o.kv_evictable
-    columns = outcome.batch.launched_columns(like=last)
-    admissions = tuple([tuple(a) for a in outcome.admissions.decided])
-    device_ms = launched.device.timer.elapsed_ms()
-    launched.clock.enter(None)  # what is left (the frozen record itself) is a few microseconds
-    record_ms = 0.0 if began is None else (time.perf_counter() - began) * 1e3
-    host_ms = launched.launch_ms + outcome.collect_ms + record_ms
-    host_stage_ms = launched.clock.host_ms()
-    if predicted_host_ms is not None:
-        host_ms, host_stage_ms = sum(predicted_host_ms), predicted_host_ms
-    return StepRecord(
-        step=outcome.index,
-        phase=outcome.batch.phase,
-        _launched=columns,
-        _tokens=tuple(outcome.tokens),
-        _finishes=tuple((req.uid, req.finish_reason) for req in outcome.finished),
-        _admissions=admissions,
-        _behind=tuple([p.uid for p in outcome.admissions.behind]),
-        _behind_reason=outcome.admissions.behind_reason,
-        queue_len=o.queue_len,
-        running=o.running,
-        kv=KVState(free=o.kv_free, evictable=o.kv_evictable, in_use=in_use, total=o.kv_total),
-        free_slots=o.free_slots,
-        padded_size=launched.padded_size,
-        padded_tokens=launched.padded_tokens,
-        cuda_graph=launched.cuda_graph,
-        overlapped=launched.overlapped,
-        launched_at=launched.launched_at,
-        completed_at=outcome.completed_at,
-        device_ms=device_ms,
-        host_ms=host_ms,
-        wait_ms=outcome.wait_ms,
-        host_stage_ms=host_stage_ms,
-        tp_size=launched.device.tp_size,
-        simulated=predicted_host_ms is not None,
-        # a CPU engine's timer is the wall clock around the forward it ran itself
-        device_on_host=predicted_host_ms is None
-        and not getattr(launched.device.timer, "cuda", True),
-        page_rows=launched.page_rows,
-        events=events,
-        rank_device_ms=rank_device_ms,
-        rank_events=None if rank_events is None else rank_events[0],
-        rank_clock_ms=None if rank_events is None else rank_events[1],
-    )

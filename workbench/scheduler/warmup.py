@@ -15,8 +15,9 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from ..core import SamplingParams
+from ..core import ChunkedReq, SamplingParams
 from ..engine.engine import Engine
+from .record import StepRecord
 from .scheduler import Scheduler
 
 _CHUNK = 16  # the warm-up's token budget: prompts of a few chunks stay cheap on any model
@@ -41,20 +42,20 @@ def warm_up(engine: Engine) -> WarmUp:
         for ids, sampling in requests:
             scheduler.add_request(ids, sampling)
         for _ in range(_MAX_STEPS):
-            outcome = scheduler.step() or scheduler.flush()
-            if outcome is None:
+            record = scheduler.step() or scheduler.flush()
+            if record is None:
                 break
             steps += 1
-            paths |= _paths(outcome.launched)
+            paths |= _paths(record)
         scheduler.abort_all()  # what a pass cut short held, and the prefix cache's pages
         scheduler.check_integrity()
     return WarmUp((time.perf_counter() - started) * 1e3, steps, frozenset(paths))
 
 
-def _paths(launched) -> set[str]:
-    batch = launched.batch
-    paths = {batch.phase, "graph" if launched.cuda_graph else "eager"}
-    paths |= {"chunk" for view in launched.rows if view.kind == "chunk"}
+def _paths(record: StepRecord) -> set[str]:
+    batch = record.batch  # (nobody watches: the record is not completed)
+    paths = {batch.phase, "graph" if record.cuda_graph else "eager"}
+    paths |= {"chunk" for req in batch.reqs if isinstance(req, ChunkedReq)}
     for req in batch.sampled_reqs:
         p = req.sampling
         top = p.top_k > 0 or p.top_p < 1.0
@@ -75,12 +76,12 @@ def _passes(engine: Engine) -> list[tuple]:
     short = _prompt(engine, min(5, room // 2 - 3), 2)
     if len(short) < 1:
         return []
+    first = config.with_(policy="prefill_first", max_extend_tokens=_CHUNK)
+    mixed = config.with_(policy="mixed", max_extend_tokens=_CHUNK)
     passes = [
-        (config.with_(policy="prefill_first", max_extend_tokens=_CHUNK),
-         [(chunked, greedy), (short, sampled)]),
-        (config.with_(policy="mixed", max_extend_tokens=_CHUNK),
-         [(short, top), (chunked, greedy)]),
-    ]  # fmt: skip
+        (first, [(chunked, greedy), (short, sampled)]),
+        (mixed, [(short, top), (chunked, greedy)]),
+    ]
     graphs = engine.prefill_graphs
     largest = config.cuda_graph_max_tokens + 1
     if graphs is not None and largest + 2 <= room:

@@ -1,16 +1,6 @@
-"""The HTTP side: FastAPI routes in the shape vLLM and SGLang serve them.
-
-    POST /v1/completions        prompt (text or token ids) -> text, streamed or whole
-    POST /v1/chat/completions   messages, through the model's chat template
-    GET  /v1/models             the served model
-    GET  /health                200 while the engine serves, 503 once it stopped
-    GET  /metrics               Prometheus' text format (`metrics.py`)
-
-A request is read and checked here (`protocol.parse`) before the engine sees it: a bad one is
-a 400 naming the field, a body over `MAX_BODY_BYTES` a 413, and a full queue a 503 with
-`Retry-After`. A streamed answer is server-sent events, one per step that brought new text,
-then `data: [DONE]`. A client that leaves aborts its request at once.
-"""
+"""The HTTP side: FastAPI routes in the shape vLLM and SGLang serve them. A bad request is a 400
+naming the field, a body over `MAX_BODY_BYTES` a 413, a full queue a 503 with `Retry-After`; a
+client that leaves aborts its request at once."""
 
 # NOTE: no `from __future__ import annotations`: FastAPI reads the routes' annotations (the
 # Request of a route defined in create_app) when it builds them
@@ -112,7 +102,6 @@ async def _read_json(request) -> object:
 
 
 async def _counted(service: "Service", events):
-    """`events`, counted among the responses under way while they last."""
     service.responses += 1
     try:
         async for event in events:
@@ -123,8 +112,7 @@ async def _counted(service: "Service", events):
 
 
 async def _stream(service: "Service", output: Output):
-    """Server-sent events: a chunk per step that brought text, the finish, usage if asked,
-    then [DONE]. A client that leaves (the response is cancelled) aborts its request."""
+    """Server-sent events: a chunk per step with text, the finish, usage if asked, then [DONE]."""
     parsed = output.parsed
     finished = False
     events = _Events(output)
@@ -152,8 +140,7 @@ async def _stream(service: "Service", output: Output):
 
 
 async def _whole(service: "Service", output: Output, request) -> "dict | None":
-    """The whole answer once it has ended; None if the client left first (its request is
-    aborted)."""
+    """The whole answer once it has ended; None if the client left first (its request aborted)."""
     text, ids = [], []
     while True:
         try:
@@ -166,7 +153,7 @@ async def _whole(service: "Service", output: Output, request) -> "dict | None":
         delta = output.take()
         text.append(delta.text)
         ids.extend(delta.token_ids)
-        if output.stopped:  # a stop string ended it: the engine lets go of it
+        if output.stopped:
             service.cancel(output)
         if delta.finish_reason is not None:
             break
@@ -190,8 +177,7 @@ async def _whole(service: "Service", output: Output, request) -> "dict | None":
 
 
 def _usage(output: Output) -> dict:
-    """The engine's count where the request ended there; where a stop string ended it, the
-    tokens up to it."""
+    """The engine's counts, or where a stop string ended the text, the tokens up to it."""
     prompt = len(output.parsed.token_ids)
     completion = len(output.tokens)
     if output.usage is not None and not output.stopped:
@@ -241,9 +227,8 @@ def _sse(data: dict) -> str:
 
 
 class _Events:
-    """One stream's chunks, each the same JSON as `_chunk` gives but written from a template:
-    a chunk per step for each of hundreds of streams, and `json.dumps` of a whole dictionary
-    for each was a large share of the HTTP process's time."""
+    """One stream's chunks, the same JSON as `_chunk` gives but from a template: `json.dumps` of a
+    whole dict per chunk of hundreds of streams costs the HTTP process much of its time."""
 
     def __init__(self, output: Output) -> None:
         parsed = output.parsed

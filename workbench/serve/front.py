@@ -1,11 +1,6 @@
-"""The HTTP process: uvicorn and the routes, the requests' checks, their detokenising and
-streaming, the metrics. The engine's process starts it (`Server.start`: ``python -m
-workbench.serve.front``, a process of its own that imports nothing of the caller's script) and
-talks to it over one local connection: checked requests and aborts go to the engine, one
-message a step comes back. Parsing
-JSON, tokenising prompts, detokenising and writing server-sent events for hundreds of clients
-is Python work: here it takes nothing from the engine's steps (a thread of the engine's process
-would share its interpreter lock).
+"""The HTTP process: uvicorn, the routes, checks, detokenising, streaming and metrics. It runs as
+``python -m workbench.serve.front`` so that this Python work takes nothing from the engine's
+steps (a thread would share its interpreter lock) and no script of the caller's is imported.
 
 Messages, engine -> here: ("step", tokens by request, ends, cached tokens at admission, the
 engine's state, refusals by reason, step seconds), ("stop",). Here -> engine: ("ready", port),
@@ -30,8 +25,7 @@ log = logging.getLogger("workbench.serve")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m workbench.serve.front SPEC``: the engine's process starts it so, with where to
-    connect back (a local socket, an authentication key) and the engine's `Limits` as JSON."""
+    """``python -m workbench.serve.front SPEC``: where to connect back, the engine's `Limits`."""
     from multiprocessing.connection import Client
 
     spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
@@ -44,8 +38,7 @@ def _address(address):
 
 
 def serve(conn, limits: Limits) -> None:
-    """Listen, and serve until the engine says stop (or is gone). `conn`: the connection to
-    the engine's process (both ways)."""
+    """Listen, and serve until the engine says stop (or is gone); `conn` goes both ways."""
     send_lock = threading.Lock()
 
     def send(message: tuple) -> None:
@@ -68,9 +61,8 @@ def serve(conn, limits: Limits) -> None:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        # NOTE: the event loop reads the engine's messages itself, as they come: a reader
-        # thread would wait for the interpreter lock while the loop writes hundreds of streams
-        # (up to the 5 ms switch interval a message), and every token would reach its client late
+        # NOTE: the event loop reads the engine's messages itself: a reader thread would wait for
+        # the interpreter lock while the loop writes hundreds of streams, delaying every token
         loop = asyncio.get_running_loop()
         loop.add_reader(conn.fileno(), _read, conn, service, loop, lambda: server)
         send(("ready", sock.getsockname()[1]))
@@ -94,9 +86,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _read(conn, service: Service, loop, server) -> None:
-    """On the event loop, when the engine's connection has something: every message there is;
-    at "stop" (or when the engine is gone) the answers it ended go out, then the server shuts
-    down."""
+    """On the event loop: the engine's messages; at "stop" (or the engine gone), shut down."""
     while conn.poll():
         try:
             message = conn.recv()

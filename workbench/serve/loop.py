@@ -1,16 +1,9 @@
 """The engine's side of a server: a thread that steps the engine while requests come from the
 HTTP process (`front.py`), and one message a step back to it.
 
-The scheduler is not shared between threads: whoever steps it holds `EngineLoop.lock` (this
-thread, or a notebook stepping a paused engine by hand through `step_once`). The HTTP
-process's requests and aborts wait in the connection until the next holder of the lock reads
-them, before its step; the thread reads them at once when it is not stepping (a client that
-leaves frees its slot and KV pages even while the engine is paused).
-
-Each step's tokens leave the engine once: the hooks `sample.end`, `request.finish` and `admit`
-(the same hook points a notebook listens to) collect them by request, and after the step one
-message takes them all, with the engine's state, to the HTTP process, which detokenises and
-streams them. The engine never waits for a client, and its process does no HTTP work.
+Whoever steps the scheduler holds `EngineLoop.lock` (this thread, or a notebook stepping a paused
+engine by `step_once`) and first reads the HTTP process's requests; idle, the thread reads them
+at once, so a client that leaves frees its KV even while paused. The engine never waits for one.
 """
 
 from __future__ import annotations
@@ -30,8 +23,7 @@ log = logging.getLogger("workbench.serve")
 
 @dataclass
 class Host:
-    """What the loop steps: an `LLM`, and how one step of it is taken (a `Workbench` keeps its
-    records, arrivals and views in step)."""
+    """What the loop steps: an `LLM`, and how one step is taken (a `Workbench` records it)."""
 
     llm: Any  # workbench.LLM: scheduler, hooks, probe
     step: Callable[[], Any]  # one step; None when there was nothing to do
@@ -44,18 +36,17 @@ class EngineLoop:
         self.host = host
         self.conn = None  # the connection to the HTTP process (both ways), set by `start`
         self.lock = threading.RLock()  # held while the scheduler is touched
-        # woken by a change from this process (a request a notebook adds, resume, stop)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self.live: dict[int, int] = {}  # uid -> rid of a request from HTTP
-        self._uid_of: dict[int, int] = {}  # rid -> uid
+        self._uid_of: dict[int, int] = {}
         self.paused = False
         self._stopping = False
         self.failures = 0  # steps that raised (their requests ended with an error)
-        self.queue_len = 0  # requests waiting in the scheduler
+        self.queue_len = 0
         self._sent_queue_len = -1
         # what the step gave the HTTP process's requests, sent after it
-        self._tokens: dict[int, list[int]] = {}  # rid -> its new tokens
+        self._tokens: dict[int, list[int]] = {}
         self._ends: list[tuple] = []  # (rid, reason, usage, error)
         self._cached: list[tuple[int, int]] = []  # (rid, prompt tokens found cached)
         self._refused: dict[str, int] = {}
@@ -64,12 +55,10 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
 
     def wake(self) -> None:
-        """Something changed in this process (a request added from a notebook, a resume, the
-        stop): the thread looks again at once."""
+        """Something changed in this process (an add from a notebook, resume, stop): look now."""
         with contextlib.suppress(OSError):
             self._wake_w.send(b"!")
 
-    # -- the thread --------------------------------------------------------------------------
     def start(self, conn) -> None:
         self.conn = conn
         hooks = self.host.llm.hooks
@@ -82,8 +71,7 @@ class EngineLoop:
         self._thread.start()
 
     def stop(self) -> None:
-        """End the thread after the step in progress; the engine's requests stay where they
-        are (`Server.stop` aborts those from HTTP first)."""
+        """End the thread after the step in progress; requests stay (`Server.stop` aborts first)."""
         self._stopping = True
         self.wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -106,8 +94,7 @@ class EngineLoop:
 
     def _run(self) -> None:
         # NOTE: this thread reads the HTTP process's messages itself, between steps: a reader
-        # thread of its own would wait for the interpreter lock while steps run back to back
-        # (up to the 5 ms switch interval a message), and requests would reach the engine late
+        # thread would wait for the interpreter lock while steps run, delaying every request
         while not self._stopping:
             if self.paused or self.host.idle():
                 self._wait(0.05)  # (requests due at a time arrive meanwhile)
@@ -133,11 +120,8 @@ class EngineLoop:
         return self.conn is not None and self.conn.poll()
 
     def step_once(self, raising: bool = False):
-        """One step of the engine, the requests and aborts the HTTP process sent read first;
-        its tokens to the HTTP process. The step's result (None: nothing to do). A step that
-        raises has ended its batch's requests with an error (the scheduler frees them): the
-        loop logs it and goes on; `raising` (a step taken by hand) raises it, as a step of a
-        notebook does."""
+        """One step, the HTTP process's messages read first; its result (None: nothing to do). A
+        step that raises has ended its requests with an error; `raising` (by hand) re-raises."""
         started = time.perf_counter()
         with self.lock:
             try:
@@ -156,8 +140,7 @@ class EngineLoop:
         return result
 
     def drain(self) -> None:
-        """Join the requests the HTTP process sent to the scheduler and abort those it cancelled
-        (the lock is held)."""
+        """Add the requests the HTTP process sent, abort those it cancelled (the lock is held)."""
         scheduler = self.host.llm.scheduler
         while self._readable():
             try:
@@ -169,7 +152,7 @@ class EngineLoop:
             if message[0] == "adds":
                 now = time.perf_counter()
                 for rid, ids, sampling, received in message[1]:
-                    arrived = max(scheduler.probe.clock() - (now - received), 0.0)
+                    arrived = max(scheduler.clock.now() - (now - received), 0.0)
                     uid = scheduler.add_request(ids, sampling, arrived=arrived, source="http")
                     self.live[uid], self._uid_of[rid] = rid, uid
             elif message[0] == "abort":
@@ -186,7 +169,6 @@ class EngineLoop:
             with contextlib.suppress(ValueError):  # it ended meanwhile
                 self.host.llm.scheduler.abort(uid)
 
-    # -- hooks, on the engine's thread ---------------------------------------------------------
     def _on_tokens(self, event) -> None:
         live, tokens = self.live, self._tokens
         for uid, token in zip(event.uids, event.tokens):
@@ -216,8 +198,7 @@ class EngineLoop:
         self._refused[event.reason] = self._refused.get(event.reason, 0) + 1
 
     def flush(self) -> None:
-        """Send what the step gave the HTTP process's requests, and the engine's state, in one
-        message (the lock is held)."""
+        """Send the step's tokens and ends and the engine's state in one message (lock held)."""
         changed = self.queue_len != self._sent_queue_len
         if not (self._tokens or self._ends or self._cached or self._step_s or changed):
             return
@@ -245,5 +226,5 @@ class EngineLoop:
         try:
             if self.conn is not None:
                 self.conn.send(message)
-        except (OSError, EOFError):  # the HTTP process is gone
+        except (OSError, EOFError):
             log.warning("the HTTP process is gone: its requests' tokens are not sent")

@@ -1,21 +1,7 @@
-"""`GET /metrics`: the engine's state and the requests' latencies in Prometheus' text format,
-and the workbench's own facts no other server exports: admission refusals by reason and the
-prefix cache's hits. Kept in the HTTP process, from the engine's message of each step.
-
-    workbench_requests_running / _waiting           requests in the running set / in the queue
-    workbench_kv_pages_in_use / _total               KV pages held by requests (and the cache)
-    workbench_kv_tokens_evictable                    cached prefix tokens no request holds
-    workbench_prompt_tokens_total                    prompt tokens of finished requests
-    workbench_prefix_cache_hit_tokens_total          of those, found in the prefix cache
-    workbench_generation_tokens_total                tokens sent to clients
-    workbench_requests_finished_total{reason}        stop, length, abort, error
-    workbench_admission_refusals_total{reason}       a waiting request refused in a step, per
-                                                     step (a refusal reason of `core.admission`)
-    workbench_http_rejected_total{status}            requests answered 400, 413 or 503
-    workbench_time_to_first_token_seconds            arrival at the server to the first token
-    workbench_inter_token_latency_seconds            between two tokens of one request
-    workbench_step_seconds                           one engine step, host wall time
-"""
+"""`GET /metrics`: the engine's state and the requests' latencies in Prometheus' text format, with
+the workbench's own facts no other server exports: admission refusals by reason and the prefix
+cache's hits. Kept in the HTTP process, from the engine's message of each step; each metric's
+help string says what it counts."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""One HTTP request's output as it comes out of the engine: its tokens, turned into text one step
-at a time, cut at a stop string, and how it ended.
-
-The engine sends each step's tokens once (`EngineLoop`), the HTTP process's event loop appends
-them here (`push`, `end`) and wakes whoever waits; the response reads what is new (`take`).
-Text is detokenised incrementally (tokenizers' `DecodeStream`: only the new tokens, in Rust),
-and the end of the text that could still be the start of a stop string is held back until the
-next tokens say it is not."""
+"""One HTTP request's output as it comes out of the engine: its tokens, turned into text a step at
+a time, cut at a stop string, and how it ended. The event loop appends the engine's tokens
+(`push`, `end`) and wakes the response, which reads what is new (`take`); text that could still
+start a stop string is held back until the next tokens say it does not."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ class Delta(NamedTuple):
 
 
 class Output:
-    """One request's output (created on the event loop, filled from the engine's thread
-    through it)."""
+    """One request's output, filled on the event loop from the engine's messages."""
 
     def __init__(
         self, parsed: Parsed, arrived: float, tokenizer, vocab: int, interval: int = 1
@@ -40,21 +35,20 @@ class Output:
         self.rid = -1  # the service's number for it, which the engine's messages name
         self.cancelled = False  # the client left, or a stop string ended it: abort it
         self.stopped = False  # a stop string ended it (before the engine did)
-        self.cached_tokens = 0  # its prompt tokens found in the prefix cache (at admission)
-        self.tokens: list[int] = []  # every token the engine produced for it
-        self._taken = 0  # tokens turned into text so far
+        self.cached_tokens = 0
+        self.tokens: list[int] = []
+        self._taken = 0
         self._text = ""  # text not sent yet (held back for a stop string)
-        self._sent_ids: list[int] = []  # tokens not sent yet
+        self._sent_ids: list[int] = []
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.usage: dict | None = None
-        self.first_token_at: float | None = None  # time.perf_counter()
+        self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self._wake = asyncio.Event()
         self._decoder = Decoder(tokenizer, vocab)
         self._stop_hold = max((len(s) for s in parsed.stop), default=1) - 1
 
-    # -- from the engine, through the event loop --------------------------------------------
     def push(self, tokens: list[int], at: float) -> None:
         self.tokens.extend(tokens)
         self.first_token_at = self.first_token_at if self.first_token_at is not None else at
@@ -76,7 +70,6 @@ class Output:
         """Tokens come and not taken yet."""
         return len(self.tokens) - self._taken
 
-    # -- to the response ---------------------------------------------------------------------
     async def wait(self) -> None:
         await self._wake.wait()
         self._wake.clear()
@@ -109,8 +102,7 @@ def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
 
 
 class Decoder:
-    """Token ids to text, incrementally: tokenizers' `DecodeStream` where the tokenizer has a
-    Rust backend (every fast tokenizer), else the whole output decoded again each time."""
+    """Token ids to text, incrementally: a fast tokenizer's `DecodeStream`, else all again."""
 
     def __init__(self, tokenizer, vocab: int) -> None:
         self.known = min(vocab, len(tokenizer))  # a dummy model's ids beyond the tokenizer's

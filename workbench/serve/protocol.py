@@ -1,19 +1,10 @@
 """What an OpenAI-compatible request asks for, checked field by field before anything is taken.
 
-`parse(body, chat, engine)` reads the JSON body of ``POST /v1/completions`` (``chat=False``) or
-``POST /v1/chat/completions`` into a `Parsed` request: token ids, `SamplingParams`, streaming,
-stop strings. Every problem is an `ApiError` (HTTP 400, OpenAI's error body) naming the field,
-the value and what is allowed, raised before the request reaches the engine.
-
-Honoured, as vLLM and SGLang serve them: `model`, `prompt` (text or token ids; completions),
-`messages` (through the model's chat template; chat), `max_tokens` / `max_completion_tokens`,
-`temperature`, `top_p`, `top_k`, `seed`, `stop` (a string or a list of strings), `ignore_eos`,
-`stream`, `stream_options.include_usage`, `return_token_ids` (vLLM's: the token ids beside the
-text), `user` and `metadata` (accepted, not used). Refused with a 400 when they ask for what
-this engine does not do: `n` > 1, `best_of` > 1, `logprobs`, `top_logprobs`, `echo`, `suffix`,
-`tools` and `tool_choice`, `functions`, `response_format` other than text, `logit_bias`,
-non-zero `presence_penalty` / `frequency_penalty`, `repetition_penalty` other than 1,
-`min_tokens` > 0; any other field is refused as unknown (as OpenAI's API does).
+`parse(body, chat, engine)` reads the JSON body of ``POST /v1/completions`` or
+``/v1/chat/completions`` into a `Parsed` request. Every problem is an `ApiError` (HTTP 400,
+OpenAI's error body) naming the field, the value and what is allowed. Fields that ask for what
+this engine does not do (`n` > 1, `logprobs`, tools, penalties: `_HARMLESS`) are refused, and
+unknown ones too, as OpenAI's API does; the README lists what is honoured.
 """
 
 from __future__ import annotations
@@ -25,8 +16,7 @@ from ..core import SamplingParams
 
 
 def _none_or(*allowed):
-    """A check that a field asks for nothing: missing (None) or one of `allowed` (compared with
-    their types: `True` is not 1)."""
+    """A check that a field is missing or one of `allowed`, types compared (`True` is not 1)."""
     return lambda v: v is None or any(type(v) is type(a) and v == a for a in allowed)
 
 

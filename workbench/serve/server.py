@@ -1,7 +1,5 @@
-"""A server's life, from the engine's process: the HTTP process (`front.py`: uvicorn, the
-routes, detokenising) started beside it, and a thread that steps the engine and reads the
-HTTP process's requests between steps (`loop.py`) (`LLM.serve`, `Workbench.serve`, `python -m
-workbench serve`).
+"""A server's life, from the engine's process: the HTTP process (`front.py`) started beside it,
+and a thread that steps the engine (`loop.py`).
 
     server = wb.serve(port=8000)     # returns once the port is open; the notebook goes on
     server.url                       # "http://127.0.0.1:8000/v1"
@@ -70,8 +68,7 @@ class Server:
         return f"http://{self.hostname}:{self.port}/v1"
 
     def start(self) -> Server:
-        """Start the HTTP process (returns once its port is open), then step the engine as
-        requests come."""
+        """Start the HTTP process (returns once its port is open), then step as requests come."""
         from multiprocessing.connection import Listener
 
         key = os.urandom(16)
@@ -106,9 +103,8 @@ class Server:
         self.loop.resume()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """End it: the requests in flight end with finish_reason "abort" (their slots and KV
-        pages freed), the engine's thread and the HTTP process stop, the port is free again.
-        The engine itself stays (a notebook goes on stepping it)."""
+        """End it: requests in flight end with finish_reason "abort", the thread and the HTTP
+        process stop, the port is free again. The engine stays (a notebook goes on stepping it)."""
         if not self.serving:
             return
         self.serving = False

@@ -1,7 +1,5 @@
-"""The HTTP process's view of the engine: what a request is checked against (`Limits`, sent by
-the engine's process when it starts this one), the requests under way (`Output`s by id), and
-what moves between the two processes: a checked request out, one message a step in.
-"""
+"""The HTTP process's view of the engine: what a request is checked against (`Limits`), the
+requests under way (`Output`s by id), and the messages between the two processes."""
 
 from __future__ import annotations
 
@@ -23,11 +21,9 @@ MAX_QUEUED_REQUESTS = 1024  # waiting requests (not yet running) before a 503
 
 @dataclass(frozen=True)
 class Limits:
-    """What the HTTP process needs of the engine to check a request: the model's directory
-    (its tokenizer and chat template), its vocabulary, context and KV pool, and how it is
-    served."""
+    """What the HTTP process needs of the engine to check a request, and how it is served."""
 
-    model: str  # the engine's model name or path
+    model: str
     model_dir: str
     served_name: str
     vocab_size: int
@@ -51,7 +47,7 @@ class Service:
         self.metrics = Metrics()
         self.serving = True
         self.responses = 0  # responses under way (the stop waits for them to end)
-        self.outputs: dict[int, Output] = {}  # rid -> the output of a request under way
+        self.outputs: dict[int, Output] = {}
         self._send, self._send_lock = send, threading.Lock()
         self._ids = itertools.count()
         self._unseen = 0  # requests sent since the engine last said how many wait
@@ -70,14 +66,12 @@ class Service:
         """The most tokens a request of this prompt may ask for: the context, and the KV pool."""
         return min(self.limits.max_seq_len, self.limits.kv_capacity) - len(ids)
 
-    # -- to the engine -------------------------------------------------------------------------
     def send(self, message: tuple) -> None:
         with self._send_lock:
             self._send(message)
 
     def accept(self, parsed: Parsed) -> Output:
-        """Send a checked request to the engine; a 503 when the server stops or its queue is
-        full."""
+        """Send a checked request to the engine; a 503 when stopping or the queue is full."""
         if not self.serving:
             raise ApiError("the server is stopping", status=503)
         waiting = self.engine_waiting + self._unseen

@@ -1,7 +1,5 @@
-"""A workbench's views (the dashboard) while it serves: the engine's thread must not draw them
-(a redraw of the dashboard takes a second on a CPU), so it pokes this thread after each step and
-goes on; the thread calls the views with the newest state, and pokes that come while it draws
-make one call, not many."""
+"""A workbench's views while it serves: the engine's thread only pokes this thread after a step (a
+redraw is slow), and pokes that come while it draws make one redraw, not many."""
 
 from __future__ import annotations
 

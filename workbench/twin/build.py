@@ -9,7 +9,7 @@ from ..config import EngineConfig, default_page_size
 from ..history.roofline import StepCost, spec_named
 from .costs import StepCosts
 from .engine import TwinEngine
-from .probe import TwinProbe
+from .probe import TwinClock, TwinProbe
 from .timeline import Timeline
 
 
@@ -72,8 +72,8 @@ def twin_meta(costs: StepCosts, engine: TwinEngine) -> dict[str, Any]:
 
 
 def build_twin(config: EngineConfig, costs: StepCosts, record: str, profile_steps):
-    """The twin's engine and probe, on one timeline; the probe knows the recorded device's
-    roofline."""
+    """The twin's engine, probe and clock, on one timeline; the probe knows the recorded
+    device's roofline."""
     timeline = Timeline()
     engine = TwinEngine(config, costs, timeline)
     probe = TwinProbe(timeline, costs, record, profile_steps=profile_steps)
@@ -81,4 +81,4 @@ def build_twin(config: EngineConfig, costs: StepCosts, record: str, profile_step
     probe.cost = StepCost.for_model(
         engine.model_config, engine.dtype.itemsize, spec and spec.times(engine.num_devices)
     )
-    return engine, probe
+    return engine, probe, TwinClock(timeline)

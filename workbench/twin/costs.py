@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..stages import HOST_STAGES
+from ..clocks import HOST_STAGES
 from .coverage import MIN_SHAPE_STEPS, shape_factor, uncalibrated
 from .features import (
     DEVICE_FEATURES,

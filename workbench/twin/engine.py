@@ -1,6 +1,6 @@
 """The twin's engine: the real request table, page table and KV accounting of the recorded
-engine, and no model. Its `run_batch` moves every request's ledger as a forward would and
-predicts the step's time on the `Timeline` instead of running it.
+engine, and no model. Its `forward` predicts the step's time on the `Timeline` instead of
+running it, and its `sample` gives every sampled request a token.
 
 What it keeps of the engine it stands for (`Engine`): the model's config (context length, EOS
 ids, KV bytes), the KV pool's size (`num_pages`: given, or as many KV tokens as the recorded
@@ -20,15 +20,13 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..core import Batch, Req
+from ..core import Batch
 from ..distributed import SINGLE
-from ..engine.engine import DeviceStep
+from ..engine.engine import Launch
 from ..engine.graph import capture_sizes
 from ..engine.prefill_graph import graph_shapes, shape_for
-from ..engine.ranks import OneRank
 from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
-from ..stages import StageClock
 from .costs import StepCosts
 from .features import batch_features
 from .timeline import Timeline
@@ -43,7 +41,7 @@ class TwinEngine:
         self.dtype = config.torch_dtype
         self.device = torch.device("cpu")  # its tables; the device it stands for: `simulates`
         self.simulates = f"{meta['device_name']} ({meta['device']})"
-        self.ranks, self.tp, self.launches = OneRank(), SINGLE, 0
+        self.ranks, self.tp, self.launches = None, SINGLE, 0
         self.num_devices = int(meta["tp_size"])
         self.max_seq_len = config.max_seq_len or min(
             model_cfg.max_position_embeddings, config.max_seq_len_cap
@@ -53,6 +51,7 @@ class TwinEngine:
         self.table = TableManager(config.max_running_reqs, width, self.device)
         dummy_slot = self.num_pages * config.page_size
         self.table.write_row(self.table.dummy_row, 0, np.full(width, dummy_slot, np.int32))
+        self.table.sync_device()
         # a GPU engine runs decode steps padded to its graphs' sizes
         self._sizes, self._shapes = None, []
         if str(meta["device"]).startswith("cuda"):
@@ -61,59 +60,46 @@ class TwinEngine:
                 rows = config.max_running_reqs
                 self._shapes = graph_shapes(config.cuda_graph_max_tokens, rows, width)
         self.captures_graphs = self._sizes is not None and config.cuda_graph
-        self._last: tuple[Batch | None, tuple[int, int] | None] = (None, None)
         self._token = next(t for t in range(100, model_cfg.vocab_size) if t not in _eos(model_cfg))
 
-    def _prompt_shape(self, batch: Batch) -> tuple[int, int] | None:
-        """As the real engine's `PrefillGraphRunner.shape`: from the tokens as launched."""
-        if not batch.is_prefill or not self._shapes:
-            return None
-        if self._last[0] is not batch:
-            tokens = sum(r.extend_len for r in batch.reqs)
-            self._last = (batch, shape_for(self._shapes, tokens, batch.size))
-        return self._last[1]
-
-    def uses_graph(self, batch: Batch) -> bool:
-        if batch.phase == "decode":
-            return self._sizes is not None and batch.size <= self._sizes[-1]
-        return self._prompt_shape(batch) is not None
-
-    def padded_size(self, batch: Batch) -> int:
-        if not self.uses_graph(batch):
-            return batch.size
-        if batch.phase != "decode":
-            return self._prompt_shape(batch)[1]
-        return next(s for s in self._sizes if s >= batch.size)
-
-    def padded_tokens(self, batch: Batch) -> int:
-        shape = self._prompt_shape(batch)
-        if shape is not None:
-            return shape[0]
+    def prepare(self, batch: Batch) -> Launch:
+        """How the real engine would run the batch: padded to a decode graph's size or a prompt
+        graph's shape (as `GraphRunner.shape` and `PrefillGraphRunner.shape` choose), or
+        eagerly. Nothing to write: no forward runs (the page table is written, as for a real
+        one)."""
+        launch = Launch(batch, None, None, None)
         _, cached, device_len = batch.ledger
-        return int((device_len - cached).sum()) + self.padded_size(batch) - batch.size
+        tokens = int((device_len - cached).sum())
+        launch.padded_rows, launch.padded_tokens = batch.size, tokens
+        if batch.phase == "decode":
+            if self._sizes is not None and batch.size <= self._sizes[-1]:
+                bs = next(s for s in self._sizes if s >= batch.size)
+                launch.padded_rows = launch.padded_tokens = bs
+                launch.cuda_graph, launch.shape = self.captures_graphs, bs
+        elif self._shapes:
+            shape = shape_for(self._shapes, tokens, batch.size)
+            if shape is not None:
+                launch.padded_tokens, launch.padded_rows = shape
+                launch.cuda_graph, launch.shape = self.captures_graphs, shape
+        return launch
 
-    def fill_inputs(self, batch: Batch) -> None:
-        """Nothing to build: no forward runs (the page table is written, as for a real one)."""
-
-    def plan(self, batch: Batch) -> None:
-        """No attention to plan."""
-
-    def run_batch(self, batch: Batch, clock: StageClock | None = None) -> DeviceStep:
-        """The step on the timeline: its predicted host and device times; every request's
-        ledger moved past it, a token for each sampled one."""
-        graph = self.uses_graph(batch) and self.captures_graphs
-        rows, tokens = self.padded_size(batch), self.padded_tokens(batch)
-        features = batch_features(batch, rows, tokens, graph)
+    def forward(self, launch: Launch) -> None:
+        """The step on the timeline: its predicted host and device times."""
+        batch = launch.batch
+        graph = launch.shape is not None and self.captures_graphs
+        features = batch_features(batch, launch.padded_rows, launch.padded_tokens, graph)
         device_ms, host_ms = self.costs.predict(features)
         predicted = self.timeline.launch(device_ms, host_ms)
         self.timeline.pending[id(batch)] = predicted  # the probe reads it at collect, record
-        launch, self.launches = self.launches, self.launches + 1
-        Req.complete_all(batch.reqs)
-        tokens = np.full(len(batch.sampled_reqs), self._token, dtype=np.int32)
-        return DeviceStep(tokens, predicted.done, SimTimer(device_ms), 1, launch)
+        launch.index, self.launches = self.launches, self.launches + 1
+        launch.timer, launch.done = SimTimer(device_ms), predicted.done
 
-    def wait(self, step: DeviceStep) -> None:
-        self.timeline.wait_for(step.done)
+    def sample(self, launch: Launch, logits: None) -> None:
+        """A token for each sampled request, never EOS."""
+        launch.tokens = np.full(len(launch.batch.sampled_reqs), self._token, dtype=np.int32)
+
+    def wait(self, launch: Launch) -> None:
+        self.timeline.wait_for(launch.done)
 
     def rank_device_ms(self) -> dict[int, list[float]]:
         return {}
@@ -128,6 +114,8 @@ class TwinEngine:
 
 class SimTimer:
     """A device timer that reads a predicted time."""
+
+    cuda = True  # a prediction of the recorded device, not the host's wall time
 
     def __init__(self, ms: float) -> None:
         self._ms = ms

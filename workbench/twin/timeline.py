@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..stages import HOST_STAGES
+from ..clocks import HOST_STAGES
 
 _LAUNCH = HOST_STAGES.index("forward")  # stages before it run before the device starts
 _COLLECT = HOST_STAGES.index("collect")

@@ -1,10 +1,7 @@
 """Views of a run: Altair charts, the live dashboard, the static report. Each reads a history.
 
-Every chart of `charts.CHARTS` is here by its name (``viz.batch_composition(history)``), with
-the comparisons of several runs (`compare_table`, `compare_summary`, `compare_chart`,
-`request_latencies`), the
-report (`write_report`) and the dashboard (`Dashboard`, imported on first use: it needs
-ipywidgets)."""
+Every chart of `charts.CHARTS` is here by its name (``viz.batch_composition(history)``), with the
+comparisons of several runs, `write_report` and `Dashboard` (imported on first use)."""
 
 from . import charts
 from .charts import CHARTS, Chart
@@ -15,9 +12,8 @@ from .sweep import sweep_chart
 
 
 def _render_offline() -> None:
-    """Charts shown in a notebook draw with a local copy of Vega: Altair's default renderer loads
-    it from a CDN, so without the internet nothing shows. The user's own choice of renderer
-    stays; without anywidget, charts carry the Vega bundle inline in their HTML."""
+    """Draw with a local copy of Vega (Altair's default loads it from a CDN), unless the user chose
+    a renderer; without anywidget, charts carry the bundle inline in their HTML."""
     import altair as alt
 
     if alt.renderers.active != "default":
@@ -47,7 +43,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in charts.BY_NAME:  # each chart's function, by its name in the registry
+    if name in charts.BY_NAME:
         return charts.BY_NAME[name].function
     if name == "Dashboard":  # imported on first use: it needs ipywidgets
         from .dashboard import Dashboard

@@ -1,7 +1,5 @@
-"""Where a run's time went, from its records: how long requests waited in the queue and why
-(every refusal names its reason), the steps that computed prompt tokens and how busy the device
-was in them, and the steps bound by the host. `compare_table` shows these figures,
-`compare_summary` and the report say them in sentences."""
+"""Where a run's time went, from its records: queue time by refusal reason, the prompt steps and
+how busy the device was in them, host-bound steps."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from ..history.timing import add_timing_columns, device_on_host, run_timing
+from ..timing import add_timing_columns, device_on_host, run_timing
 
 # a refusal reason (`core.admission`), as a sentence says what the request waited for
 WAITED_FOR = {
@@ -28,19 +26,19 @@ class Causes(NamedTuple):
     """A run's figures of where its time went, and of how its prompts were scheduled."""
 
     steps: int
-    mean_step_ms: float  # wall time
+    mean_step_ms: float
     queued_ms: dict[str, float]  # request-ms refused, by reason, largest first
-    prompt_steps: int  # steps that computed prompt tokens (prefill or mixed)
+    prompt_steps: int
     paused_steps: int  # of those, prefill steps while requests were running: decodes paused
-    prompt_tokens_max: int  # the most prompt tokens one of them computed
-    prompt_device_share: float  # device time over their span (NaN: none)
-    device_share: float  # device busy: device time over the steps' span (`history.timing`)
-    host_bound: int | None  # host-bound steps (`history.timing`; None: not recorded)
+    prompt_tokens_max: int
+    prompt_device_share: float  # NaN: no prompt steps
+    device_share: float
+    host_bound: int | None  # None: not recorded
     on_cpu: bool  # the forward ran on the host: its time is the device's, not host work
-    steps_per_prompt: float  # steps that computed a part of a request's prompt, mean (NaN: none)
+    steps_per_prompt: float
     chunked: int  # requests whose prompt took more than one step
-    prompts: int  # requests whose prompt was computed (in part or whole) in the run
-    mean_ttft_steps: float  # steps from arrival to the first token, the step itself included
+    prompts: int
+    mean_ttft_steps: float  # the step of the first token included
 
     @property
     def queued_s(self) -> float:
@@ -48,9 +46,9 @@ class Causes(NamedTuple):
 
 
 def run_causes(history) -> Causes:
-    """The figures of `Causes`. A request refused at a step waited that step's wall time (a
-    request-ms) for the reason it was refused (`history.admissions`). Host-bound steps and the
-    device's busy share are `history.timing`'s, as in every view."""
+    """The figures of `Causes`. A request refused at a step waited that step's wall time for the
+    refusal's reason; host-bound steps and device busy are `workbench.timing`'s, as in every
+    view."""
     steps = history.steps
     on_cpu = device_on_host(history)
     timing = run_timing(steps, on_cpu)
@@ -83,8 +81,7 @@ def run_causes(history) -> Causes:
 
 
 def _steps_per_prompt(ledger: pd.DataFrame) -> pd.Series:
-    """Per request, the steps that computed a part of its prompt (its chunks and its last
-    part, "prefill")."""
+    """Per request, the steps that computed part of its prompt (its chunks and "prefill")."""
     if "kind" not in ledger:  # a run saved with its tokens alone (a slimmed run)
         return pd.Series(dtype=float)
     prompt = ledger[ledger.kind.isin(("chunk", "prefill"))]
@@ -101,14 +98,12 @@ def _queued_ms(history) -> dict[str, float]:
 
 
 def _share(steps: pd.DataFrame) -> float:
-    """Device time over the steps' span (`history.timing`): how busy the device was in them."""
     span_ms = steps.span_ms.sum()
     return float(steps.device_ms.sum() / span_ms) if span_ms > 0 else math.nan
 
 
 def queued_phrase(causes: Causes, reasons: int = 2) -> str:
-    """ "queued 9.1 s in all, 8.0 s for the token budget (no_token_budget), 1.1 s behind a
-    refused request (queued_behind)": the total and its largest `reasons`."""
+    """ "queued 9.1 s in all, 8.0 s for the token budget (no_token_budget), ...": top `reasons`."""
     if not causes.queued_ms:
         return "never waited in the queue"
     parts = [
@@ -119,8 +114,7 @@ def queued_phrase(causes: Causes, reasons: int = 2) -> str:
 
 
 def prompt_phrase(causes: Causes) -> str:
-    """ "91 steps with prompt tokens (up to 256 a step; 4 paused the running decodes), the
-    device busy 31% of their time"."""
+    """ "91 steps with prompt tokens (up to 256 a step; ...), the device busy 31% of their time"."""
     if not causes.prompt_steps:
         return "no step with prompt tokens"
     paused = f"; {causes.paused_steps} paused the running decodes" if causes.paused_steps else ""

@@ -1,16 +1,8 @@
 """Altair charts: pure functions from a run history to a chart, and their registry.
 
 A history is anything with the tables `steps`, `ledger`, `requests`, `admissions`, `events` and
-`pages` (a live `History` or a loaded `RunHistory`). Nothing here needs the engine, and nothing
-loads from the network. Long runs are aggregated before they reach Altair (its row limit is
-5,000 and a browser wants far fewer marks than that).
-
-The charts live by what they show: `step_charts` (batches, the KV pool, time per step),
-`request_charts` (ledgers, page tables, admissions), `rank_charts` (the ranks' skew at their
-all-reduces) and `slo_charts` (why requests missed an SLO). `CHARTS` lists every one in the
-order the dashboard and the report show them; each is drawn the same way,
-`chart.draw(history, step, uid)`, for the step and the request in focus (None: none).
-Adding a chart is its function and one line here.
+`pages`. Long runs are aggregated before they reach Altair: a browser wants few marks. `CHARTS`
+lists every chart in the order the views show them; adding one is its function and one line.
 """
 
 from __future__ import annotations
@@ -39,7 +31,7 @@ class Chart(NamedTuple):
     title: str  # in the report; "{step}" is the step it shows
     function: Callable[..., Any]
     step: str | None  # the keyword that takes the step in focus (None: it takes none)
-    uid: str | None = None  # the keyword that takes the request in focus
+    uid: str | None = None
     per_step: bool = False  # it draws one step (the one in focus), not the whole run
     wide: bool = False  # a row of the dashboard of its own
     shown: Callable[[Any], bool] | None = None  # in the views only for the histories it says

@@ -1,5 +1,4 @@
-"""What every chart shares: sizes and limits, the step axis, long runs binned, colour scales,
-the highlight of one request or step, and the chart that says there is nothing to show."""
+"""What every chart shares: sizes and limits, the step axis, binning, colours, highlights."""
 
 from __future__ import annotations
 
@@ -34,7 +33,6 @@ def rows_height(rows: int, per_row: int = 16) -> int:
 
 
 def step_x(alt, field: str = "step", title: str = "step"):
-    """A step axis: from 0, whole steps only."""
     return alt.X(
         f"{field}:Q",
         title=title,
@@ -44,8 +42,7 @@ def step_x(alt, field: str = "step", title: str = "step"):
 
 
 def binned_steps(steps: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
-    """Steps as they are, or averaged into at most MAX_BARS bins for long runs; `bin` to
-    `bin_end` is the span each bar covers."""
+    """Steps as they are, or averaged into at most MAX_BARS bins; a bar spans `bin` to `bin_end`."""
     if len(steps) <= MAX_BARS:
         return steps.assign(bin=steps.step, bin_end=steps.step + 1), "step"
     width = int(np.ceil(len(steps) / MAX_BARS))
@@ -55,8 +52,7 @@ def binned_steps(steps: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame,
 
 
 def color_scale(alt, field: str, colors: dict[str, str], title: str | None = None, legend=None):
-    """`field` coloured as `colors` says, whichever values the data has; the legend titled
-    `title` (default: the field's name), placed by `legend` (an `alt.Legend`) when given."""
+    """`field` coloured as `colors` says, whichever values the data has."""
     scale = alt.Scale(domain=list(colors), range=list(colors.values()))
     placed = {} if legend is None else {"legend": legend}
     return alt.Color(f"{field}:N", scale=scale, title=title or field, **placed)
@@ -92,24 +88,21 @@ def empty_chart(alt, message: str):
 
 
 def spans_decades(values: np.ndarray) -> bool:
-    """Whether values read better on a log scale: all positive, and the largest `LOG_SPAN` times
-    the smallest or more (on a linear axis the small ones would lie flat along the bottom)."""
+    """Whether values need a log scale: all positive, the largest `LOG_SPAN` times the smallest."""
     values = np.asarray(values, dtype=float)
     values = values[~np.isnan(values)]
     return len(values) > 0 and bool((values > 0).all()) and values.max() >= LOG_SPAN * values.min()
 
 
 def log_ticks(low: float, high: float) -> list[float]:
-    """A log axis's ticks from `low` to `high`: the powers of ten, with 2 and 5 times them where
-    the range spans fewer than three decades."""
+    """Powers of ten from `low` to `high`, with 2 and 5 times them over fewer than three decades."""
     steps = (1,) if np.log10(high / low) >= 3 else (1, 2, 5)
     decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
     return [m * 10.0**d for d in decades for m in steps if low <= m * 10.0**d <= high]
 
 
 def fitted_y(alt, field: str, title: str, values):
-    """A y encoding whose axis fits `values`: linear from zero, or a log scale where they span
-    `LOG_SPAN` times or more (its title says so)."""
+    """A y encoding fitted to `values`: linear from zero, or log (its title says so)."""
     values = np.asarray(values, dtype=float)
     if not spans_decades(values):
         return alt.Y(f"{field}:Q", title=title)

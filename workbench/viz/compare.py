@@ -1,9 +1,5 @@
-"""Comparing runs: the same requests under different policies, chunk sizes or settings.
-
-`runs` is a mapping from a label to a history (live, or loaded with `load_run`). Latencies are
-given in steps as well as in ms: steps do not depend on the machine or on what else it was
-doing, so a comparison made on a laptop holds for the schedule, if not for the clock.
-"""
+"""Comparing runs of the same requests under different settings. `runs` maps a label to a history.
+Latencies are in steps as well as ms: steps do not depend on the machine or on its load."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ from .common import WIDTH, altair, binned_steps, fitted_y
 from .noise import combine, repeats_of, run_spreads, same_setting_floor, same_setting_groups
 from .report import summary
 
-# compare_table's default columns, in the order a comparison reads: throughput, the latencies
-# users feel (one name each: p50, not also "median"), the schedule's steps, where time went
+# compare_table's default columns, in reading order; one name a figure (p50, not also "median")
 SHORT = (
     "output tokens/s",
     "p50 TTFT (ms)",
@@ -46,8 +41,7 @@ SHORT = (
 def request_latencies(history) -> pd.DataFrame:
     """Per request: time to first token and time per output token, in steps and in ms.
 
-    `ttft_steps` counts the steps from arrival to the first token, the step that produced it
-    included; `tpot_steps` is steps per output token after the first (1.0: never paused)."""
+    `ttft_steps` includes the first token's step; `tpot_steps` is 1.0 for a request never paused."""
     r = history.requests
     return pd.DataFrame(
         {
@@ -63,29 +57,18 @@ def request_latencies(history) -> pd.DataFrame:
 def compare_table(
     runs: Mapping[str, object], full: bool = False, slo: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
-    """One row per setting, the columns of `SHORT`: output tokens/s; TTFT, ITL and TPOT in ms
-    at p50 and p99 (TTFT and TPOT over requests, ITL over the gaps of all requests); mean TTFT
-    in steps; the steps by phase; where the time went: the mean step's wall time, the share of
-    the steps' span the device was busy, the host-bound steps (`history.timing`: one
-    definition in every view) and the request-seconds waited in the queue (`viz.causes`).
-    `compare_summary(runs)` says the same in sentences, with the causes.
+    """One row per setting, the columns of `SHORT`: output tokens/s; TTFT, ITL and TPOT at p50
+    and p99 (ITL over the gaps of all requests); mean TTFT in steps; steps by phase; the mean
+    step's wall time, device busy, host-bound steps (`workbench.timing`) and seconds queued.
 
-    A setting's value in `runs` is a history, or its repeats (a sequence of histories, or a
-    history with `repeats`, as `Workbench.compare(..., repeats=N)` gives): each figure is then
-    the mean over them. Beside each figure that has one, a column "<figure> ±" gives its spread
-    (`viz.noise`): the whole range over the repeats, or half the width of a 95% bootstrap
-    interval over the run's requests or steps, whichever is larger (NaN: not known, e.g. a
-    count in a single run); at least the machine's step-to-step jitter in the run, and at least
-    how far apart two runs of one setting under different names are. A difference smaller than
-    the two settings' spreads together is noise.
+    A value of `runs` is a history or its repeats (a sequence, or a history with `repeats` from
+    `Workbench.compare(..., repeats=N)`): figures are then means over them. A "<figure> ±"
+    column gives each figure's noise (`viz.noise`; NaN: not known); a difference smaller than
+    two settings' spreads together is noise.
 
-    `full=True`: every figure: the report's headline figures, p90s and latency in steps, mean
-    step times and against the roofline where the run has it (`bound_ms`, `achieved_gbps` of
-    the steps table); for runs profiled with record="full", the mean ms per step of each kernel
-    family. Figures no run has (the roofline of a CPU run) are left out.
-
-    `slo` (ms limits, `history.slo`): goodput, attainment and each limit's pass rate too, in
-    either view."""
+    `full=True`: every figure, with p90s, the roofline and ms per step of each kernel family
+    where recorded; figures no run has are left out. `slo` (ms limits, `history.slo`) adds
+    goodput, attainment and each limit's pass rate. `compare_summary` says it in sentences."""
     slo = None if slo is None else check_slo(slo)
     rows, spreads, slo_columns = {}, {}, {}
     for label, value in runs.items():
@@ -111,7 +94,7 @@ def compare_table(
             spread[name] = pd.concat([spread[name], floor], axis=1).max(axis=1)
     names = list(table.columns) if full else [*SHORT, *slo_columns, "repeats"]
     if full:
-        names = [n for n in names if table[n].notna().any()]  # nothing to show: left out
+        names = [n for n in names if table[n].notna().any()]
     columns = {}
     for name in names:
         columns[name] = table[name] if name in table else pd.Series(None, index=table.index)
@@ -121,9 +104,8 @@ def compare_table(
 
 
 class ComparisonTable(pd.DataFrame):
-    """`compare_table`'s result: a DataFrame of numbers, each figure's noise in its own
-    "<figure> ±" column, that a notebook shows with each figure and its noise in one cell ("134
-    ± 8.2"), every column shown; `shown()` is that view as a plain DataFrame of text."""
+    """`compare_table`'s result: numbers, each figure's noise in a "<figure> ±" column; a notebook
+    shows both in one cell ("134 ± 8.2"), as `shown()` gives them."""
 
     @property
     def _constructor(self):
@@ -221,19 +203,16 @@ def _row(history) -> dict:
 
 
 def _mean(steps: pd.DataFrame, column: str) -> float | None:
-    """A column's mean, or None for runs saved before the column existed (NaN where it has no
-    values, e.g. the roofline of a run on the CPU)."""
+    """A column's mean, or None for runs saved before the column existed."""
     return round(float(steps[column].mean()), 3) if column in steps else None
 
 
 def _percentiles(name: str, ms: pd.Series) -> dict[str, float]:
-    """p50, p90 and p99 of `ms` (NaN where there is none), as `latency_summary` takes them."""
     return {f"p{q} {name} (ms)": round(float(ms.quantile(q / 100)), 2) for q in (50, 90, 99)}
 
 
 def _bound_share(steps: pd.DataFrame) -> float | None:
-    """The steps' roofline time over their device time, over the steps that have a bound: 1.0
-    would be every step at its roofline. None for runs without the column, NaN without a spec."""
+    """Roofline time over device time of the steps with a bound (1.0: all at their roofline)."""
     if "bound_ms" not in steps:
         return None
     bounded = steps[steps.bound_ms.notna()]
@@ -247,11 +226,11 @@ def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
     `unit`: "steps" or "ms" for the latencies."""
     if unit not in ("steps", "ms"):
         raise ValueError(f"unit must be 'steps' or 'ms', got {unit!r}")
-    runs = {label: repeats_of(value)[0] for label, value in runs.items()}  # a setting's first run
+    runs = {label: repeats_of(value)[0] for label, value in runs.items()}
     alt = altair()
     labels = list(runs)
     run_scale = alt.Scale(domain=labels)
-    source = {label: _source(h) for label, h in runs.items()}  # real, or a twin's (simulated)
+    source = {label: _source(h) for label, h in runs.items()}
     sources = alt.Scale(domain=["real", "simulated"], range=[[1, 0], [5, 3]])
     lat = pd.concat(
         [request_latencies(h).assign(run=label, source=source[label]) for label, h in runs.items()],

@@ -1,10 +1,5 @@
-"""What a comparison of runs says, in sentences computed from their records: for each figure a
-user came for (throughput, time to first token, inter-token latency, time per output token),
-the best and the worst setting where they differ by more than their noise (`viz.noise`), or
-that they tie within it and how large it is; and what differs between the runs in their
-records (steps per prompt, time to first token in steps, queue time by refusal reason,
-host-bound steps). Shown under the table in the notebooks; `compare_summary(runs)` for any
-runs."""
+"""What a comparison of runs says, in sentences from their records: per figure the best and worst
+setting where they differ by more than their noise (`viz.noise`), else a tie, and why."""
 
 from __future__ import annotations
 
@@ -15,15 +10,14 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from ..history.timing import DEVICE_MEANING
+from ..timing import DEVICE_MEANING
 from .causes import Causes, describe, queued_phrase, run_causes
 from .compare import compare_table
 from .noise import repeats_of, same_setting_groups
 
 
 class Summary(list):
-    """Sentences (a list of str) that read as text: `print(summary)` prints them one a line,
-    a notebook shows them as HTML."""
+    """Sentences (a list of str): printed one a line, shown as a list in a notebook."""
 
     def __str__(self) -> str:
         return "\n".join(self)
@@ -46,13 +40,10 @@ class Verdict(NamedTuple):
 
 
 def compare_summary(runs: Mapping[str, object]) -> Summary:
-    """Sentences from the runs' records: for throughput, time to first token, inter-token
-    latency and time per output token, the best and the worst setting, named only where they
-    differ by more than their spreads together (`compare_table`'s "±" columns), each with what
-    differs in the records of the two (of each setting's first run: steps per prompt, TTFT in
-    steps, queue time by refusal reason, prompt steps, host-bound steps); else that the
-    settings tie within that noise. Then each setting's host-bound steps (`history.timing`).
-    With one run, the run described."""
+    """Sentences from the runs' records: for throughput, TTFT, ITL and TPOT, the best and worst
+    setting where they differ by more than their spreads together (`compare_table`'s "±"
+    columns), with what differs in their records; else that they tie within that noise. Then
+    each setting's host-bound steps. With one run, the run described."""
     firsts = {label: repeats_of(value)[0] for label, value in runs.items()}
     causes = {label: run_causes(history) for label, history in firsts.items()}
     if len(runs) < 2:
@@ -78,10 +69,9 @@ def compare_summary(runs: Mapping[str, object]) -> Summary:
 def verdict(
     values: pd.Series, spreads: pd.Series, higher: bool, same: list[list[str]] = ()
 ) -> Verdict | None:
-    """The best and worst of `values` where they differ by more than their spreads together;
-    the settings within that of the best (or worst) go with it. Runs of one setting (`same`:
-    groups of labels) are never apart: their difference is noise. None: fewer than two
-    values."""
+    """The best and worst of `values` where they differ by more than their spreads together,
+    each with the settings within noise of it. Runs of one setting (`same`: groups of labels)
+    are never apart. None: fewer than two values."""
     values = pd.to_numeric(values, errors="coerce").dropna()
     if len(values) < 2:
         return None
@@ -154,7 +144,6 @@ def _throughput_why(causes: dict[str, Causes], a: str, b: str) -> str:
 
 
 def _host_bound_why(x: Causes, y: Causes, a: str, b: str) -> list[str]:
-    """The host-bound steps of two runs, where they differ (`history.timing`)."""
     if x.host_bound is None or y.host_bound is None or x.host_bound == y.host_bound:
         return []
     return [
@@ -234,8 +223,7 @@ def _noise_sentence(repeats: dict[str, int], same: list[list[str]]) -> str:
 
 
 def _same_schedule(firsts: Mapping[str, object]) -> str:
-    """Whether every run took the same steps (the same batches): then their times differ by
-    noise only, whatever their settings."""
+    """Whether every run took the same steps: then their times differ by noise only."""
     shapes = {
         label: tuple(
             map(tuple, h.steps[["phase", "batch_size", "num_tokens"]].astype(str).to_numpy())
@@ -265,7 +253,6 @@ def _host_sentence(table: pd.DataFrame, causes: dict[str, Causes]) -> str:
 
 
 def _count_of(value) -> str:
-    """A count, or a mean of counts over repeats (one decimal when it is not whole)."""
     value = float(value)
     return f"{value:,.0f}" if value.is_integer() else f"{value:,.1f}"
 

@@ -1,11 +1,8 @@
-"""The live dashboard: buttons that drive the engine, a step slider to look back, a request picker
-(with Abort for the picked request), and charts that redraw in place after every step.
+"""The live dashboard: buttons that drive the engine, a step slider, a request picker (with
+Abort), and charts that redraw in place after every step, wherever the step was taken.
 
     wb.dashboard()              # live, on a Workbench
     load_run(path).dashboard()  # a saved run: the same views, no buttons
-
-Charts are Altair `JupyterChart` widgets in offline mode (no CDN); assigning a new chart redraws
-it in place. A step taken from a button or from `wb.step()` in another cell refreshes the views.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from typing import Any
 import ipywidgets as w
 import pandas as pd
 
-from ..history.timing import device_on_host
+from ..timing import device_on_host
 from . import charts
 from .common import empty_chart
 
@@ -24,12 +21,13 @@ from .common import empty_chart
 # the last redraw cost (at least REDRAW_MIN_S): redrawing then adds at most 1 / REDRAW_RATIO.
 REDRAW_RATIO = 6.0
 REDRAW_MIN_S = 0.2
-# Two charts side by side, legends below them, fit a 1,000 px window with JupyterLab's side
-# bar open; narrower, the second of a pair wraps below the first.
+# two charts side by side, legends below, fit a 1,000 px JupyterLab window with its side bar open
 CHART_WIDTH = 330
 
 
 class Dashboard(w.VBox):
+    """The views of a live Workbench (with buttons) or of a saved run (`source`)."""
+
     def __init__(self, source: Any) -> None:
         import altair as alt
 
@@ -70,10 +68,10 @@ class Dashboard(w.VBox):
         super().__init__(rows)
         self._follow = True  # the slider tracks the newest step until moved back by hand
         self._moving = False  # the slider or the picker is being set by refresh(), not by hand
-        self._last_refresh = 0.0  # when the last redraw ended
-        self._redraw_s = 0.0  # what the last redraw of the charts cost
+        self._last_refresh = 0.0
+        self._redraw_s = 0.0
         self._cleared = True  # the charts show "no steps yet"
-        self._progress = ""  # "running: 3 of 10 steps" while a button drives the engine
+        self._progress = ""
         self._progress_of: tuple[int, int | None] | None = None  # (first step, steps asked)
         self.slider.observe(self._on_slider, "value")
         self.picker.observe(lambda _: None if self._moving else self.refresh(), "value")
@@ -102,7 +100,6 @@ class Dashboard(w.VBox):
     def history(self):
         return self.workbench.history if self.workbench is not None else self.source
 
-    # -- driving the engine -----------------------------------------------------------------
     def _drive(self, n: int | None) -> None:
         """Step n times (None: to the end); the views follow as it goes, throttled."""
         self._follow = True
@@ -184,7 +181,6 @@ class Dashboard(w.VBox):
             else f"abort #{uid} and free what it holds"
         )
 
-    # -- drawing ----------------------------------------------------------------------------
     def refresh(self) -> None:
         """Redraw every chart for the selected step and request."""
         start = time.monotonic()
@@ -222,18 +218,15 @@ class Dashboard(w.VBox):
         """The slider's range and value, set by the dashboard (not a move by hand)."""
         self._moving = True
         try:
-            # NOTE: one message to the browser for all three. Sent apart, the browser clamps its
-            # old value into a new range (value 16 of max 0 after a reset) and sends that value
-            # back; during a run from a cell it waits until the cell ends, then reads as a move
-            # by hand to an old step, and the dashboard stopped following the engine.
+            # NOTE: one message for all three: sent apart, the browser clamps its old value into
+            # the new range and sends it back, which reads as a move by hand and stops following.
             with self.slider.hold_sync(), self.slider.hold_trait_notifications():
                 self.slider.min, self.slider.max, self.slider.value = low, high, value
         finally:
             self._moving = False
 
     def _set_picker(self, options: list[tuple[str, int]], value: int) -> None:
-        """The request picker's choices, in one message, with no redraw of their own (the
-        caller draws)."""
+        """The picker's choices in one message, with no redraw of their own (the caller draws)."""
         self._moving = True
         try:
             with self.picker.hold_sync():
@@ -315,8 +308,7 @@ def _fit(chart):
 
 
 def _times(row, on_host: bool) -> str:
-    """ "8.2 ms wall: device 6.1, host's own work 1.9" (`history.timing`; on the CPU the device's
-    work is the forward and sampling), and whether the step was host-bound."""
+    """ "8.2 ms wall: device 6.1, host's own work 1.9" (`workbench.timing`)."""
     said = f"{row.wall_ms:.1f} ms wall"
     if "host_work_ms" not in row.index or pd.isna(row.host_work_ms):
         return said
@@ -325,8 +317,7 @@ def _times(row, on_host: bool) -> str:
 
 
 def _host_bound(row, steps) -> str:
-    """Whether the step was host-bound (`history.timing`), and how many of the run's were: the
-    count the step-time chart's title gives."""
+    """Whether the step was host-bound, and how many of the run's were (as the chart's title)."""
     if "host_bound" not in steps or pd.isna(row.get("host_bound")):
         return ""
     here = "<b>this step</b>" if bool(row.host_bound) else "not this step"

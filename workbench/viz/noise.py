@@ -1,30 +1,10 @@
-"""How far a run's figures would move if it ran again: the noise `compare_table` puts beside each
-figure and `compare_summary` weighs a difference against.
+"""How far a run's figures would move if it ran again: the noise beside `compare_table`'s figures.
 
-A setting run several times (`Workbench.compare(..., repeats=N)`) is measured by its repeats:
-the figure is their mean and its spread the whole range they span. One run alone is measured by
-a bootstrap, `RESAMPLES` draws with a fixed seed, the figure computed on each draw; the spread is
-half the width of the middle 95% of those. Latencies draw the run's requests again with
-replacement; step times and throughput keep the run's schedule and draw each step's time from
-the steps of its shape (its timing noise alone: a prefill step and a decode step differ by
-their work, not by noise). With repeats each figure's spread is
-the larger of the two (the range of two or three repeats can be small by chance; a bootstrap
-sees how much the run's own requests or steps differ). Figures that only count (steps by
-phase, host-bound steps) get no bootstrap: with one run their spread is not known (NaN).
-
-A bootstrap cannot see the machine itself: when every request waits on the same steps (three
-requests decoding together give the same gaps), drawing them again changes nothing, yet the
-run made again on a busy machine gives other times. So the timed figures of a setting run once
-have a spread of at least the machine's own jitter in the run: how far steps of one shape
-(phase, requests, tokens, KV context read) stray from their shape's median work, at the 90th
-percentile, times the figure (`step_jitter`). That is cautious (on the H200 it gives 5-14%
-where two runs of one setting differ by 0.1-1%): repeats measure the machine itself, and with
-them the floor is not applied.
-
-Runs of one setting compared under different names (the same settings in their meta: `{"a":
-chunk 16, "c": chunk 16}`) are repeats of each other: how far apart they are is the machine's
-noise at the time, and each figure's spread in every setting is at least that share of it
-(`same_setting_floor`).
+A setting's spread is the larger of its repeats' range and a bootstrap of each run (the range of
+few repeats can be small by chance): latencies draw the requests again, step times draw each
+step from the steps of its shape (a prefill and a decode differ by work, not noise). A bootstrap
+cannot see the machine (requests decoding together share their gaps), so a setting run once has
+at least its `step_jitter`, and runs of one setting under two names set a floor on every spread.
 """
 
 from __future__ import annotations
@@ -35,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..history.latency import inter_token_latencies
-from ..history.timing import add_timing_columns, device_on_host
+from ..timing import add_timing_columns, device_on_host
 
 RESAMPLES = 300
 _RELATIVE_THROUGHPUT = "output tokens/s, relative"
@@ -43,8 +23,7 @@ _SEED = 20261205
 
 
 def repeats_of(value) -> list:
-    """The runs of one setting: a history (its `repeats` when `compare` ran it several times),
-    or a sequence of histories."""
+    """The runs of one setting: a history's `repeats` (or the history), or a sequence of them."""
     if isinstance(value, list | tuple):
         if not value:
             raise ValueError("a setting's runs are an empty sequence")
@@ -53,8 +32,7 @@ def repeats_of(value) -> list:
 
 
 def bootstrap_spreads(history) -> dict[str, float]:
-    """Half the width of the middle 95% of each bootstrapped figure of one run (see the
-    module), by `compare_table`'s column names."""
+    """One run's bootstrapped spreads, by `compare_table`'s column names."""
     rng = np.random.default_rng(_SEED)
     spreads = {}
     r = history.requests
@@ -84,10 +62,8 @@ TIMED = (
 
 
 def step_jitter(history) -> float:
-    """How far the run's steps stray from others of the same shape (`_shape`: phase, requests,
-    tokens, profiled or not): the 90th percentile of |work / the shape's median work - 1| over
-    the steps whose shape ran more than once (NaN: none did), a step's work being the device's
-    and the host's own (`_work_ms`)."""
+    """The 90th percentile of |work / its shape's median work - 1| (`_work_ms`, `_shape`) over the
+    steps whose shape ran more than once (NaN: none did)."""
     steps = history.steps
     if "host_work_ms" not in steps:
         steps = add_timing_columns(steps.copy(), device_on_host(history))
@@ -102,8 +78,7 @@ def step_jitter(history) -> float:
 
 
 def _itl_spreads(history, uids: np.ndarray, draws: np.ndarray) -> dict[str, float]:
-    """ITL's percentiles over the gaps of the requests drawn (each request brings all its
-    gaps)."""
+    """ITL's percentiles over the gaps of the requests drawn (each brings all its gaps)."""
     itl_ms = inter_token_latencies(history.steps, history.ledger) * 1e3
     by_uid = {uid: gaps.to_numpy(dtype=float) for uid, gaps in itl_ms.groupby(level=0)}
     gaps = [by_uid.get(uid, np.zeros(0)) for uid in uids]
@@ -116,9 +91,7 @@ def _itl_spreads(history, uids: np.ndarray, draws: np.ndarray) -> dict[str, floa
 
 
 def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
-    """Step times and throughput, each step drawn from the steps of its shape (`_shape`): the
-    run again with the same schedule, its timing noise alone (steps of different shapes differ
-    by their work, not by noise). Throughput moves as the steps' work does (`_work_ms`)."""
+    """Step times and throughput, each step drawn from the steps of its shape (`_shape`)."""
     steps = history.steps
     if steps.empty:
         return {}
@@ -128,7 +101,7 @@ def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
     work = _work_ms(steps)
     drawn = work[draws].sum(axis=1)
     device = steps.device_ms.to_numpy(dtype=float)
-    share = np.where(drawn > 0, device[draws].sum(axis=1) / drawn, np.nan)  # of the work drawn
+    share = np.where(drawn > 0, device[draws].sum(axis=1) / drawn, np.nan)
     own_share = float(device.sum() / work.sum()) if work.sum() > 0 else float("nan")
     spreads = {
         _RELATIVE_THROUGHPUT: _half_width(np.where(drawn > 0, work.sum() / drawn, np.nan)),
@@ -146,9 +119,8 @@ def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
 
 
 def _work_ms(steps: pd.DataFrame) -> np.ndarray:
-    """Each step's work: the device's and the host's own (`history.timing`). A step's span is
-    not its own where the host runs the forward at launch (the CPU with overlap: a step's span
-    holds the next one's forward), its work is."""
+    """Each step's work, the device's and the host's own: unlike its span, its own even where the
+    host runs the next step's forward at launch (the CPU with overlap)."""
     host = steps.host_work_ms.to_numpy(dtype=float)
     return steps.device_ms.to_numpy(dtype=float) + np.nan_to_num(host)
 
@@ -159,8 +131,7 @@ def _busy_pct(steps: pd.DataFrame) -> float:
 
 
 def _within_shapes(steps: pd.DataFrame, rng: np.random.Generator) -> np.ndarray:
-    """[RESAMPLES, steps] row indices: each step's place taken by a step of its shape, drawn
-    with replacement."""
+    """[RESAMPLES, steps] row indices: each step replaced by one of its shape, with replacement."""
     draws = np.empty((RESAMPLES, len(steps)), dtype=np.int64)
     shapes = steps.groupby(_shape(steps)).indices
     for members in shapes.values():
@@ -169,9 +140,8 @@ def _within_shapes(steps: pd.DataFrame, rng: np.random.Generator) -> np.ndarray:
 
 
 def _shape(steps: pd.DataFrame) -> list:
-    """What makes two steps the same work: phase, requests and tokens, the KV context the
-    decoding requests read (within 9%: attention reads it), and whether the profiler recorded
-    the step (a profiled step pays for the profiler: on the CPU several times its time)."""
+    """What makes two steps the same work: phase, requests, tokens, the KV context the decodes
+    read (within 9%) and whether the profiler recorded the step (it pays for the profiler)."""
     context = np.round(np.log2(steps.decode_context.to_numpy(dtype=float) + 1) * 8)
     keys = [steps.phase, steps.batch_size, steps.num_tokens, pd.Series(context, index=steps.index)]
     return keys + ([steps.profiled] if "profiled" in steps else [])
@@ -199,9 +169,8 @@ def _half_width(values: np.ndarray) -> float:
 
 
 def run_spreads(history, row: dict, alone: bool = True) -> dict[str, float]:
-    """One run's spreads by figure: its bootstrap's; for a run `alone` (its setting ran once),
-    at least its step jitter times the figure for the timed ones (see the module: repeats
-    measure the machine themselves)."""
+    """One run's spreads by figure: its bootstrap's, and for a run `alone` (its setting ran once)
+    at least its step jitter times the figure for the timed ones."""
     spreads = bootstrap_spreads(history)
     relative = spreads.pop(_RELATIVE_THROUGHPUT, np.nan)
     if _is_number(row.get("output tokens/s")):
@@ -216,10 +185,8 @@ def run_spreads(history, row: dict, alone: bool = True) -> dict[str, float]:
 
 
 def combine(rows: list[dict], spreads: list[dict[str, float]]) -> tuple[dict, dict]:
-    """One setting's figures and their spreads from its repeats' rows (each a figure -> value
-    dict) and their own spreads (`run_spreads`): numbers are the mean over repeats, the spread
-    the larger of the repeats' whole range and their median own spread; what is not a number
-    is the first repeat's."""
+    """One setting's figures (means over its repeats; what is not a number, the first's) and
+    spreads (the larger of the repeats' range and their median `run_spreads`)."""
     first = rows[0]
     values, spread = {}, {}
     for name, value in first.items():
@@ -243,8 +210,7 @@ _NOT_SETTINGS = ("run", "repeat", "texts", "warmup_ms")
 
 
 def setting_key(history) -> str | None:
-    """What identifies a run's setting: its meta without what names the run (None: a meta that
-    does not say how the run was made, e.g. tables put together by hand)."""
+    """A run's meta without what names the run (None: the meta does not say how it was made)."""
     meta = getattr(history, "meta", None) or {}
     if "model" not in meta:
         return None

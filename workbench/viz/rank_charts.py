@@ -1,5 +1,4 @@
-"""Charts of a run split over ranks (tensor parallelism): how late the latest rank came to each
-step's all-reduces (`history.rank_clock`)."""
+"""Charts of a run split over ranks: how late the latest rank came to each step's all-reduces."""
 
 from __future__ import annotations
 
@@ -15,10 +14,8 @@ def has_rank_skew(history) -> bool:
 
 
 def rank_skew(history, highlight_step: int | None = None):
-    """Each profiled step's `rank_skew_ms` (what the latest rank kept the others waiting at
-    the step's all-reduces, summed), coloured by the rank that came last most often
-    (`latest_rank`); long runs averaged over bins of steps, coloured by the bin's most
-    frequent latest rank."""
+    """Each profiled step's `rank_skew_ms` (how long the latest rank kept the others waiting at
+    its all-reduces), coloured by the rank that came last most often; long runs binned."""
     alt = altair()
     steps = history.steps
     if not has_rank_skew(history):
@@ -52,8 +49,7 @@ def rank_skew(history, highlight_step: int | None = None):
 
 
 def _binned(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The profiled steps as they are, or in at most MAX_BARS bins: mean skew, the most
-    frequent latest rank (the lower on a tie)."""
+    """The steps as they are, or in at most MAX_BARS bins: mean skew, most frequent latest rank."""
     if len(frame) <= MAX_BARS:
         return frame.assign(bin=frame.step, bin_end=frame.step + 1), "step"
     width = int(np.ceil((frame.step.max() + 1) / MAX_BARS))

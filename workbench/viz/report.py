@@ -49,6 +49,7 @@ def focus_step(history) -> int:
 def write_report(
     history, path: str | Path, title: str | None = None, meta: dict | None = None
 ) -> Path:
+    """Write `history` as one HTML file that opens offline, `meta` added to its settings."""
     import altair as alt
     import vl_convert as vlc
 
@@ -60,7 +61,7 @@ def write_report(
     ]
     meta = {**getattr(history, "meta", {}), **(meta or {})}
     texts = meta.pop("texts", None) or {}  # uid -> [prompt, answer], from Workbench.save
-    if meta.get("simulated"):  # a twin's run: say so, and on what it was calibrated
+    if meta.get("simulated"):
         title = title or f"workbench twin (simulated): {meta.get('model', '')} on " + str(
             meta.get("device_name", "")
         )

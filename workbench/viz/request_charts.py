@@ -26,10 +26,8 @@ OWNERS = tuple(PAGE_OWNER_COLORS)  # own, shared, prefix cache: sharing_segments
 
 
 def ledger_bars(history, step: int, highlight_uid: int | None = None):
-    """At one step, each request in the batch as one bar: cached | computed now | still to come.
-
-    `cached` is what was in the pool before the step, `extend` what the step computed, `remain`
-    the room left up to prompt + max_tokens."""
+    """At one step, each request in the batch as one bar: cached before the step | computed by
+    it (`extend`) | room left up to prompt + max_tokens (`remain`)."""
     alt = altair()
     rows = history.ledger[history.ledger.step == step]
     if rows.empty:
@@ -103,9 +101,8 @@ def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int 
 
 
 def page_table(history, step: int, highlight_uid: int | None = None):
-    """The page-table rows of one step's batch (the title says how many): token positions of
-    each request, coloured by whose KV slots they are: shared with another request of the
-    batch, the prefix cache's (matched when the request was admitted), or its own."""
+    """The page-table rows of one step's batch: each request's token positions, coloured by whose
+    KV slots they are: shared within the batch, the prefix cache's, or its own."""
     alt = altair()
     pages = getattr(history, "pages", None)
     rows = history.pages_at(step) if pages is not None and len(pages) else None
@@ -175,9 +172,8 @@ def admissions(history, highlight_uid: int | None = None):
 
 
 def sharing_segments(rows: pd.DataFrame, cached: dict[int, int]) -> pd.DataFrame:
-    """Split each slot run of the rows where its owner changes: "shared" where another row
-    shown holds the same slot (a prefix two requests of the batch read), else "prefix cache"
-    for a request's first `cached[uid]` positions (matched at admission), else "own"."""
+    """Split each slot run where its owner changes: "shared" where another row holds the slot,
+    else "prefix cache" for a request's first `cached[uid]` positions, else "own"."""
     lens = (rows.pos_end - rows.pos_start).to_numpy()
     run = np.repeat(np.arange(len(rows)), lens)  # the slot run of each position
     offset = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)

@@ -11,15 +11,13 @@ from .common import MAX_LINES, WIDTH, altair, color_scale, empty_chart, highligh
 
 
 def has_slo(history) -> bool:
-    """Whether the history carries an SLO (its meta's "slo": `bench --slo --save`, or
-    ``history.meta["slo"] = {...}``): the views then show `slo_misses`."""
+    """Whether the history's meta carries an SLO ("slo"): the views then show `slo_misses`."""
     return bool(getattr(history, "meta", {}).get("slo"))
 
 
 def slo_misses(history, slo: Mapping[str, float] | None = None, highlight_uid: int | None = None):
-    """Each request that missed `slo` (by default the history's meta "slo"), its delay split
-    by cause, the most delayed first (the `MAX_LINES` most delayed of a run with more); the
-    title gives goodput and attainment."""
+    """Each request that missed `slo` (default: the meta's), its delay split by cause, the
+    `MAX_LINES` most delayed first; the title gives goodput and attainment."""
     alt = altair()
     slo = slo if slo is not None else getattr(history, "meta", {}).get("slo")
     if not slo:

@@ -7,7 +7,6 @@ import numpy as np
 import pandas as pd
 
 from ..history.families import breakdown_table, family
-from ..history.timing import DEVICE_STAGES, add_timing_columns, device_on_host
 from ..palette import (
     DEVICE_COLOR,
     FAMILY_COLORS,
@@ -17,6 +16,7 @@ from ..palette import (
     NOT_PROFILED_COLOR,
     STAGE_COLORS,
 )
+from ..timing import DEVICE_STAGES, add_timing_columns, device_on_host
 from .common import (
     MAX_BARS,
     WIDTH,
@@ -96,12 +96,9 @@ def kv_usage(history, highlight_step: int | None = None):
 
 
 def step_times(history, highlight_step: int | None = None):
-    """Each step's host time by stage (bars) against its device time (black), by the one
-    definition of `history.timing`: a step is host-bound where the host's own work (the bars)
-    rises above the device's (the line); with overlap such a step's length is the host's. On
-    the CPU the forward and sampling are the device's work (the line: they run on the host's
-    cores), so their stages are not among the bars. Runs recorded before the split show their
-    host time whole."""
+    """Each step's host time by stage (bars) against its device time (black), as `workbench.timing`
+    defines them: a step is host-bound where the bars rise above the line. On the CPU the forward
+    and sampling are the device's work (the line), not among the bars."""
     alt = altair()
     steps = history.steps
     if steps.empty:
@@ -163,16 +160,15 @@ def step_times(history, highlight_step: int | None = None):
 
 
 def kernel_timeline(history, step: int, max_events: int = 1500):
-    """A Gantt chart of one step (record='full'): the hook ranges on the host in lanes of their
-    own, coloured by hook; operators and kernels below, coloured by kernel family; one legend
-    for each."""
+    """A Gantt chart of one step (record='full'): hook ranges in lanes of their own, coloured by
+    hook; operators and kernels below, coloured by kernel family."""
     alt = altair()
     events = history.events[history.events.step == step]
     if events.empty:
         if not history.events.empty:  # a window chose other steps
             return empty_chart(alt, f"step {step} was not profiled (profile_steps chose others)")
         return empty_chart(alt, f"step {step}: profiler events are recorded with record='full'")
-    if len(events) > max_events:  # keep the longest
+    if len(events) > max_events:
         events = events.nlargest(max_events, "duration_us")
     hook = (events.category == "hook").to_numpy()
     t0 = events.start_us.min()
@@ -207,10 +203,8 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
 
 
 def step_breakdown(history, highlight_step: int | None = None):
-    """Per step: device time by kernel family (attention, matmul, sampling, ...), the device's
-    time between kernels and the idle rest of the step's span (`breakdown_table`); a step the
-    profiler did not record is an outlined bar of its span, "not profiled". Where the steps
-    table has it, the step's roofline bound (`bound_ms`) is a black line over its bar."""
+    """Per step: device time by kernel family, between kernels and idle (`breakdown_table`); an
+    unprofiled step is an outlined bar of its span, and the roofline bound a black line."""
     alt = altair()
     frame = breakdown_table(history)
     if frame.empty:
@@ -274,8 +268,7 @@ def step_breakdown(history, highlight_step: int | None = None):
 
 
 def _bounds(steps: pd.DataFrame, profiled, width: int) -> pd.DataFrame | None:
-    """The roofline bound of the profiled steps, averaged over bins of `width` steps like the
-    bars; None when the steps table has none (a run on the CPU, or saved before the column)."""
+    """The profiled steps' roofline bound, binned like the bars (None: the run has none)."""
     if "bound_ms" not in steps or steps.bound_ms.isna().all():
         return None
     frame = steps.loc[steps.step.isin(profiled) & steps.bound_ms.notna(), ["step", "bound_ms"]]
@@ -291,9 +284,8 @@ def has_ranks(history) -> bool:
 
 
 def rank_times(history, highlight_step: int | None = None):
-    """Tensor parallelism: each rank's device time per step (rank 0's `device_ms`, then
-    `device_ms_rank1`..). The ranks run the same kernels on their shares, so the lines part
-    where one rank waits for another (an all-reduce) or its GPU does other work."""
+    """Each rank's device time per step: the lines part where one rank waits for another (an
+    all-reduce) or its GPU does other work."""
     alt = altair()
     steps = history.steps
     cols = ["device_ms"] + sorted(

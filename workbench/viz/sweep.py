@@ -1,11 +1,5 @@
-"""A sweep of settings in one chart: latency figures against a setting (the chunk size by
-default), a twin's runs as lines and real runs as points on the same axes.
-
-Each figure is a panel of its own with its own y axis: a figure whose values span
-`LOG_SPAN` times or more (a P95 TTFT of 7 ms under one policy and 13 s under another) is
-drawn on a log scale, which its axis title says, so that no policy lies flat along the bottom.
-Every value of the swept setting is a labelled tick.
-"""
+"""A sweep of settings in one chart: latency figures against a setting, a twin's runs as lines and
+real runs as points. A panel whose values span `LOG_SPAN` times or more is on a log scale."""
 
 from __future__ import annotations
 
@@ -77,8 +71,7 @@ def _rows(
     color: str = "policy",
     column: str | None = None,
 ) -> pd.DataFrame:
-    """One row per run and figure: its value (`run_figures`), whether the run was real or a
-    twin's, and its `x`, `color` and `column` settings (from its meta)."""
+    """One row per run and figure: its value, real or a twin's, its `x`, `color`, `column`."""
     rows = []
     for label, h in runs.items():
         meta = getattr(h, "meta", {})
@@ -92,9 +85,8 @@ def _rows(
 
 
 def _y(alt, figure: str, values: np.ndarray):
-    """A panel's y: its scale fitted to its values with a little room at both ends (no empty
-    decades below them, no zero far beneath them), on a log scale where they span `LOG_SPAN`
-    times or more (which its title says), ticked at powers of ten then."""
+    """A panel's y fitted to its values with a little room at both ends, on a log scale where
+    they span `LOG_SPAN` times or more (its title says so)."""
     if not len(values):
         return alt.Y("value:Q", title=figure, scale=alt.Scale(zero=False))
     low, high = float(values.min()), float(values.max())
