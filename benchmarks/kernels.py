@@ -72,9 +72,18 @@ def compare_qk_rope(model_cfg: ModelConfig, n: int, dev: torch.device, dtype: to
 
     def fused() -> torch.Tensor:
         return qk_norm_rope_store(
-            qkv, positions, rope.cos, rope.sin, q_norm.weight, k_norm.weight,
-            model_cfg.rms_norm_eps, slots, k_cache, v_cache, h,
-        )  # fmt: skip
+            qkv,
+            positions,
+            rope.cos,
+            rope.sin,
+            q_norm.weight,
+            k_norm.weight,
+            model_cfg.rms_norm_eps,
+            slots,
+            k_cache,
+            v_cache,
+            h,
+        )
 
     with torch.inference_mode():
         diff = (eager().float() - fused().float()).abs().max().item()
@@ -116,8 +125,10 @@ def first_calls(model_cfg: ModelConfig, dev: torch.device) -> None:
     ):
         start = time.perf_counter()
         fn()
-        print(f"first call of the {name} kernel (with its compile): "
-              f"{time.perf_counter() - start:.1f} s")  # fmt: skip
+        print(
+            f"first call of the {name} kernel (with its compile): "
+            f"{time.perf_counter() - start:.1f} s"
+        )
 
 
 def tune_sampling(n: int, vocab: int, dev: torch.device) -> None:
@@ -131,8 +142,12 @@ def tune_sampling(n: int, vocab: int, dev: torch.device) -> None:
     for block in (1024, 2048):
         for blocks in (4, 8, 16):
             for warps in (4, 8):
-                t = _time(lambda b=block, s=block * blocks, w=warps: race_sample(
-                    logits, temperatures, keys, b, s, w), repeat=20)  # fmt: skip
+                t = _time(
+                    lambda b=block, s=block * blocks, w=warps: race_sample(
+                        logits, temperatures, keys, b, s, w
+                    ),
+                    repeat=20,
+                )
                 results.append((t, block, block * blocks, warps))
     results.sort()
     print(f"sampling kernel at batch {n}, fastest first (us, block, segment, warps):")

@@ -180,6 +180,45 @@ def test_bench_splits_the_run_by_phase_and_batch_size():
     assert r["gc_collections"] >= r["gc_full_collections"] >= 0
 
 
+def test_bench_profile_reads_the_probes_profiled_steps(tmp_path):
+    """`--profile` profiles decode steps of a full batch through the engine's own probe
+    (record="full" and a window of those steps), and its families are the history's."""
+    trace = tmp_path / "trace.json"
+    out = _bench(
+        "--max-num-seqs",
+        "4",
+        "--profile",
+        "--profile-batches",
+        "2,4",
+        "--profile-trace",
+        str(trace),
+    )
+    assert "10 decode steps of 4 requests, profiled (record=full)" in out
+    operators = out.split("the busiest operators, ms and launches per step\n")[1]
+    assert "aten::mm" in operators.split("ms per decode step by family")[0]
+    families = dict(
+        part.rsplit(" ", 1)
+        for part in out.split("ms per decode step by family: ")[1].splitlines()[0].split(", ")
+    )
+    assert float(families["matmul"]) > 0 and "idle" in families
+    assert "device busy" in out
+    marks = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    assert marks  # the profiled run's steps and events
+
+
+def test_a_profile_restores_the_record_level_and_window():
+    from workbench import LLM
+    from workbench.bench.profile import profile_decode_steps
+
+    llm = LLM("tiny-qwen3", max_running_reqs=4, record="light", profile_steps=range(3))
+    profile = profile_decode_steps(llm, 4, 3, (8, 16), seed=0)
+    assert profile.count == 3 and set(profile.steps.phase) == {"decode"}
+    assert set(profile.steps.batch_size) == {4} and profile.steps.profiled.all()
+    assert set(profile.events.step) <= set(profile.steps.step)
+    assert llm.record == "light" and llm.scheduler.probe.window.steps == range(3)
+    llm.check_integrity()
+
+
 def _parse(args: list[str]):
     import argparse
 
@@ -194,16 +233,16 @@ def _parse(args: list[str]):
 
 def test_vllm_and_sglang_flag_names_mean_ours():
     theirs = _parse(
-        ["--num-prompts", "3", "--random-input-len", "20", "--random-output-len", "6",
-         "--random-range-ratio", "0.5", "--chunked-prefill-size", "16",
-         "--max-running-requests", "2", "--disable-radix-cache", "--disable-cuda-graph",
-         "--disable-overlap-schedule"]
-    )  # fmt: skip
+        ["--num-prompts", "3", "--random-input-len", "20", "--random-output-len", "6"]
+        + ["--random-range-ratio", "0.5", "--chunked-prefill-size", "16"]
+        + ["--max-running-requests", "2", "--disable-radix-cache", "--disable-cuda-graph"]
+        + ["--disable-overlap-schedule"]
+    )
     ours = _parse(
-        ["--num-requests", "3", "--input-len", "10", "30", "--output-len", "3", "9",
-         "--max-extend-tokens", "16", "--max-running-reqs", "2", "--cache", "naive",
-         "--no-cuda-graph", "--no-overlap"]
-    )  # fmt: skip
+        ["--num-requests", "3", "--input-len", "10", "30", "--output-len", "3", "9"]
+        + ["--max-extend-tokens", "16", "--max-running-reqs", "2", "--cache", "naive"]
+        + ["--no-cuda-graph", "--no-overlap"]
+    )
     assert theirs == ours
     assert _parse(["--random-input-len", "64"])["input_len"] == [64, 64]  # ratio 0: exactly N
 
@@ -217,17 +256,25 @@ def test_every_flag_says_its_default():
     out = subprocess.run(
         [sys.executable, "-m", "workbench", "bench", "--help"], capture_output=True, text=True
     ).stdout
-    for needle in ("(default: 16384)", "(default: prefill_first)", "(default: radix)",
-                   "(default: 0.6)", "(default: on)", "uniform in [MIN, MAX]"):  # fmt: skip
+    for needle in (
+        "(default: 16384)",
+        "(default: prefill_first)",
+        "(default: radix)",
+        "(default: 0.6)",
+        "(default: on)",
+        "uniform in [MIN, MAX]",
+    ):
         assert needle in out, needle
 
 
 def test_bench_under_vllm_names_writes_its_results(tmp_path):
     path = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "workbench", "bench", "--num-prompts", "3",
-           "--random-input-len", "16", "--random-output-len", "4", "--policy", "mixed",
-           "--chunked-prefill-size", "8", "--disable-radix-cache",
-           "--output-file", str(path)]  # fmt: skip
+    cmd = (
+        [sys.executable, "-m", "workbench", "bench", "--num-prompts", "3"]
+        + ["--random-input-len", "16", "--random-output-len", "4", "--policy", "mixed"]
+        + ["--chunked-prefill-size", "8", "--disable-radix-cache"]
+        + ["--output-file", str(path)]
+    )
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     result = json.loads(path.read_text())
     assert (result["policy"], result["max_extend_tokens"], result["cache"]) == ("mixed", 8, "naive")

@@ -68,9 +68,11 @@ def test_bad_lengths_are_refused():
 def test_a_run_under_vllm_names_and_errors_in_the_bench_usage(tmp_path):
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "workbench", "bench", "--model-path", "tiny-qwen3"]
-    flags = ["--num-prompts", "4", "--input-len", "24", "--output-len", "6", "--max-num-seqs",
-             "2", "--max-num-batched-tokens", "16", "--block-size", "4",
-             "--enable-chunked-prefill", "--output-json", str(out)]  # fmt: skip
+    flags = (
+        ["--num-prompts", "4", "--input-len", "24", "--output-len", "6", "--max-num-seqs", "2"]
+        + ["--max-num-batched-tokens", "16", "--block-size", "4", "--enable-chunked-prefill"]
+        + ["--output-json", str(out)]
+    )
     subprocess.run(cmd + flags, check=True, capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text())
     assert result["max_running_reqs"] == 2 and result["page_size"] == 4

@@ -217,8 +217,10 @@ def test_prefill_logits_against_transformers(page_size):
         ref16 = torch.stack([hf(torch.tensor([p], device="cuda")).logits[0, -1] for p in prompts])
     ref32, ref16 = ref32.float(), ref16.float()
     ours_vs_32, ours_vs_16, hf16_vs_32 = (
-        _logit_gap(ours, ref32), _logit_gap(ours, ref16), _logit_gap(ref16, ref32)
-    )  # fmt: skip
+        _logit_gap(ours, ref32),
+        _logit_gap(ours, ref16),
+        _logit_gap(ref16, ref32),
+    )
     scale = ref32.abs().max().item()
     print(
         f"\ninduction model, page size {page_size}, 32 prompts, largest logit {scale:.1f}, "

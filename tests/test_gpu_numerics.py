@@ -182,9 +182,18 @@ def test_fused_rope_kernel_matches_the_eager_layers(llm):
         q, k = layer.q_norm(q.reshape(n, h, d)), layer.k_norm(k.reshape(n, kvh, d))
         q, k = layer.rotary(positions, q, k)
         fused_q = qk_norm_rope_store(
-            qkv, positions, layer.rotary.cos, layer.rotary.sin, layer.q_norm.weight,
-            layer.k_norm.weight, layer.q_norm.eps, slots, k_cache, v_cache, h,
-        )  # fmt: skip
+            qkv,
+            positions,
+            layer.rotary.cos,
+            layer.rotary.sin,
+            layer.q_norm.weight,
+            layer.k_norm.weight,
+            layer.q_norm.eps,
+            slots,
+            k_cache,
+            v_cache,
+            h,
+        )
     q_err = (fused_q.float() - q.float()).abs().max().item()
     k_err = (k_cache[slots].float() - k.float()).abs().max().item()
     print(f"\nfused rope vs eager: max |q| err {q_err:.4f}, max |k| err {k_err:.4f}")

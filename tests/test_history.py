@@ -178,7 +178,7 @@ def test_tables_built_step_by_step_equal_tables_built_at_once(wb):
     history = wb.history
     while wb.step(3) is not None:
         history.ledger  # noqa: B018 (builds the tables so far)
-        whole = _build_tables(history.records, history.arrivals, history.aborts, history.cost)
+        whole = _build_tables(history.records, history.arrivals, history.aborts, history.roofline)
         for name in TABLES:
             pd.testing.assert_frame_equal(history.tables()[name], whole[name], check_exact=True)
     assert len(history.ledger) > 30

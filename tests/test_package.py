@@ -42,10 +42,10 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     python = venv / "bin" / "python"
-    site = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                    tmp_path).strip())  # fmt: skip
-    run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, wheel],
-        tmp_path)  # fmt: skip
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(run([python, "-c", purelib], tmp_path).strip())
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, wheel]
+    run(pip, tmp_path)
     # NOTE: the dependencies (torch, transformers, ...) come from this environment's
     # site-packages as a plain path: its .pth files, the checkout's editable install among
     # them, are not read from there, so `workbench` can only come from the wheel.
@@ -53,10 +53,7 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path):
 
     probe = run([python, "-c", PROBE], tmp_path)
     assert f"package: {site}" in probe and "dummy model ok" in probe
-    demo = run(
-        [python, "-m", "workbench", "demo", "--model", "tiny-llama", "--record", "light",
-         "--out", "demo"],
-        tmp_path,
-    )  # fmt: skip
+    flags = ["--model", "tiny-llama", "--record", "light", "--out", "demo"]
+    demo = run([python, "-m", "workbench", "demo", *flags], tmp_path)
     assert "KV pool integrity ok" in demo
     assert (tmp_path / "demo" / "report.html").exists()

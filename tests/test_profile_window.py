@@ -103,8 +103,12 @@ def test_a_predicate_profiles_exactly_the_steps_it_selects(policy, overlap):
 def test_a_capped_window_keeps_the_first_n_it_selects():
     wb = engine()
     wb.reset()
-    wb.reconfigure(policy="prefill_first", overlap=False, profile_steps="phase == 'decode'",
-                   max_profiled_steps=3)  # fmt: skip
+    wb.reconfigure(
+        policy="prefill_first",
+        overlap=False,
+        profile_steps="phase == 'decode'",
+        max_profiled_steps=3,
+    )
     submit(wb, seed=1)
     wb.run(progress=False)
     steps = wb.history.steps
@@ -179,8 +183,9 @@ def test_a_predicate_that_raises_mid_run_is_raised_after_its_step():
     wb = engine()
     wb.reset()
     # (fine on the made-up step it is tried on, of one request; not on a batch of two)
-    wb.reconfigure(policy="prefill_first", overlap=False,
-                   profile_steps=lambda s: 1 // (s.batch_size - 2) > 0)  # fmt: skip
+    wb.reconfigure(
+        policy="prefill_first", overlap=False, profile_steps=lambda s: 1 // (s.batch_size - 2) > 0
+    )
     submit(wb, seed=4)
     with pytest.raises(HookError, match="profile_steps.*ZeroDivisionError"):
         while wb.step() is not None:
@@ -246,9 +251,11 @@ def test_the_command_line_refuses_a_bad_profile_when_before_it_starts(capsys):
 
 def test_bench_profile_when_profiles_the_steps_it_names(tmp_path):
     expression = "phase == 'decode' and batch_size >= 2"
-    cmd = [sys.executable, "-m", "workbench", "bench", "--num-requests", "4", "--input-len", "8",
-           "24", "--output-len", "4", "12", "--profile-when", expression,
-           "--max-profiled-steps", "3", "--save", str(tmp_path)]  # fmt: skip
+    cmd = (
+        [sys.executable, "-m", "workbench", "bench", "--num-requests", "4"]
+        + ["--input-len", "8", "24", "--output-len", "4", "12"]
+        + ["--profile-when", expression, "--max-profiled-steps", "3", "--save", str(tmp_path)]
+    )
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     assert "profiled 3 of " in out and expression in out
     run = load_run(tmp_path / "run.parquet")

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from workbench import LLM, Workbench, load_run
-from workbench.bench.roofline import decode_step_bound
+from workbench.bench.bound import decode_step_bound
 from workbench.history.history import TABLES, History, _build_tables
-from workbench.history.roofline import H100, H200, StepCost, device_spec, streamed_weights
+from workbench.history.roofline import H100, H200, Roofline, device_spec, streamed_weights
 from workbench.runs import RunHistory
 from workbench.viz import compare_table, step_breakdown
 
@@ -34,8 +34,8 @@ def mixed_run(**options) -> Workbench:
     return wb
 
 
-def with_cost(history, cost: StepCost | None) -> History:
-    """The same records, tabled with another cost."""
+def with_roofline(history, cost: Roofline | None) -> History:
+    """The same records, tabled with another roofline."""
     other = History(cost)
     other.records, other.arrivals, other.aborts = history.records, history.arrivals, history.aborts
     return other
@@ -47,10 +47,10 @@ def run() -> Workbench:
 
 
 def test_a_cpu_run_moves_bytes_but_has_no_bound(run):
-    cost = run.history.cost
+    cost = run.history.roofline
     assert cost.device is None and device_spec("cpu") is None
     cfg = run.engine.model_config
-    assert cost == StepCost.for_model(cfg, 4)  # float32 on the CPU
+    assert cost == Roofline.for_model(cfg, 4)  # float32 on the CPU
     steps, ledger = run.history.steps, run.history.ledger
     assert {"prefill", "decode", "mixed"} <= set(steps.phase)
     assert steps[["bytes_read", "flops", "achieved_gbps"]].notna().all().all()
@@ -72,7 +72,7 @@ def test_a_cpu_run_moves_bytes_but_has_no_bound(run):
 @pytest.mark.parametrize("spec", [H200, H100])
 def test_every_decode_step_is_bounded_as_decode_step_bound(run, spec):
     cfg = run.engine.model_config
-    cost = StepCost.for_model(cfg, 4, spec)
+    cost = Roofline.for_model(cfg, 4, spec)
     ledger = run.history.ledger
     decodes = [rec for rec in run.history.records if rec.phase == "decode"]
     assert len(decodes) >= 3 and len({rec.size for rec in decodes}) > 1
@@ -82,7 +82,7 @@ def test_every_decode_step_is_bounded_as_decode_step_bound(run, spec):
         assert kv_tokens == sum(r.device_len for r in rec.rows) - rec.size  # (bench's count)
         bound = cost.of_step(rec.rows)
         assert bound.bound_ms == decode_step_bound(cfg, rec.size, kv_tokens, spec, 4) * 1e3
-    steps = with_cost(run.history, cost).steps
+    steps = with_roofline(run.history, cost).steps
     by_step = steps.set_index("step").bound_ms
     for rec in decodes:
         kv_tokens = sum(r.cached_len for r in rec.rows)
@@ -100,7 +100,7 @@ def test_a_chunked_prompt_does_the_work_of_one_prefill_and_reads_the_weights_per
         steps = wb.history.steps
         totals[budget] = (len(steps), steps.bytes_read.sum(), steps.flops.sum())
     prompt_len = int(wb.history.requests.prompt_tokens[0])
-    weight_bytes = wb.history.cost.weight_bytes
+    weight_bytes = wb.history.roofline.weight_bytes
     (chunks, chunked_bytes, chunked_flops), (one, whole_bytes, whole_flops) = totals.values()
     assert one == 1 and chunks == math.ceil(prompt_len / 16) > 1
     # the causal pairs of the chunks add up to those of the whole prompt
@@ -113,8 +113,8 @@ def test_tables_without_a_cost_have_nan_columns_and_with_one_build_step_by_step(
     history = run.history
     bare = _build_tables(history.records, history.arrivals, history.aborts)["steps"]
     assert bare[ROOFLINE].isna().all().all()
-    assert with_cost(history, None).steps[ROOFLINE].isna().all().all()
-    cost = dataclasses.replace(history.cost, device=H200)
+    assert with_roofline(history, None).steps[ROOFLINE].isna().all().all()
+    cost = dataclasses.replace(history.roofline, device=H200)
     live = History(cost)
     live.arrivals, live.aborts = history.arrivals, history.aborts
     for rec in history.records:
@@ -122,20 +122,20 @@ def test_tables_without_a_cost_have_nan_columns_and_with_one_build_step_by_step(
         whole = _build_tables(live.records, live.arrivals, live.aborts, cost)
         for name in TABLES:
             pd.testing.assert_frame_equal(live.tables()[name], whole[name], check_exact=True)
-    live.cost = None  # the tables follow a change of cost
+    live.roofline = None  # the tables follow a change of roofline
     assert live.steps.bound_ms.isna().all()
 
 
-def test_a_reconfigured_or_reset_engine_keeps_its_cost():
+def test_a_reconfigured_or_reset_engine_keeps_its_roofline():
     wb = Workbench("tiny-llama")
-    cost = wb.scheduler.probe.cost
-    assert cost is not None and wb.history.cost is cost
+    cost = wb.scheduler.probe.roofline
+    assert cost is not None and wb.history.roofline is cost
     wb.reconfigure(max_extend_tokens=8)
-    assert wb.history.cost is cost
+    assert wb.history.roofline is cost
     wb.add_request(PROMPTS[0], greedy(3))
     wb.run(progress=False)
     wb.reset()
-    assert wb.history.cost is cost
+    assert wb.history.roofline is cost
     wb.add_request(PROMPTS[1], greedy(3))
     wb.run(progress=False)
     assert wb.history.steps.bytes_read.notna().all() and len(wb.history.steps) > 1
@@ -148,7 +148,7 @@ def test_the_step_chart_draws_the_bound_where_the_run_has_one(tmp_path):
     for p in PROMPTS[:3]:
         wb.add_request(p, greedy(4))
     wb.run(progress=False)
-    bounded = with_cost(wb.history, dataclasses.replace(wb.history.cost, device=H200))
+    bounded = with_roofline(wb.history, dataclasses.replace(wb.history.roofline, device=H200))
     path = wb.save(tmp_path / "run.json")
     loaded = load_run(path)
     old = RunHistory({**loaded.tables(), "steps": loaded.steps.drop(columns=ROOFLINE)}, loaded.meta)
@@ -182,7 +182,7 @@ def test_on_a_known_gpu_no_step_beats_its_bound():
     if spec is None:
         pytest.skip(f"no spec for {torch.cuda.get_device_name()}")
     llm = LLM("dummy:qwen3-0.6b", device="cuda", record="light", max_extend_tokens=256)
-    assert llm.history.cost.device == spec
+    assert llm.history.roofline.device == spec
     prompts = [p * 4 for p in PROMPTS] * 8
     llm.generate(prompts, greedy(32))
     steps = llm.history.steps
@@ -195,7 +195,7 @@ def test_a_step_split_over_gpus_is_bounded_by_each_ones_share(run):
     """Tensor parallelism: N GPUs each read and compute 1/N of a step, so its bound on
     `spec.times(N)` is 1/N of one GPU's (bytes and FLOPs stay those of the whole step)."""
     cfg = run.engine.model_config
-    one, two = StepCost.for_model(cfg, 2, H200), StepCost.for_model(cfg, 2, H200.times(2))
+    one, two = Roofline.for_model(cfg, 2, H200), Roofline.for_model(cfg, 2, H200.times(2))
     assert H200.times(1) is H200 and H200.times(2).name == "2 x H200"
     for rec in run.history.records:
         a, b = one.of_step(rec.rows), two.of_step(rec.rows)

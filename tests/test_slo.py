@@ -32,18 +32,28 @@ def known_costs() -> StepCosts:
     takes nothing: a twin's run on these has timings known by hand."""
     zero = {s: Linear(HOST_FEATURES[s], (0.0,) * len(HOST_FEATURES[s])) for s in HOST_STAGES}
     return StepCosts(
-        meta={"model": "tiny-llama", "device": "cpu", "device_name": "cpu", "dtype": "float32",
-              "tp_size": 1, "num_pages": 4096, "page_size": 1, "runs": ["known"], "steps": 0},
+        meta={
+            "model": "tiny-llama",
+            "device": "cpu",
+            "device_name": "cpu",
+            "dtype": "float32",
+            "tp_size": 1,
+            "num_pages": 4096,
+            "page_size": 1,
+            "runs": ["known"],
+            "steps": 0,
+        },
         device={"eager": Linear(DEVICE_FEATURES["eager"], (30.0, 10.0, 0, 0, 0, 0, 0))},
         host={"eager": zero},
         between_ms=0.0,
-    )  # fmt: skip
+    )
 
 
 def known_run(policy: str, max_running_reqs: int = 4, late: bool = True, max_tokens: int = 5):
     """Three prompts of 10 tokens at time 0 and (`late`) a fourth at step 2, `max_tokens` each."""
-    wb = Workbench("tiny-llama", step_costs=known_costs(), policy=policy,
-                   max_running_reqs=max_running_reqs)  # fmt: skip
+    wb = Workbench(
+        "tiny-llama", step_costs=known_costs(), policy=policy, max_running_reqs=max_running_reqs
+    )
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     for i in range(3):
         wb.add_request([5 + i] * 10, sampling)

@@ -33,7 +33,7 @@ def test_a_tp_size_that_does_not_divide_the_heads_is_refused_first():
         (dict(tp_backend="mpi"), r"tp_backend must be one of \('nccl', 'gloo'\), got 'mpi'"),
         (dict(tp_backend="nccl"), r"tp_backend='nccl' needs a CUDA.*on the cpu: 'gloo'"),
     ],
-)  # fmt: skip
+)
 def test_a_tp_backend_that_cannot_run_is_refused_first(options, message):
     with pytest.raises(ValueError, match=message):
         LLM(MODEL, device="cpu", tp_size=2, **options)
@@ -50,7 +50,7 @@ def test_a_tp_backend_that_cannot_run_is_refused_first(options, message):
         ("cuda:1", "gloo", 3, 3, ["cuda:1", "cuda:2", "cuda:1"]),  # round the GPUs from cuda:1
         ("cpu", "gloo", 0, 2, ["cpu", "cpu"]),
     ],
-)  # fmt: skip
+)
 def test_where_each_rank_runs_and_what_it_shares(monkeypatch, device, backend, gpus, tp_size, want):
     """Placement only (this machine has no GPU, so the GPU count is given): each rank's
     device, the distinct devices (the roofline's), and how many ranks share a rank's memory."""

@@ -17,10 +17,10 @@ import pytest
 from workbench import SamplingParams, Workbench, fit_step_costs, load_run, load_step_costs
 from workbench.clocks import HOST_STAGES
 from workbench.runs import RunHistory
+from workbench.twin.accuracy import validate_twin, validation_summary
 from workbench.twin.costs import MIN_SHAPE_STEPS, Linear, StepCosts
 from workbench.twin.features import DEVICE_FEATURES, HOST_FEATURES, step_features
 from workbench.twin.replay import replay_requests
-from workbench.twin.validate import validate_twin, validation_summary
 
 from .conftest import shared
 
@@ -94,15 +94,18 @@ def run_workload(wb, requests, abort_at: tuple[int, int] | None = None):
     return wb.history
 
 
-SCHEDULE = [
-    "step", "phase", "batch_size", "padded_size", "num_tokens", "prefill_tokens",
-    "chunk_tokens", "decode_tokens", "sampled", "decode_context", "prefill_pairs", "admitted",
-    "waiting_reasons", "queue_len", "running", "kv_free", "kv_evictable", "kv_in_use",
-    "free_slots",
-]  # fmt: skip
+SCHEDULE = (
+    ["step", "phase", "batch_size", "padded_size", "num_tokens", "prefill_tokens"]
+    + ["chunk_tokens", "decode_tokens", "sampled", "decode_context", "prefill_pairs"]
+    + ["admitted", "waiting_reasons", "queue_len", "running"]
+    + ["kv_free", "kv_evictable", "kv_in_use", "free_slots"]
+)
 # (not `table_idx`: which free row a request gets depends on what the engine ran before)
-LEDGER = ["step", "uid", "kind", "cached_len", "device_len", "extend_len", "cached_tokens",
-          "finish"]  # fmt: skip
+LEDGER = (
+    ["step", "uid", "kind"]
+    + ["cached_len", "device_len", "extend_len", "cached_tokens"]
+    + ["finish"]
+)
 
 
 def assert_same_schedule(real, twin):
@@ -141,9 +144,12 @@ def test_the_twin_schedules_step_for_step_as_the_real_engine(policy, chunk, page
     abort = (5, 3)  # request 3 aborted at step 5 (waiting, chunked or decoding by then)
     real_history = run_workload(real, requests, abort)
     twin = Workbench(
-        MODEL, step_costs=synthetic_costs(), page_size=page, num_pages=NUM_PAGES // page,
+        MODEL,
+        step_costs=synthetic_costs(),
+        page_size=page,
+        num_pages=NUM_PAGES // page,
         **settings,
-    )  # fmt: skip
+    )
     twin_history = run_workload(twin, requests, abort)
     assert_same_schedule(real_history, twin_history)
     steps = twin_history.steps
@@ -195,10 +201,13 @@ def test_a_captured_shape_keeps_its_own_factor_on_the_fit(tmp_path):
     wb.reconfigure(max_extend_tokens=256, policy="mixed")
     rng = random.Random(6)  # 12 prompts at once, 30 to 60 tokens out: decode batches of 12 to 1
     requests = [
-        ([rng.randrange(1000, 9000) for _ in range(rng.randint(20, 60))],
-         SamplingParams(max_tokens=rng.randint(30, 60), ignore_eos=True), 0)
+        (
+            [rng.randrange(1000, 9000) for _ in range(rng.randint(20, 60))],
+            SamplingParams(max_tokens=rng.randint(30, 60), ignore_eos=True),
+            0,
+        )
         for _ in range(12)
-    ]  # fmt: skip
+    ]
     run = run_workload(wb, requests)
     steps = run.steps.copy()
     decode = (steps.phase == "decode").to_numpy()
@@ -259,10 +268,13 @@ def test_the_costs_name_what_their_calibration_did_not_cover(tmp_path):
     wb.reconfigure(max_extend_tokens=256, policy="mixed", max_running_reqs=12)
     rng = random.Random(9)
     long = [
-        ([rng.randrange(1000, 9000) for _ in range(rng.randint(150, 250))],
-         SamplingParams(max_tokens=12, ignore_eos=True), 0)
+        (
+            [rng.randrange(1000, 9000) for _ in range(rng.randint(150, 250))],
+            SamplingParams(max_tokens=12, ignore_eos=True),
+            0,
+        )
         for _ in range(12)
-    ]  # fmt: skip
+    ]
     wider = run_workload(wb, long)
     named = costs.uncalibrated(wider.steps)
     steps = wider.steps
@@ -362,9 +374,14 @@ def test_a_gpu_twin_replays_prompt_steps_as_graphs_when_its_runs_did(prompt_grap
 
     costs = synthetic_costs(device="cuda", prompt_graph=prompt_graph, cuda_graph=True)
     twin = Workbench(
-        MODEL, step_costs=costs, cuda_graph=True, cuda_graph_max_tokens=128,
-        max_extend_tokens=256, policy="mixed", max_running_reqs=16,
-    )  # fmt: skip
+        MODEL,
+        step_costs=costs,
+        cuda_graph=True,
+        cuda_graph_max_tokens=128,
+        max_extend_tokens=256,
+        policy="mixed",
+        max_running_reqs=16,
+    )
     history = run_workload(twin, workload(seed=8, n=12))
     steps = history.steps
     prompt = steps[steps.phase != "decode"]
@@ -387,9 +404,12 @@ def test_a_gpu_twin_replays_prompt_steps_as_graphs_when_its_runs_did(prompt_grap
 
 def test_a_twin_captures_what_the_recorded_engine_captured_unless_told_otherwise():
     costs = synthetic_costs(
-        device="cuda", prompt_graph=True, cuda_graph=True, cuda_graph_max_tokens=64,
+        device="cuda",
+        prompt_graph=True,
+        cuda_graph=True,
+        cuda_graph_max_tokens=64,
         cuda_graph_max_bs=32,
-    )  # fmt: skip
+    )
     recorded = Workbench(MODEL, step_costs=costs).engine.config
     assert (recorded.cuda_graph_max_tokens, recorded.cuda_graph_max_bs) == (64, 32)
     given = Workbench(MODEL, step_costs=costs, cuda_graph_max_tokens=128).engine.config

@@ -17,9 +17,9 @@ from workbench.clocks import HOST_STAGES
 from workbench.history.history import History
 from workbench.history.latency import FIGURES, run_figures
 from workbench.scheduler.record import KVState, StepRecord
+from workbench.twin.accuracy import validate_twin
 from workbench.twin.costs import Linear, StepCosts
 from workbench.twin.features import DEVICE_FEATURES, HOST_FEATURES
-from workbench.twin.validate import validate_twin
 
 PROMPT = 100  # tokens
 SETUP = {

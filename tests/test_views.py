@@ -190,8 +190,9 @@ def test_a_chart_added_to_the_registry_shows_everywhere(run, tmp_path, monkeypat
         drawn.append((highlight_step, highlight_uid))
         return viz.kv_usage(history, highlight_step)
 
-    extra = charts.Chart("tokens_per_step", "Tokens per step", tokens_per_step, "highlight_step",
-                         "highlight_uid")  # fmt: skip
+    extra = charts.Chart(
+        "tokens_per_step", "Tokens per step", tokens_per_step, "highlight_step", "highlight_uid"
+    )
     monkeypatch.setattr(charts, "CHARTS", (*charts.CHARTS, extra))
     monkeypatch.setitem(charts.BY_NAME, "tokens_per_step", extra)
     assert viz.tokens_per_step is tokens_per_step and "tokens_per_step" in dir(viz)
@@ -389,12 +390,17 @@ def test_page_table_segments_say_shared_cached_and_own_slot_by_slot():
     import pandas as pd
 
     rows = pd.DataFrame(
-        {"uid": [1, 2, 3], "table_idx": [0, 1, 2], "pos_start": [0, 0, 0],
-         "pos_end": [6, 8, 5], "slot_start": [100, 100, 200]}
-    )  # fmt: skip
+        {
+            "uid": [1, 2, 3],
+            "table_idx": [0, 1, 2],
+            "pos_start": [0, 0, 0],
+            "pos_end": [6, 8, 5],
+            "slot_start": [100, 100, 200],
+        }
+    )
     segments = viz.request_charts.sharing_segments(rows, {2: 6, 3: 3})
-    got = [tuple(r) for r in segments[["uid", "pos_start", "pos_end", "slot_start", "owner"]]
-           .itertuples(index=False)]  # fmt: skip
+    columns = ["uid", "pos_start", "pos_end", "slot_start", "owner"]
+    got = [tuple(r) for r in segments[columns].itertuples(index=False)]
     assert got == [
         (1, 0, 6, 100, "shared"),
         (2, 0, 6, 100, "shared"),

@@ -8,8 +8,6 @@ from .core import SamplingParams
 
 
 class Due(NamedTuple):
-    """A request not yet in the scheduler's queue."""
-
     at: float  # the step, or the seconds on the run's clock, it arrives at
     uid: int
     ids: list[int]
@@ -19,15 +17,14 @@ class Due(NamedTuple):
 class Arrivals:
     """The requests due to arrive, by step and by time, in arrival order.
 
-    A request due at a step joins the queue when the run reaches that step; an idle engine does
-    not count empty steps, so then the next one comes at once. A request due at a time joins
-    when the run's clock passes it; an idle engine waits for it (`next_time`), as a server
-    would, so its TTFT counts from when it arrived."""
+    NOTE: an idle engine takes the next request due at a step at once (empty steps do not
+    count), but waits for one due at a time, as a server would, so its TTFT counts from arrival.
+    """
 
     def __init__(self) -> None:
         self._by_step: list[Due] = []
         self._by_time: list[Due] = []
-        self.waiting = 0  # how many are due (a count, read every step)
+        self.waiting = 0  # kept as a count: read every step
 
     def add(self, due: Due, by_time: bool) -> None:
         waiting = self._by_time if by_time else self._by_step
@@ -36,8 +33,6 @@ class Arrivals:
         self.waiting += 1
 
     def due(self, step: int, now: float, idle: bool) -> list[Due]:
-        """Those that arrive now (and take them out): at `step`, at `now` seconds; an idle
-        engine takes the next by step at once."""
         out = []
         while self._by_time and self._by_time[0].at <= now:
             out.append(self._by_time.pop(0))
@@ -47,8 +42,6 @@ class Arrivals:
         return out
 
     def release(self, scheduler) -> None:
-        """Queue on `scheduler` those that arrive now; an idle one waits for the next that is
-        due at a time (nothing to run until then)."""
         clock = scheduler.clock
         for due in self.due(scheduler.step_index, clock.now(), scheduler.is_idle):
             scheduler.add_request(due.ids, due.sampling, uid=due.uid)
@@ -59,11 +52,9 @@ class Arrivals:
 
     @property
     def next_time(self) -> float | None:
-        """When the next request due at a time arrives (None: none is)."""
         return self._by_time[0].at if self._by_time else None
 
     def take(self, uid: int) -> Due | None:
-        """Request `uid`, taken out (None: it is not waiting to arrive)."""
         for waiting in (self._by_step, self._by_time):
             for due in waiting:
                 if due.uid == uid:

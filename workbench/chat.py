@@ -1,12 +1,7 @@
-"""`python -m workbench chat`: a conversation with a model in the terminal, its answers streamed
-as the engine makes them, and, on request, the steps that made each answer.
+"""`python -m workbench chat`: a conversation in the terminal, answers streamed, and on request
+the steps that made each answer.
 
     python -m workbench chat --model smollm2 [--max-tokens 256] [--temperature 0.7] [--steps]
-
-At the prompt: a message; `/steps` turns printing each answer's steps on or off, `/reset` starts
-a new conversation, `/exit` (or Ctrl-D) ends it. The conversation goes through the model's chat
-template; each answer is one request of a `Workbench` (records kept, so `/steps` can say what
-every step did for it: its phase, the batch, the tokens, the time).
 """
 
 from __future__ import annotations
@@ -64,7 +59,6 @@ def run(args: argparse.Namespace, read=input, write=sys.stdout.write) -> None:
 
 
 def _answer(wb: Workbench, messages: list[dict], sampling: SamplingParams, write):
-    """Stream one answer to `write` as the steps make it; its text and the steps' records."""
     encoded = wb.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
     uid = wb.add_request([int(t) for t in ids], sampling)
@@ -87,7 +81,6 @@ def _answer(wb: Workbench, messages: list[dict], sampling: SamplingParams, write
 
 
 def _steps(records) -> str:
-    """One line per step of an answer: what the step did, and its time."""
     lines = [
         f"  step {r.step}: {r.phase}, {r.size} request{'s' * (r.size != 1)}, "
         f"{r.num_tokens} token{'s' * (r.num_tokens != 1)}, {r.wall_ms:.1f} ms"

@@ -11,10 +11,8 @@ from .llm import LLM
 
 
 def checked_requests(llm: LLM, requests: Sequence[tuple], arrival: str = "step") -> list[tuple]:
-    """``(prompt, sampling)`` or ``(prompt, sampling, arrival)`` tuples as ``(token_ids,
-    sampling, arrival_step, arrival_time)``: the arrival a step (`arrival="step"`) or seconds on
-    the run's clock (`arrival="time"`). Raises TypeError or ValueError naming the first bad one,
-    before anything is queued."""
+    """``(prompt, sampling[, arrival])`` tuples as ``(token_ids, sampling, arrival_step,
+    arrival_time)``; raises on the first bad one."""
     by_time = V.choice("arrival", arrival, ("step", "time")) == "time"
     checked = []
     for i, request in enumerate(requests):
@@ -35,8 +33,6 @@ def checked_requests(llm: LLM, requests: Sequence[tuple], arrival: str = "step")
 
 
 def checked_settings(llm: LLM, settings: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
-    """Name -> `reconfigure` arguments, each checked against the engine (a bad one raises,
-    naming it, before anything runs)."""
     checked = {}
     for name, options in V.mapping("settings", settings).items():
         checked[str(name)] = dict(V.mapping(f"settings[{name!r}]", options))

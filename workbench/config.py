@@ -18,8 +18,7 @@ CACHE_KINDS = tuple(CACHES)
 TP_BACKENDS = ("nccl", "gloo")
 MAX_GRAPH_TOKENS = 16384  # a prefill graph's inputs fit one staging segment (`device.py`)
 RECORD_LEVELS = ("off", "light", "full")  # what each step keeps (instrument/probe.py)
-# What a loaded engine can change without reloading weights, resizing the KV pool or capturing
-# CUDA graphs again: the scheduler's settings (`LLM.reconfigure`).
+# what `LLM.reconfigure` can change without reloading weights, the KV pool or CUDA graphs
 SCHEDULER_SETTINGS = (
     "max_extend_tokens",
     "policy",
@@ -39,21 +38,17 @@ DTYPES = {
 
 
 def default_page_size(device_type: str) -> int:
-    """`page_size=None`: 16 on cuda, 1 on the cpu (see `EngineConfig.page_size`)."""
     return 16 if device_type == "cuda" else 1
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What to run and how. Built once by `LLM` / `Workbench`; `resolved()` fills the `None`s."""
+    """What to run and how; a `None` field is chosen from the device."""
 
     model: str = "smollm2"
     device: str | None = None  # None: cuda when present, else cpu
     dtype: str | torch.dtype | None = None  # None: float32 on cpu, bfloat16 on cuda
-    # None: `default_page_size`, 16 on cuda and 1 on the cpu (token-grained pages to study).
-    # Measured on the H200 (dummy Qwen3-0.6B, nano-vllm's workload, Dec 2): 24,239 tok/s at page
-    # 16 against 23,733 at page 1 (chunk 8192), 24,793 against 23,996 (chunk 16384); the decode
-    # step at batch 256 6.30 against 6.53 ms (FlashInfer reads 16 tokens of KV per page, not 1).
+    # None: 16 on cuda (FlashInfer reads KV a page at a time), 1 on the cpu (pages to study)
     page_size: int | None = None
     max_extend_tokens: int = 8192  # token budget of one batch (prefill; mixed: decodes too)
     cache: CacheKind = "radix"
@@ -61,41 +56,30 @@ class EngineConfig:
     num_pages: int | None = None  # pages of page_size tokens; None: sized from memory
     max_seq_len: int | None = None  # None: the model's context, capped by `max_seq_len_cap`
     attention: str | None = None  # backend; None: "flashinfer" on cuda when installed, else "torch"
-    policy: str = "prefill_first"  # a name in `policies.POLICIES`
+    policy: str = "prefill_first"
     seed: int = 0  # dummy weights and unseeded sampling
     overlap: bool | None = None  # None: on for cuda, off on cpu (where it cannot overlap)
     cuda_graph: bool = True  # capture decode batches (cuda only)
     fused_kernels: bool | None = None  # FlashInfer norm / rope / SiLU-and-mul; None: if available
-    # q/k norm + RoPE + KV store in one Triton kernel (cuda only); None: if Triton exists
-    fused_rope: bool | None = None
-    # one-pass Triton sampling kernel (cuda only; not for top-k / top-p); None: if Triton exists
-    fused_sampling: bool | None = None
+    fused_rope: bool | None = None  # q/k norm + RoPE + KV store in one Triton kernel
+    fused_sampling: bool | None = None  # one-pass Triton sampling (not for top-k / top-p)
     decode_tensor_cores: bool | None = None  # FlashInfer decode on tensor cores; None: for GQA
     cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
-    # most tokens of a prefill or mixed step captured (`engine/prefill_graph.py`; 0: none, every
-    # such step runs eagerly); larger steps run eagerly
-    cuda_graph_max_tokens: int = 4096
+    cuda_graph_max_tokens: int = 4096  # largest prefill or mixed step captured (0: none)
     memory_ratio: float = 0.9  # share of free GPU memory (after weights) given to the KV pool
-    # NOTE: a cap, so a 40k-context model does not get a 40k-wide page table on a laptop.
+    # NOTE: a cap, so a long-context model does not get a huge page table by default
     max_seq_len_cap: int = 8192
     kv_memory_gb: float = 1.0  # KV budget on cpu when num_pages is None
-    # torch's threads for a CPU engine; None: half the cores (at least one), unless
-    # OMP_NUM_THREADS says otherwise (README, "The CPU path under load")
+    # torch's CPU threads; None: half the cores unless OMP_NUM_THREADS is set
+    # (docs/engine.md, "The CPU path under load")
     cpu_threads: int | None = None
-    # A waiting request that shares at least this many uncached prompt tokens with a request
-    # admitted in the same batch waits for that request's prefix to be cached (0: never waits).
+    # a request sharing this many uncached prompt tokens with one admitted in the same batch
+    # waits for that prefix to be cached (0: never waits)
     share_threshold: int = 32
-    # processes the model is split across (tensor parallelism, Megatron-style): this process
-    # is rank 0 and schedules; ranks 1.. are started by the engine (or by torchrun) on the next
-    # GPUs (gloo processes on the CPU)
-    tp_size: int = 1
-    # the ranks' collectives: "nccl" (one GPU per rank) or "gloo" (CPU processes; on GPUs, ranks
-    # may share one, so tensor parallelism can be studied on a single GPU: slow all-reduces
-    # through the host, no CUDA graphs); None: nccl on cuda, gloo on the cpu
+    tp_size: int = 1  # tensor-parallel ranks; this process is rank 0 and schedules
+    # "nccl", or "gloo" (ranks may share one GPU, without CUDA graphs); None: by device
     tp_backend: str | None = None
-    # take every path a step can take once when the engine is built (`scheduler/warmup.py`), so
-    # no measured step pays a first use; False only for engines built to check something else
-    warmup: bool = True
+    warmup: bool = True  # take every path once at build so no measured step pays a first use
 
     def __post_init__(self) -> None:
         from . import validate as V
@@ -171,7 +155,6 @@ class EngineConfig:
 
     @property
     def _flashinfer(self) -> bool:
-        """On a GPU with FlashInfer installed (the `gpu` extra): its kernels are the default."""
         return (
             self.torch_device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
         )
@@ -188,7 +171,6 @@ class EngineConfig:
 
     @property
     def tp_collectives(self) -> str:
-        """The ranks' collective backend: `tp_backend`, or nccl on cuda and gloo on the cpu."""
         if self.tp_backend is not None:
             return self.tp_backend
         return "nccl" if self.torch_device.type == "cuda" else "gloo"
@@ -212,7 +194,6 @@ class EngineConfig:
         return self._triton_kernel(self.fused_rope)
 
     def _triton_kernel(self, choice: bool | None) -> bool:
-        """A Triton kernel runs on cuda only; None: when Triton is installed."""
         if self.torch_device.type != "cuda":
             return False
         return importlib.util.find_spec("triton") is not None if choice is None else choice
@@ -222,7 +203,6 @@ class EngineConfig:
 
 
 def _check_device(device: str | torch.device | None) -> str | None:
-    """None, "cpu", "cuda" or "cuda:N" for a GPU that exists."""
     if device is None:
         return None
     if not isinstance(device, str | torch.device):

@@ -1,10 +1,7 @@
 """Device helpers: host-to-device copies that never stall the host, and a device timer.
 
-A copy from pageable host memory makes CUDA wait for the stream to drain first, which would undo
-overlap scheduling (the host would wait for the batch in flight). Everything the scheduler sends
-per step goes through pinned memory instead: a ring of pinned staging memory per GPU (`Staging`),
-allocated once and reused, with one copy per call. Allocating a pinned tensor per array (as a
-first version did, about nine a decode step) cost the H200's host 15-20 us each.
+A copy from pageable memory waits for the stream to drain, which would undo overlap scheduling;
+so per-step inputs go through a reused ring of pinned staging memory per GPU, one copy per call.
 """
 
 from __future__ import annotations
@@ -20,14 +17,8 @@ ALIGN = 16  # bytes: each staged array starts here, for kernels that load with v
 class Staging:
     """Pinned host memory and device memory of the same layout, used in turn as a ring.
 
-    Arrays are packed at the write head of the current segment (host side), copied to the same
-    offsets on the device in one transfer, and handed out as device views. A segment is reused
-    only after the copies out of it have run: leaving a segment records an event, and coming
-    back to segment ``s`` waits for the event recorded on leaving ``s + 1``, which comes after
-    every copy enqueued while ``s`` was current, including those of host views handed out
-    from it (`host`), which their callers copy a little later. That event is a full cycle of
-    segments old, so the wait is for work long done. On the device, stream order makes reuse
-    safe: a new copy into a region is queued after the kernels that read its old contents.
+    NOTE: coming back to segment ``s`` waits for the event recorded on leaving ``s + 1``, which
+    follows every copy out of ``s``, including those callers make later from `host` views.
     """
 
     def __init__(self, device: torch.device, segment_bytes: int = 1 << 20, segments: int = 8):
@@ -37,11 +28,9 @@ class Staging:
         self.host_np = self.host_bytes.numpy()
         self.device_bytes = torch.empty(total, dtype=torch.uint8, device=device)
         self.left: list[torch.cuda.Event | None] = [None] * segments  # recorded on leaving
-        self.segment, self.head = 0, 0  # where the next array goes
+        self.segment, self.head = 0, 0
 
     def _reserve(self, nbytes: int) -> int | None:
-        """The offset of `nbytes` in the current segment (moving on when it is full); None
-        when they would not fit in any."""
         if nbytes > self.segment_bytes:
             return None
         if self.head + nbytes > self.segment_bytes:
@@ -58,8 +47,6 @@ class Staging:
         return offset
 
     def _pack(self, arrays: list[np.ndarray]) -> tuple[int, list[int]] | None:
-        """The arrays written one after the other into pinned memory: the first offset and
-        each array's; None when they do not fit a segment."""
         sizes = [-(-a.nbytes // ALIGN) * ALIGN for a in arrays]
         start = self._reserve(max(1, sum(sizes)))
         if start is None:
@@ -82,17 +69,14 @@ class Staging:
         return [_view(self.device_bytes, at, a) for at, a in zip(offsets, arrays)]
 
     def region(self, nbytes: int) -> tuple[np.ndarray, torch.Tensor]:
-        """`nbytes` of pinned memory to write in place (numpy) and copy from (torch), for one
-        caller's copy soon after: no array packed and copied in between. Raises when larger
-        than a segment."""
+        """`nbytes` of pinned memory to write in place (numpy) and copy from (torch) soon."""
         at = self._reserve(max(1, nbytes))
         if at is None:
             raise ValueError(f"{nbytes} bytes do not fit a staging segment ({self.segment_bytes})")
         return self.host_np[at : at + nbytes], self.host_bytes[at : at + nbytes]
 
     def host(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
-        """The arrays as pinned host tensors, for a copy made elsewhere (FlashInfer's plan, a
-        CUDA graph's input buffer): asynchronous copies need pinned memory."""
+        """The arrays as pinned host tensors, for an asynchronous copy made elsewhere."""
         packed = self._pack(arrays)
         if packed is None:
             return [_pinned(a) for a in arrays]
@@ -111,7 +95,6 @@ _staging: dict[torch.device, Staging] = {}
 
 
 def staging(device: torch.device) -> Staging:
-    """The GPU's staging ring (one per device, made on first use)."""
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     ring = _staging.get(device)
@@ -121,8 +104,7 @@ def staging(device: torch.device) -> Staging:
 
 
 def host_tensor(data, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
-    """A CPU tensor of `data` (a sequence or array), in pinned memory when asked (on a GPU
-    machine: a view of the current GPU's staging ring)."""
+    """A CPU tensor of `data`, in the current GPU's staging ring when `pinned`."""
     array = np.ascontiguousarray(data, dtype=_NUMPY[dtype])
     if not pinned:
         return torch.from_numpy(array)
@@ -146,9 +128,7 @@ def send_arrays(arrays: list[np.ndarray], device: torch.device) -> list[torch.Te
 
 
 def to_device_many(arrays, device: torch.device) -> list[torch.Tensor]:
-    """Several int64 arrays on `device`; on a GPU in one copy (slices of one buffer, each
-    16-byte aligned: a step sends about a dozen small index arrays, and each separate copy
-    costs the host a launch)."""
+    """Several int64 arrays on `device`; on a GPU in one copy."""
     if device.type == "cuda":
         return staging(device).send([np.ascontiguousarray(a, dtype=np.int64) for a in arrays])
     out = []
@@ -158,18 +138,15 @@ def to_device_many(arrays, device: torch.device) -> list[torch.Tensor]:
 
 
 def device_name(device: torch.device) -> str:
-    """The GPU's name ("NVIDIA H200"), or "cpu"."""
+    """The GPU's name, or "cpu"."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 class DeviceTimer:
-    """Time spent on the device from its making to stop(): CUDA events on a GPU (read without
-    forcing a sync before the work is done anyway), wall time on the CPU.
+    """Device time from its making to stop(): CUDA events on a GPU, wall time on the CPU.
 
-    On a GPU its two events also mark the step for others (`Engine.forward`): `started`
-    follows everything enqueued before the step (the attention plan's copies), `stopped`
-    everything in it (the sampled tokens' copy to the host). Each record is a submission to
-    the GPU, which costs the host tens of microseconds: a step makes these two and no other."""
+    NOTE: its two events also mark the step's bounds for `Engine.forward`; a step records no
+    other event, as each record is a submission the host pays for."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -190,7 +167,7 @@ class DeviceTimer:
             self._ms = (time.perf_counter() - self._t) * 1e3
 
     def elapsed_ms(self) -> float:
-        if self._ms is None:  # on a GPU: read once, when first asked for
+        if self._ms is None:
             self.stopped.synchronize()
             self._ms = self.started.elapsed_time(self.stopped)
         return self._ms

@@ -29,9 +29,7 @@ LLM_FLAGS = (
 
 
 def llm_options(args: argparse.Namespace) -> dict:
-    """The `LLM` / `Workbench` keywords the parsed flags give (`LLM_FLAGS` the command has,
-    then its ``--option KEY=VALUE`` pairs), the model apart: ``LLM(args.model,
-    **llm_options(args))``."""
+    """The `LLM` keywords the parsed flags give: ``LLM(args.model, **llm_options(args))``."""
     options = {name: getattr(args, name) for name in LLM_FLAGS if hasattr(args, name)}
     return {**options, **engine_options(getattr(args, "option", []))}
 
@@ -39,8 +37,7 @@ def llm_options(args: argparse.Namespace) -> dict:
 def add_schedule_arguments(
     p: argparse.ArgumentParser, max_extend_tokens: int, max_running_reqs: int
 ) -> None:
-    """The flags `demo` and `bench` share: policy, token budget, request slots, pages, cache;
-    under our names and under SGLang's."""
+    """The schedule's flags `demo` and `bench` share, under our names and SGLang's."""
     p.add_argument(
         "--policy", default="prefill_first", choices=sorted(POLICIES), help="batch policy"
     )
@@ -97,17 +94,21 @@ def parse_value(text: str):
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, record: str = "off") -> None:
-    """The engine's flags `bench` and `serve` share: cache, overlap, CUDA graphs, fused
-    kernels, record level, tensor parallelism; under our names and under SGLang's and vLLM's."""
+    """The engine's flags `bench` and `serve` share, under our names, SGLang's and vLLM's."""
     p.add_argument(
-        "--disable-radix-cache", dest="cache", action="store_const", const="naive",
+        "--disable-radix-cache",
+        dest="cache",
+        action="store_const",
+        const="naive",
         help="the same as --cache naive",
-    )  # fmt: skip
-    _on_off(p, "overlap", None, "overlap scheduling (default: on with CUDA, off on a CPU)",
-            also="--disable-overlap-schedule")  # fmt: skip
-    _on_off(p, "cuda-graph", True, "CUDA graphs for decode, prefill and mixed steps, up to "
-            "--option cuda_graph_max_tokens=N tokens (default: on)",
-            also="--disable-cuda-graph")  # fmt: skip
+    )
+    overlap_help = "overlap scheduling (default: on with CUDA, off on a CPU)"
+    _on_off(p, "overlap", None, overlap_help, also="--disable-overlap-schedule")
+    graph_help = (
+        "CUDA graphs for decode, prefill and mixed steps, "
+        "up to --option cuda_graph_max_tokens=N tokens (default: on)"
+    )
+    _on_off(p, "cuda-graph", True, graph_help, also="--disable-cuda-graph")
     p.add_argument(
         "--fused-kernels",
         action=argparse.BooleanOptionalAction,

@@ -1,4 +1,10 @@
-"""Offline generation: `LLM(...).generate(prompts, sampling)` on top of the scheduler."""
+"""Offline generation on top of the scheduler.
+
+    llm = LLM("smollm2")
+    outputs = llm.generate(["Hello"], SamplingParams(max_tokens=8))
+
+One dict per prompt, in input order: ``token_ids``, ``text``, ``finish_reason``, token counts.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +17,13 @@ import torch
 
 from . import validate as V
 from .config import SCHEDULER_SETTINGS, EngineConfig
-from .core import Req, SamplingParams, check_fits, encode_prompt, sampling_batch
+from .core import Req, SamplingParams, check_request, encode_prompt, sampling_batch
 from .device import device_name
 from .engine.engine import Engine
 from .engine.ranks import torchrun_rank
 from .engine.worker import serve_under_torchrun
 from .history.history import History
-from .history.roofline import StepCost
+from .history.roofline import Roofline
 from .instrument.hooks import HookRegistry
 from .instrument.other_ranks import OtherRanks
 from .instrument.probe import Probe
@@ -35,17 +41,9 @@ Prompt = str | Sequence[int]
 class LLM:
     """A model behind the scheduler, for offline batch generation.
 
-    `overlap` (default: on for CUDA) launches each batch before the previous one is processed;
-    `record` ("off", "light", "full") keeps step records in `llm.history`; with "full",
-    `profile_steps` (step indices, or a predicate of a `StepView`: `instrument/window.py`)
-    and `max_profiled_steps` choose the steps the profiler records; `step_costs`
-    (`fit_step_costs`): a twin of the engine they were recorded on, which loads no weights and
-    predicts each step's time (`workbench.twin`); any other keyword is an `EngineConfig`
-    field (`cuda_graph`, `max_seq_len`, `share_threshold`, ...).
-
-    ``LLM("smollm2").generate(["Hello"], SamplingParams(max_tokens=8))`` returns one dict per
-    prompt, in input order, with ``token_ids``, ``text``, ``finish_reason``, ``prompt_tokens``,
-    ``completion_tokens`` and ``cached_tokens``.
+    `record` ("off", "light", "full") keeps step records in `llm.history`; `profile_steps` and
+    `max_profiled_steps` choose the steps the profiler records; `step_costs` builds a twin that
+    loads no weights and predicts step times; other keywords are `EngineConfig` fields.
     """
 
     def __init__(
@@ -65,7 +63,6 @@ class LLM:
         step_costs: StepCosts | None = None,
         **engine_options: Any,
     ) -> None:
-        # checks the record level and the profile window before anything is loaded
         window = profile_window(profile_steps, max_profiled_steps)
         probe = Probe(record, profile_steps=window)
         options = dict(device=device, dtype=dtype, page_size=page_size, overlap=overlap)
@@ -79,11 +76,11 @@ class LLM:
             max_running_reqs=max_running_reqs,
             **options,
         )
-        self.config.torch_dtype  # noqa: B018 (validates the dtype before anything is loaded)
+        self.config.torch_dtype  # noqa: B018 (validates the dtype before loading)
         self.step_costs = step_costs
-        self.warmup: WarmUp | None = None  # what the engine's warm-up ran (`warm_up`)
-        self.server: Server | None = None  # while it serves HTTP clients (`serve`)
-        clock = None  # the run's: the host's, or a twin's predicted time
+        self.warmup: WarmUp | None = None
+        self.server: Server | None = None
+        clock = None  # a twin's predicted time, else the host's
         if step_costs is None:
             self.engine = self._build_engine(probe)
         else:
@@ -91,38 +88,32 @@ class LLM:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.engine.model_dir)
-        probe.restart()  # a history that knows the cost
+        probe.restart()
         self.scheduler = Scheduler(self.engine, probe, clock=clock)
         self._stamp()
 
     def _build_engine(self, probe: Probe) -> Engine:
-        """The engine (torchrun's ranks 1.. serve here, then exit); the probe knows its costs."""
+        # NOTE: torchrun's ranks 1.. serve here and never return
         if (torchrun_rank(self.config) or 0) > 0:
             serve_under_torchrun(self.config)
         engine = Engine(self.config)
-        # every path a step can take, once, before the first measured step
         self.warmup = warm_up(engine) if self.config.warmup else None
         probe.device = engine.device
-        probe.cost = StepCost.for_engine(
+        probe.roofline = Roofline.for_engine(
             engine.model_config, engine.dtype, engine.device, engine.num_devices
         )
-        probe.ranks = OtherRanks(engine.rank_device_ms, engine.rank_events)  # ranks 1..
+        probe.ranks = OtherRanks(engine.rank_device_ms, engine.rank_events)
         return engine
 
     def _stamp(self) -> None:
-        """The run's setup, in every history of it (what `fit_step_costs` checks)."""
         probe = self.scheduler.probe
         probe.meta = self.run_meta()
         probe.history.meta.update(probe.meta)
 
     def reconfigure(self, record: str | None = None, **settings: Any) -> None:
-        """Change the scheduler's settings (`max_extend_tokens`, `policy`, `max_running_reqs`,
-        `cache`, `overlap`, `share_threshold`), the record level, `profile_steps` and
-        `max_profiled_steps` (each kept when not given), keeping
-        the loaded engine: the same weights, KV pool and CUDA graphs. `max_running_reqs` may
-        go down to 1 and up to what the engine was built with (its table and graphs are sized
-        for that). Only while nothing is waiting or running; the prefix cache starts empty,
-        hooks stay. ``llm.reconfigure(max_extend_tokens=64, policy="mixed")``."""
+        """Change scheduler settings (`SCHEDULER_SETTINGS`), `record` and the profile window,
+        keeping the loaded engine. Only while idle; the prefix cache starts empty, hooks stay.
+        ``llm.reconfigure(max_extend_tokens=64, policy="mixed")``."""
         probe, config = self._checked(record, settings)
         self.check_not_serving("reconfigure")
         old = self.scheduler
@@ -131,7 +122,7 @@ class LLM:
                 "reconfigure needs an idle engine: requests are waiting or running "
                 "(finish them, abort them, or reset)"
             )
-        old.abort_all()  # lets go of the prefix cache's pages
+        old.abort_all()
         self.scheduler = Scheduler(self.engine, probe, config=config, clock=old.clock)
         self.config = config
         self._stamp()
@@ -141,7 +132,6 @@ class LLM:
         self._checked(settings.pop("record", None), settings)
 
     def _checked(self, record, settings: dict) -> tuple[Probe, EngineConfig]:
-        """The probe and config `reconfigure` would use, every argument checked."""
         window = settings.pop("profile_steps", KEEP), settings.pop("max_profiled_steps", KEEP)
         engine_only = sorted(set(settings) - set(SCHEDULER_SETTINGS))
         if engine_only:
@@ -152,7 +142,7 @@ class LLM:
         old = self.check_open().scheduler.probe
         record = old.record if record is None else record
         probe = old.like(record, old.window.with_(*window))
-        config = self.config.with_(**settings)  # validates
+        config = self.config.with_(**settings)
         built = self.engine.config.max_running_reqs
         if config.max_running_reqs > built:
             raise ValueError(
@@ -162,7 +152,6 @@ class LLM:
             )
         return probe, config
 
-    # -- serving ------------------------------------------------------------------------------
     def serve(
         self,
         port: int = 8000,
@@ -171,12 +160,10 @@ class LLM:
         max_queued_requests: int = MAX_QUEUED_REQUESTS,
         stream_interval: int = 1,
     ):
-        """Serve OpenAI-compatible HTTP clients (`workbench.serve`: `/v1/completions`,
-        `/v1/chat/completions`, `/v1/models`, `/health`, `/metrics`) on `host`:`port` (0: any
-        free port). Returns the `Server` at once; a thread steps the engine while requests
-        come. `stop_serving()` (or `close()`) ends it. Needs the `serve` extra."""
+        """Serve OpenAI-compatible HTTP clients on `host`:`port` (0: any free port) from a
+        thread; returns the `Server` at once. Needs the `serve` extra."""
         self._check_can_serve()
-        scheduler = lambda: self.scheduler  # noqa: E731 (the one of the moment)
+        scheduler = lambda: self.scheduler  # noqa: E731 (reconfigure replaces it)
         step = lambda: scheduler().step() or scheduler().flush()  # noqa: E731
         server = Server(
             Host(self, step, lambda: scheduler().is_idle),
@@ -197,8 +184,7 @@ class LLM:
             raise ValueError("a twin (step_costs) predicts step times: it has no tokens to serve")
 
     def stop_serving(self) -> None:
-        """End the HTTP server: requests in flight end with finish_reason "abort", the port is
-        free again; the engine stays."""
+        """End the HTTP server; requests in flight end with finish_reason "abort"."""
         server, self.server = self.server, None
         if server is not None:
             server.stop()
@@ -212,9 +198,7 @@ class LLM:
             )
 
     def close(self) -> None:
-        """Give back what the engine holds (on a GPU: weights, KV pool, CUDA graphs, workspaces)
-        so another engine can use the memory; the LLM cannot generate after. ``with LLM(...) as
-        llm:`` closes it at the end (a server it runs stops first)."""
+        """Free the engine's memory; the LLM cannot generate after."""
         if self.engine is None:
             return
         self.stop_serving()
@@ -237,7 +221,6 @@ class LLM:
     def is_open(self) -> bool:
         return self.engine is not None
 
-    # what the probe keeps of the run (it is the scheduler's observer)
     @property
     def hooks(self) -> HookRegistry:
         """The hook registry: functions called at each hook point."""
@@ -261,7 +244,7 @@ class LLM:
 
     @property
     def warmup_ms(self) -> float:
-        """What the engine's warm-up took when it was built (0: none, e.g. a twin)."""
+        """What the engine's warm-up took (0: none)."""
         return 0.0 if self.warmup is None else self.warmup.ms
 
     def run_meta(self) -> dict:
@@ -280,24 +263,22 @@ class LLM:
             "cuda_graph_max_bs": config.cuda_graph_max_bs,
             "cuda_graph_max_tokens": config.cuda_graph_max_tokens,
             "record": self.record,
-            "warmup_ms": round(self.warmup_ms, 1),  # what the engine's warm-up took, when built
-            **self.scheduler.probe.window.meta(),  # what chose the profiled steps
+            "warmup_ms": round(self.warmup_ms, 1),
+            **self.scheduler.probe.window.meta(),
         }
-        if self.step_costs is not None:  # a twin: what it stands for, and on what costs
+        if self.step_costs is not None:
             meta.update(twin_meta(self.step_costs, engine))
         return meta
 
-    # -- requests ---------------------------------------------------------------------------
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
-        """Token ids of a prompt: a string, or token ids (a list, tuple or 1-d integer array)
-        checked against the vocabulary."""
+        """Token ids of a prompt (a string, or token ids checked against the vocabulary)."""
         vocab = self.engine.model_config.vocab_size
         return encode_prompt(self.tokenizer, vocab, prompt, f"prompt {index}")
 
     def check_request(self, token_ids: list[int], sampling: SamplingParams, index: int = 0) -> None:
         """Raise TypeError or ValueError if this request could never run; takes nothing."""
         capacity = self.scheduler.cache.total_size
-        check_fits(
+        check_request(
             token_ids, sampling, index, self.engine.max_seq_len, self.config.page_size, capacity
         )
 
@@ -317,23 +298,19 @@ class LLM:
             requests.append((ids, sp))
         return [self.scheduler.add_request(ids, sp) for ids, sp in requests]
 
-    # -- generation -------------------------------------------------------------------------
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
         on_step: Callable[[StepRecord], None] | None = None,
     ) -> list[dict]:
-        """Generate for every prompt; one dict per prompt, in input order.
-
-        All or nothing: if anything raises meanwhile (a step, a hook, `on_step`), every request
-        of this call ends, what they hold is freed, and the exception reaches the caller; the
-        engine keeps serving."""
+        """Generate for every prompt; one dict per prompt, in input order. If anything raises,
+        every request of the call is freed."""
         V.callable_or_none("on_step", on_step)
         self.check_open()
         self.check_not_serving("generate")
         uids = self.add_requests(prompts, sampling)
-        self.scheduler.clock.resume()  # (a workbench stops it between its own calls)
+        self.scheduler.clock.resume()  # a workbench pauses it between calls
         try:
             pending = set(uids)
             while pending:
@@ -353,18 +330,14 @@ class LLM:
             self._drop(uids)
             raise
         finally:
-            # record="full": the profiler session ends; its events are read when the history
-            # is first looked at (seconds of Python for a long run)
             self.scheduler.probe.flush()
         return [self.output(self.scheduler.finished.pop(uid)) for uid in uids]
 
     def _drop(self, uids: list[int]) -> None:
-        """End the requests of a call that failed: abort those still waiting or running, let
-        the batch in flight finish, and forget them all."""
         sched = self.scheduler
         for uid in uids:
             if uid not in sched.finished:
-                with contextlib.suppress(ValueError):  # not waiting or running any more
+                with contextlib.suppress(ValueError):
                     sched.abort(uid)
         with contextlib.suppress(Exception):  # a failure there frees that batch itself
             sched.flush()
@@ -379,7 +352,7 @@ class LLM:
             "token_ids": ids,
             "text": self.decode(ids),
             "finish_reason": req.finish_reason,
-            "error": req.error,  # what failed, when finish_reason is "error"
+            "error": req.error,
             "prompt_tokens": req.prompt_len,
             "completion_tokens": len(ids),
             "cached_tokens": req.cached_tokens,
@@ -390,7 +363,7 @@ class LLM:
         return self.tokenizer.decode([t for t in token_ids if t < known], skip_special_tokens=True)
 
     def check_integrity(self) -> None:
-        """The KV pool's accounting; while serving, between two of the server's steps."""
+        """Check the KV pool's accounting."""
         if self.server is None:
             self.scheduler.check_integrity()
             return

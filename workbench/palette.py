@@ -1,5 +1,4 @@
-"""Every colour of the views, in one place. A leaf (it imports nothing), so that a step record's
-HTML table shares the kinds' colours with the charts."""
+"""Every colour of the views. A leaf module, so step records' HTML shares them with the charts."""
 
 KIND_COLORS = {"chunk": "#f4a261", "prefill": "#2a9d8f", "decode": "#457b9d", "padding": "#cccccc"}
 KV_COLORS = {"in use": "#e76f51", "evictable": "#e9c46a", "free": "#a8dadc"}
@@ -11,10 +10,9 @@ FAMILY_COLORS = {
     "communication": "#8338ec",
     "other": "#b0b0b0",
     "between kernels": "#d9d9d9",  # the device's time outside the kernels it ran
-    "idle": "#f2f2f2",  # the device doing nothing of the step
+    "idle": "#f2f2f2",
 }
 NOT_PROFILED_COLOR = "#ffffff"  # a step the profiler did not record: outlined, not filled
-# hook ranges: warm pinks and browns, apart from every kernel family's colour above
 HOOK_COLORS = {
     "schedule.end": "#ff8fab",
     "batch.prepared": "#c9184a",
@@ -22,7 +20,6 @@ HOOK_COLORS = {
     "sample.end": "#ffc8dd",
     "step.end": "#590d22",
 }
-# a step's host time by stage (`clocks.HOST_STAGES`), and the device time it is set against
 STAGE_COLORS = {
     "schedule": "#6d597a",
     "prepare": "#b56576",
@@ -34,8 +31,7 @@ STAGE_COLORS = {
     "record": "#9a8c98",
 }
 DEVICE_COLOR = "#111111"
-# an admission decision: admitted, or the reason a request waited (`core.admission.REASONS`);
-# the same colour in every view, whichever reasons a run happens to have
+# every reason in `core.admission.REASONS`, so a colour means the same in every run
 DECISION_COLORS = {
     "admitted": "#2a9d8f",
     "no_token_budget": "#e76f51",
@@ -48,8 +44,6 @@ DECISION_COLORS = {
 }
 LEDGER_PART_COLORS = {"cached": "#8d99ae", "extend": "#e63946", "remain": "#edf2f4"}
 PAGE_OWNER_COLORS = {"own": "#457b9d", "shared": "#e76f51", "prefix cache": "#e9c46a"}
-# why a request missed its SLOs (`history.misses.CAUSES`): a queued reason in its admission
-# colour, then the prompt's and the decode's parts
 MISS_COLORS = {
     **{f"queued: {r}": c for r, c in DECISION_COLORS.items() if r != "admitted"},
     "queued: arrived mid-step": "#dddddd",

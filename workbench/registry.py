@@ -1,6 +1,5 @@
-"""Registries of named implementations: name -> "module:Class", imported on first use (so a
-backend whose library exists only on GPU machines costs nothing elsewhere). Adding one is one
-file and one line in its registry."""
+"""Registries of named implementations: name -> "module:Class", imported on first use so a
+GPU-only backend costs nothing elsewhere."""
 
 from __future__ import annotations
 

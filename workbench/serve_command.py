@@ -1,6 +1,5 @@
-"""`python -m workbench serve`: the engine behind an OpenAI-compatible HTTP server, with the flag
-names `bench` takes (ours, SGLang's and vLLM's: `--max-num-seqs`, `--chunked-prefill-size`,
-`--tensor-parallel-size`, ...). Ctrl-C stops it: requests in flight end with "abort".
+"""`python -m workbench serve`: the engine behind an OpenAI-compatible HTTP server, with the
+flags `bench` takes. Ctrl-C stops it.
 
     python -m workbench serve --model smollm2 --port 8000
     curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\

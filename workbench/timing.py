@@ -17,12 +17,10 @@ DEVICE_MEANING = {
     True: "on the CPU the device's work is the forward and sampling, run on the host's cores",
     False: "the device's work is the forward and sampling on the GPU, between CUDA events",
 }
-# the host stages (`clocks.HOST_STAGES`) that are the device's work on the CPU
 DEVICE_STAGES = ("forward", "sample")
 
 
 def host_work_ms(host_ms: float, device_ms: float, device_on_host: bool) -> float:
-    """The host's own work: ``host_ms``, less the device's time where the host ran it (a CPU)."""
     if device_on_host:
         return max(host_ms - device_ms, 0.0)
     return host_ms
@@ -33,8 +31,7 @@ def is_host_bound(host_ms: float, device_ms: float, device_on_host: bool) -> boo
 
 
 def add_timing_columns(steps: pd.DataFrame, device_on_host: bool) -> pd.DataFrame:
-    """`steps` with ``span_ms`` and ``idle_ms`` added in place, and ``host_work_ms`` and
-    ``host_bound`` where a run saved before them lacks them (NA without host times)."""
+    """`steps` with the timing columns added in place (where an older saved run lacks them)."""
     import pandas as pd
 
     device = steps.device_ms.to_numpy(dtype=float)
@@ -60,8 +57,6 @@ def step_spans_ms(steps: pd.DataFrame) -> np.ndarray:
 
 
 class RunTiming(NamedTuple):
-    """A run's steps by the definitions above."""
-
     steps: int
     host_bound: int | None  # None: the run recorded no host times
     device_ms: float
@@ -75,7 +70,6 @@ class RunTiming(NamedTuple):
 
 
 def run_timing(steps: pd.DataFrame, device_on_host: bool) -> RunTiming:
-    """The run's host-bound steps, device time, span and idle time (`add_timing_columns`)."""
     if "host_bound" not in steps or "span_ms" not in steps:
         steps = add_timing_columns(steps.copy(), device_on_host)
     known = steps.host_bound.notna()

@@ -1,10 +1,6 @@
-"""Validation at the boundary: the few checks every public constructor and call goes through.
-
-Each check returns the value in its plain Python form, or raises before anything is taken:
-`TypeError` for the wrong kind of value, `ValueError` for the right kind outside what is
-allowed; the message names the parameter, the value and what is allowed. Types are strict: a
-bool is not an integer, a float is not an integer even when whole, a string is not a number.
-numpy and torch integer scalars are integers, and 1-d integer arrays are token ids.
+"""Validation at the boundary: each check returns the value as plain Python, or raises
+`TypeError` (wrong kind) or `ValueError` (out of range) naming the parameter. Types are strict:
+a bool or a whole float is not an integer; numpy and torch integer scalars are.
 """
 
 from __future__ import annotations

@@ -7,12 +7,8 @@
     wb.history.ledger           # pandas tables: steps, ledger, requests, admissions, events
     wb.save("run.json")         # load_run("run.json") shows it again, no model needed
 
-Overlap scheduling is off by default here so that records read naturally (a step's batch is
-launched after the previous one completed); turn it on to see what a serving engine does.
-
-The run's clock (arrival, launch and completion times, TTFT in ms) runs while the workbench
-steps (`step`, `run`, `run_until`, `compare`) and stops between calls: the time a person takes
-between two cells is theirs, not the run's.
+Overlap is off by default so that a step's batch launches after the previous one completed.
+The run's clock runs only while the workbench steps.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from . import validate as V
@@ -28,14 +25,15 @@ from .compare_inputs import checked_requests, checked_settings
 from .core import SamplingParams
 from .instrument.hooks import HookRegistry
 from .llm import LLM, Prompt
-from .results import Results
 from .runs import RunHistory
 from .scheduler.record import StepRecord, StepRecords
 from .serve import MAX_QUEUED_REQUESTS, Host, Server
 from .serve.views import ViewThread
 
 
-class Workbench(Results):
+class Workbench:
+    """An `LLM` stepped by hand (see the module); every keyword goes to `LLM`."""
+
     def __init__(
         self,
         model: str = "smollm2",
@@ -50,18 +48,15 @@ class Workbench(Results):
         self.tokenizer = self.llm.tokenizer
         self.config = self.llm.config
         self._arrivals = Arrivals()  # requests added ahead of their arrival
-        # requests added since the last reset (prompt ids, sampling, arrival step, arrival time),
-        # and those of the run before it: what reset(again=True) adds again
+        # what reset(again=True) adds again: this run's requests, else the previous run's
         self._submitted: list[tuple[list[int], SamplingParams, int, float | None]] = []
         self._previous: list[tuple[list[int], SamplingParams, int, float | None]] = []
-        self._observers: list[Callable[[bool], None]] = []  # views; called with final=True/False
-        self._views: ViewThread | None = None  # while serving: the views, off the engine's thread
-        self._notifying = threading.RLock()  # (serving: the views thread and callers alike)
-        # NOTE: the run's clock runs only while the workbench steps: between calls it is the
-        # person's time, not the run's (a request added meanwhile arrives when stepping goes on)
+        self._observers: list[Callable[[bool], None]] = []
+        self._views: ViewThread | None = None
+        self._notifying = threading.RLock()
+        # NOTE: the clock is paused between calls: the time between two cells is not the run's
         self.scheduler.clock.pause()
 
-    # -- what to look at --------------------------------------------------------------------
     @property
     def hooks(self) -> HookRegistry:
         return self.llm.hooks
@@ -79,7 +74,6 @@ class Workbench(Results):
     def is_done(self) -> bool:
         return self.scheduler.is_idle and not self._arrivals
 
-    # -- requests ---------------------------------------------------------------------------
     def add_request(
         self,
         prompt: Prompt,
@@ -87,14 +81,11 @@ class Workbench(Results):
         arrival_step: int | None = None,
         arrival_time: float | None = None,
     ) -> int:
-        """Queue a request (checked now). With `arrival_step` it joins the queue at that step;
-        with `arrival_time`, when the run's clock (seconds since it started or was reset)
-        reaches it, an idle engine waiting for it meanwhile. While serving, it joins the
-        clients' requests."""
+        """Queue a request, arriving now, at `arrival_step` or at `arrival_time` seconds."""
         self.llm.check_open()
         with self._engine_held():
             uid = self._add_request(prompt, sampling, arrival_step, arrival_time)
-        self._notify(final=False)  # views: there is work now (they redraw when they can)
+        self._notify(final=False)
         return uid
 
     def _add_request(self, prompt, sampling, arrival_step, arrival_time) -> int:
@@ -119,29 +110,21 @@ class Workbench(Results):
         return uid
 
     def abort(self, uid: int) -> dict:
-        """Stop a request: waiting, due to arrive later, part-way through its prompt or decoding.
-
-        Returns its output so far (finish_reason "abort"); it stays in `outputs()` and its row
-        in `history.requests` says when it was aborted. What it held is freed (with overlap, once
-        the batch in flight that still computes for it is collected).
-        """
+        """Stop a request wherever it is; returns its output so far (finish_reason "abort")."""
         uid = V.integer("uid", uid, 0)
         with self._engine_held():
             due = self._arrivals.take(uid)
-            if due is not None:  # it arrives now, and is aborted at once
+            if due is not None:
                 self.scheduler.add_request(due.ids, due.sampling, uid=uid)
             req = self.scheduler.abort(uid)
-            if self.llm.server is not None:  # a client's request ends at once, on its side too
+            if self.llm.server is not None:  # the client sees the end at once
                 self.llm.server.loop.flush()
         self._notify(final=True)
         return self.llm.output(req)
 
-    # -- stepping ---------------------------------------------------------------------------
     def step(self, n: int = 1) -> StepRecord | None:
         """Run `n` scheduler steps; the last one's record (None when there was nothing to do).
-
-        A hook that raised during a step raises HookError here, after that step completed.
-        """
+        A hook that raised during a step raises HookError here."""
         if type(n) is not int or n < 1:
             n = V.integer("n", n, 1)
         record = None
@@ -151,7 +134,7 @@ class Workbench(Results):
                 if record is None:
                     break
                 if i < n - 1:
-                    self._notify(final=False)  # views follow a long step(n) as it goes
+                    self._notify(final=False)
         finally:
             self._end_call()
         return record
@@ -159,12 +142,12 @@ class Workbench(Results):
     def _step_once(self) -> StepRecord | None:
         scheduler = self.scheduler
         if scheduler is None:
-            self.llm.check_open()  # (raises: closed)
+            self.llm.check_open()
         server = self.llm.server
         if server is None:
             scheduler.clock.resume()
             record = self._engine_step()
-        elif server.loop.paused:  # by hand: the clients' requests join it, its tokens reach them
+        elif server.loop.paused:
             record = server.loop.step_once(raising=True)
         else:
             raise RuntimeError(
@@ -179,26 +162,22 @@ class Workbench(Results):
         return record.complete()
 
     def _engine_step(self) -> StepRecord | None:
-        """One scheduler step, the requests due now queued first; its record (None: nothing
-        to do)."""
         scheduler = self.scheduler
         if self._arrivals.waiting:
             self._arrivals.release(scheduler)
         return scheduler.step() or scheduler.flush()
 
     def _served_step(self) -> StepRecord | None:
-        """A step the server's thread takes: the views follow from a thread of their own."""
         record = self._engine_step()
         if record is not None:
-            self.hooks.raise_pending()  # (the server's thread logs a hook's error)
+            self.hooks.raise_pending()
             if self._views is not None:
                 self._views.poke()
         return record
 
     @contextlib.contextmanager
     def _engine_held(self):
-        """While serving: hold the engine between two of the server's steps (its scheduler is
-        not shared), and let the server's thread see the change at once."""
+        # NOTE: while serving, the scheduler belongs to the server's thread between steps
         server = self.llm.server
         if server is None:
             yield
@@ -208,10 +187,8 @@ class Workbench(Results):
         server.loop.wake()
 
     def _end_call(self) -> None:
-        """After every step, run or run_until: the profiler's events (record="full") go to the
-        records (the records handed back show them), then the views redraw."""
         scheduler = self.scheduler
-        if scheduler is not None:  # not closed
+        if scheduler is not None:
             probe = scheduler.probe
             if probe.profiling:
                 probe.flush()
@@ -223,9 +200,8 @@ class Workbench(Results):
             self._notify(final=True)
 
     def observe(self, fn: Callable[[bool], None]) -> Callable[[], None]:
-        """Call `fn(final)` whenever the workbench has stepped: `final` False during a `run`
-        (after each step), True when a call ends (step, run, reset, reconfigure). Returns the
-        function that stops it (the dashboard follows the engine this way)."""
+        """Call `fn(final)` after each step (`final` True when a call ends); returns a function
+        that stops it."""
         if not callable(fn):
             raise TypeError(f"observe takes a function of one argument (final), got {fn!r}")
         self._observers.append(fn)
@@ -242,8 +218,7 @@ class Workbench(Results):
                 observer(final)
 
     def run(self, max_steps: int | None = None, progress: bool = True) -> StepRecords:
-        """Step until every request is done (or `max_steps`); the records of those steps (a
-        list that a notebook shows as one line)."""
+        """Step until every request is done (or `max_steps`); the records of those steps."""
         from tqdm.auto import tqdm
 
         max_steps = V.optional_integer("max_steps", max_steps, 0)
@@ -267,8 +242,7 @@ class Workbench(Results):
     def run_until(
         self, predicate: Callable[[StepRecord], bool], max_steps: int | None = None
     ) -> StepRecord | None:
-        """Step until a record satisfies `predicate` (a conditional breakpoint); that record,
-        or None if the run ended (or `max_steps` passed) first."""
+        """Step until a record satisfies `predicate`; that record, or None if the run ended."""
         if not callable(predicate):
             raise TypeError(f"predicate must be a function of a StepRecord, got {predicate!r}")
         max_steps = V.optional_integer("max_steps", max_steps, 0)
@@ -287,11 +261,8 @@ class Workbench(Results):
             self._end_call()
 
     def reset(self, again: bool = False) -> list[int]:
-        """Drop every request and the history; empty the prefix cache. Hooks stay.
-
-        With `again=True` the requests added since the last reset are added once more (same
-        prompts, sampling and arrival steps), so the same run starts over: after a
-        `reconfigure`, the same requests under another schedule. Returns their new uids."""
+        """Drop every request, the history and the prefix cache; hooks stay. `again=True` adds
+        the same requests once more and returns their new uids."""
         again = V.boolean("again", again)
         self.llm.check_not_serving("reset")
         requests = self._submitted or self._previous
@@ -313,15 +284,11 @@ class Workbench(Results):
 
     @property
     def submitted_count(self) -> int:
-        """How many requests `reset(again=True)` would add again: those added since the last
-        reset, or, when none were, those of the run before it."""
+        """How many requests `reset(again=True)` would add again."""
         return len(self._submitted or self._previous)
 
     def reconfigure(self, record: str | None = None, **settings: Any) -> None:
-        """Another schedule on the same engine (weights, KV pool and CUDA graphs kept):
-        `max_extend_tokens`, `policy`, `cache`, `overlap`, `share_threshold`, `record`,
-        `profile_steps`, `max_profiled_steps`. Only
-        when every request is done; the history starts again, hooks stay."""
+        """Change the schedule (`LLM.reconfigure`) on the same engine; only when idle."""
         if self._arrivals:
             raise RuntimeError(
                 f"reconfigure needs an idle workbench: {len(self._arrivals)} requests are due to "
@@ -340,25 +307,11 @@ class Workbench(Results):
         arrival: str = "step",
         repeats: int = 1,
     ) -> dict[str, RunHistory]:
-        """The same requests run under each named setting on this engine (weights, KV pool
-        and CUDA graphs loaded once, warmed up when it was built); the runs, by name, for
-        `viz.compare_table` / `compare_summary` / `compare_chart`.
+        """Run the same requests under each named setting; the runs by name, for `viz.compare_*`.
 
-        `settings`: name -> `reconfigure` arguments, e.g.
-        ``{"chunk 256": dict(max_extend_tokens=256), "mixed": dict(policy="mixed")}``;
-        `requests`: ``(prompt, sampling)`` or ``(prompt, sampling, arrival)`` tuples, the
-        arrival a step (`arrival="step"`) or seconds on the run's clock (`arrival="time"`: the
-        engine serves them as they arrive, waiting when idle); by default the requests added
-        since the last reset, with their arrivals. `repeats`: how many times each setting
-        runs, in rounds (every setting once, then again), so that a slow spell of the machine
-        falls on every setting alike; each setting's run is then the first of its `repeats`
-        (a tuple of all of them, in the order they ran), and the tables give each figure's
-        mean and spread over them.
-
-        Every run starts from the same state: an empty prefix cache, nothing queued or
-        running, on an engine whose paths were all taken once before its first measured
-        step. Every setting and request is checked before the first run starts; afterwards
-        the workbench holds the last run."""
+        `settings`: name -> `reconfigure` arguments; `requests`: ``(prompt, sampling[, arrival])``
+        tuples (by default those added since the last reset). `repeats` runs the settings in
+        rounds, so that a slow spell falls on all alike."""
         repeats = V.integer("repeats", repeats, 1)
         self.llm.check_not_serving("compare")
         if requests is None:
@@ -383,7 +336,6 @@ class Workbench(Results):
                 run.repeats = tuple(runs)
         return {name: runs[0] for name, runs in done.items()}
 
-    # -- serving ---------------------------------------------------------------------------
     def serve(
         self,
         port: int = 8000,
@@ -392,13 +344,9 @@ class Workbench(Results):
         max_queued_requests: int = MAX_QUEUED_REQUESTS,
         stream_interval: int = 1,
     ) -> Server:
-        """Serve OpenAI-compatible HTTP clients on `host`:`port` (0: any free port) and return
-        at once (`workbench.serve`): a thread steps this workbench as requests come, with records
-        and hooks as usual, so `wb.history` grows and `wb.dashboard()` follows. `pause()` stops
-        the engine after the step in progress (clients wait), `step()` then steps it by hand,
-        `resume()` lets it run on; `stop_serving()` or `close()` ends it (requests in flight end
-        with finish_reason "abort"). While it serves, the run's clock runs on. Needs the `serve`
-        extra (FastAPI, uvicorn)."""
+        """Serve OpenAI-compatible HTTP clients on `host`:`port` (0: any free port) from a
+        thread, recording as usual; returns at once. `pause()`, `step()` and `resume()` drive
+        it by hand; `stop_serving()` ends it. Needs the `serve` extra."""
         self.llm._check_can_serve()
         self.scheduler.clock.resume()
         self._views = ViewThread(self._notify)
@@ -418,8 +366,7 @@ class Workbench(Results):
         return self.llm.server
 
     def pause(self) -> None:
-        """While serving: stop the engine after the step in progress (clients wait, their
-        connections stay open); `step()` then advances it by hand, `resume()` lets it run."""
+        """While serving: stop after the step in progress; clients wait."""
         self._server_or_raise("pause").pause()
         self._notify(final=True)
 
@@ -428,8 +375,7 @@ class Workbench(Results):
         self._server_or_raise("resume").resume()
 
     def stop_serving(self) -> None:
-        """End serving: requests in flight end with finish_reason "abort" (freed), the port
-        is free again; the workbench and its history stay."""
+        """End serving; requests in flight end with finish_reason "abort"."""
         self.llm.stop_serving()
         if self._views is not None:
             self._views.stop()
@@ -449,9 +395,7 @@ class Workbench(Results):
         return self.llm.server
 
     def close(self) -> None:
-        """Give back what the engine holds (GPU memory: weights, KV pool, CUDA graphs); the
-        workbench cannot step after. ``with Workbench(...) as wb:`` closes it at the end (a
-        server it runs stops first)."""
+        """Free the engine's memory; the workbench cannot step after."""
         if self.llm.is_open:
             self.stop_serving()
         self._arrivals.clear()
@@ -465,10 +409,58 @@ class Workbench(Results):
         self.close()
 
     def check_integrity(self) -> None:
-        """The KV pool's accounting (`Scheduler.check_integrity`); while serving, between two
-        of the server's steps."""
+        """Check the KV pool's accounting (`Scheduler.check_integrity`)."""
         with self._engine_held():
             self.scheduler.check_integrity()
+
+    def outputs(self) -> list[dict]:
+        """The finished requests, as `LLM.generate` returns them, by uid."""
+        return [self.llm.output(req) for _, req in sorted(self.scheduler.finished.items())]
+
+    def save(self, path: str | Path) -> Path:
+        """The run's tables, settings and each request's prompt and answer, in one file."""
+        return self.history.save(path, self.run_meta())
+
+    def run_meta(self) -> dict:
+        """The settings and each request's prompt and answer, as a saved run carries them."""
+        return {**self.llm.run_meta(), "texts": self.texts()}
+
+    def texts(self) -> dict[str, list[str]]:
+        """Each request's prompt and answer so far, by uid (a string: JSON keys)."""
+        sched, decode = self.scheduler, self.llm.decode
+        reqs = {**{r.uid: r for r in sched.live_reqs}, **sched.finished}
+        out = {
+            uid: [decode(r.token_ids[: r.prompt_len]), decode(r.token_ids[r.prompt_len :])]
+            for uid, r in reqs.items()
+        }
+        # the queue's own copy of a prompt is whole (a chunk's ledger holds what it computed)
+        waiting = [(p.uid, p.token_ids) for p in sched.prefill.queue]
+        waiting += [(due.uid, due.ids) for due in self._arrivals]
+        out |= {uid: [decode(ids), ""] for uid, ids in waiting}
+        return {str(uid): out[uid] for uid in sorted(out)}
+
+    def export_trace(self, path: str | Path) -> Path:
+        """Write the run as Chrome trace JSON."""
+        from .history.trace import export_trace
+
+        history = self.history
+        return export_trace(history.steps, history.events, path, self.llm.run_meta())
+
+    def snapshot(self, **meta: Any) -> RunHistory:
+        """The run so far as a `RunHistory` that later steps leave unchanged."""
+        return RunHistory(dict(self.history.tables()), {**self.run_meta(), **meta})
+
+    def dashboard(self):
+        """An ipywidgets dashboard that follows the workbench as it steps."""
+        from .viz.dashboard import Dashboard
+
+        return Dashboard(self)
+
+    def report(self, path: str | Path, title: str | None = None) -> Path:
+        """Write the run as one self-contained HTML report."""
+        from .viz.report import write_report
+
+        return write_report(self.history, path, title=title, meta=self.run_meta())
 
     def __repr__(self) -> str:
         s = self.scheduler

@@ -14,15 +14,14 @@ if TYPE_CHECKING:
     from ..device import DeviceTimer
     from ..kvcache.pool import KVPool
     from ..kvcache.table import TableManager
+    from .flashinfer_graphs import GraphWrappers
 
 
 class AttentionBackend(ABC):
-    """Paged attention over the token-granular page table. `prepare` runs once per batch and
-    leaves the kernels' inputs in `batch.attn_metadata`; `forward` runs per layer: it stores the
-    new K/V at `out_loc(batch)` (k and v None: a fused kernel stored them) and attends each
-    request's queries to its tokens ``[0, device_len)``."""
+    """Paged attention over the token-granular page table: `prepare` once per batch (its inputs
+    into `batch.attn_metadata`), `forward` per layer (k and v None: a fused kernel stored them)."""
 
-    supports_cuda_graph = False  # True: has graph_metadata() and plan_replay()
+    graphs: GraphWrappers | None = None  # its CUDA-graph wrappers (None: it runs eagerly only)
 
     def __init__(
         self,

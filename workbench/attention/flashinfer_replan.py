@@ -1,9 +1,5 @@
-"""FlashInfer's scheduler called directly, for wrappers captured in CUDA graphs: their buffers,
-kernels and plan layout are fixed, and per step only the work split the scheduler writes to the
-workspace changes. `Replan` calls it (the compiled module's ``plan``) as a wrapper's fa2 plan()
-would, without re-checking and re-copying what the graph fixed. In graph mode the planner sizes
-everything from the captured batch, so one layout serves every batch that fits (FlashInfer 0.7.2,
-``PrefillSplitQOKVIndptr``)."""
+"""FlashInfer's scheduler called directly for wrappers captured in CUDA graphs: their plan layout
+is fixed by the captured batch, only the work split changes (FlashInfer 0.7.2)."""
 
 from __future__ import annotations
 
@@ -47,8 +43,7 @@ class Replan:
 
     @classmethod
     def of(cls, wrapper: Any, *args) -> Replan | None:
-        """A `Replan` of `wrapper` (planned once already), or None when it is not one this
-        knows (another backend, a custom module, another FlashInfer's attributes)."""
+        """A `Replan` of `wrapper` (planned once already); None when it is not one this knows."""
         known = (
             getattr(wrapper, "_backend", None) == "fa2"
             and getattr(wrapper, "_jit_module", None) is None
@@ -85,8 +80,7 @@ class Replan:
 def split_kv_bytes(
     rows: int, total_rows: int, num_heads: int, num_kv_heads: int, head_dim: int, sm_count: int
 ) -> int:
-    """An upper bound of the float workspace a CUDA-graph prefill plan reserves for its split KV
-    (partial outputs and softmax sums), which FlashInfer sizes for the whole padded grid."""
+    """An upper bound of the float workspace a graph prefill plan reserves for its split KV."""
     group = num_heads // num_kv_heads
     tile = 128  # the largest query tile (rows of packed query heads)
     split_ctas = 2 * sm_count // num_kv_heads

@@ -1,5 +1,4 @@
-"""The reference backend, which runs anywhere: torch SDPA reading K/V through the page table,
-request by request for prefill (each its own causal offset), as one padded batch for decode."""
+"""The reference backend, which runs anywhere: torch SDPA reading K/V through the page table."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ class TorchMetadata:
 
 class TorchBackend(AttentionBackend):
     def prepare(self, batch: Batch) -> None:
-        table_rows, cached, kv_lens = batch.ledger  # as launched
+        table_rows, cached, kv_lens = batch.ledger
         rows = self.table.page_table_host
         meta = TorchMetadata((kv_lens - cached).tolist(), cached.tolist(), None, None, None)
         device = self.pool.buffer.device
@@ -54,7 +53,7 @@ class TorchBackend(AttentionBackend):
             self.pool.store(layer_id, batch.out_loc, k, v)
         k_cache, v_cache = self.pool.k(layer_id), self.pool.v(layer_id)
         meta: TorchMetadata = batch.attn_metadata
-        if meta.padded_slots is not None:  # decode: one query per request
+        if meta.padded_slots is not None:
             keys = k_cache[meta.padded_slots].transpose(1, 2)
             values = v_cache[meta.padded_slots].transpose(1, 2)
             out = F.scaled_dot_product_attention(

@@ -8,8 +8,8 @@ import torch
 
 from ..flags import add_engine_arguments, add_schedule_arguments
 from ..instrument.window import FIELDS, StepExpression
-from .roofline import DEVICES
-from .slo import parse_slo
+from .bound import DEVICES
+from .goodput import parse_slo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

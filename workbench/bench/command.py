@@ -1,5 +1,5 @@
 """`python -m workbench bench`: one timed run (throughput.py), or with `--sweep` every combination
-of settings (sweep.py); printed as lines (report.py), a table, or with `--json` as JSON."""
+of settings (sweep.py); printed as lines (printout.py), a table, or with `--json` as JSON."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from .cli import resolve_lengths, resolve_record
-from .report import print_result
+from .printout import print_result
 from .sweep import run_sweep, sweep_table
 from .throughput import run_bench
 

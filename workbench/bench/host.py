@@ -16,10 +16,9 @@ from typing import NamedTuple
 from ..clocks import HOST_STAGES
 from ..core import SamplingParams
 from ..history.roofline import decode_step_bound
-from ..instrument.profiler import activities
 from ..llm import LLM
-from .profile import family_ms, kernel_times
-from .roofline import DEVICES
+from .bound import DEVICES
+from .profile import profile_decode_steps
 from .workload import random_workload
 
 WARM_STEPS, MEASURED_STEPS, PROFILED_STEPS = 5, 20, 5
@@ -36,7 +35,7 @@ class HostSplit(NamedTuple):
     host_ms: float  # launch + collect (without waiting) + record, measured around them
     wait_ms: float  # the host blocked on the device for the tokens
     stages: dict[str, float]  # host_ms by stage (`clocks.HOST_STAGES`)
-    # on a GPU, from a few more steps under torch.profiler: (name, ms, launches) per step
+    # on a GPU, from steps profiled through the probe (`profile.py`): (name, ms, launches) per step
     families: dict[str, float] | None = None
     kernels: list[tuple[str, float, float]] | None = None
 
@@ -62,8 +61,8 @@ def host_split(
     llm: LLM, args: argparse.Namespace, batch_size: int, profiler: cProfile.Profile | None = None
 ) -> HostSplit:
     sched, cuda = llm.scheduler, llm.engine.device.type == "cuda"
-    # and a few to spare (overlap runs one ahead), and those profiled on a GPU
-    steps = WARM_STEPS + MEASURED_STEPS + 4 + PROFILED_STEPS
+    # and a few to spare (overlap runs one ahead)
+    steps = WARM_STEPS + MEASURED_STEPS + 4
     prompt_len = (500, 600) if cuda else (16, 32)
     work = random_workload(batch_size, prompt_len, (steps, steps), args.seed + 3)
     sp = SamplingParams(max_tokens=steps, temperature=args.temperature, ignore_eos=True)
@@ -82,25 +81,12 @@ def host_split(
                 ends.append(time.perf_counter())
     if profiler is not None:
         profiler.disable()
-    kernels = _profile_kernels(llm) if cuda and len(measured) == MEASURED_STEPS else None
     sched.abort_all()
     split = _medians(llm, args, batch_size, measured, ends)
-    if kernels is None:
+    if not cuda or len(measured) < MEASURED_STEPS:
         return split
-    top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
-    return split._replace(families=family_ms(kernels), kernels=[(n, ms, k) for n, (ms, k) in top])
-
-
-def _profile_kernels(llm: LLM) -> dict[str, tuple[float, float]]:
-    """torch.profiler's kernels over the next decode steps (of the same batch)."""
-    import torch
-    from torch.profiler import profile
-
-    with profile(activities=activities(llm.engine.device)) as prof:
-        for _ in range(PROFILED_STEPS):
-            llm.scheduler.step()
-        torch.cuda.synchronize()
-    return kernel_times(prof, PROFILED_STEPS)
+    profile = profile_decode_steps(llm, batch_size, PROFILED_STEPS, prompt_len, args.seed + 4)
+    return split._replace(families=profile.family_ms(), kernels=profile.kernels(TOP_KERNELS))
 
 
 def _medians(llm: LLM, args, batch_size: int, measured: list, ends: list[float]) -> HostSplit:

@@ -1,119 +1,137 @@
-"""`bench --profile`: torch.profiler over decode steps of a full batch; where the device idled."""
+"""`bench --profile`: decode steps of a full batch, profiled by the engine's own probe
+(record="full", a profile window of those steps): the busiest kernels (on a CPU, operators), the
+device time by kernel family (`history.families`) and where the device sat idle (`timing`)."""
 
 from __future__ import annotations
 
-import argparse
 from typing import NamedTuple
 
-import torch
+import pandas as pd
 
 from ..core import SamplingParams
-from ..history.families import family
-from ..instrument.profiler import activities
+from ..history.families import breakdown_table, leaf_events
+from ..history.trace import export_trace
 from ..llm import LLM
 from .workload import random_workload
 
-
-def profile_decode(llm: LLM, args: argparse.Namespace) -> str:
-    """torch.profiler over 10 decode steps of a full batch: where the time goes, CPU and GPU."""
-    from torch.profiler import profile
-
-    work = random_workload(args.max_running_reqs, (500, 600), (40, 40), args.seed + 2)
-    sp = SamplingParams(max_tokens=40, temperature=args.temperature, ignore_eos=True)
-    llm.add_requests(work.prompts, sp)
-    sched = llm.scheduler
-    while sched.prefill.queue:
-        sched.step()
-    for _ in range(5):
-        sched.step()
-    cuda = llm.engine.device.type == "cuda"
-    with profile(activities=activities(llm.engine.device)) as prof:
-        for _ in range(10):
-            sched.step()
-        if cuda:
-            torch.cuda.synchronize()
-    while sched.step() is not None:
-        pass
-    sched.finished.clear()
-    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort, row_limit=25)
-    cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-    if args.profile_trace:
-        prof.export_chrome_trace(args.profile_trace)
-    extra = [device_gaps(prof, steps=10), by_family(prof, steps=10)] if cuda else []
-    return "\n".join([table, cpu, *extra])
+WARM_STEPS = 3  # profiled first and left out: a session's first steps carry its start
 
 
-def by_family(prof, steps: int) -> str:
-    """Device time per step by kernel family (with TP, `communication` is rank 0's collectives)."""
-    totals = family_ms(kernel_times(prof, steps))
-    parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(totals.items()))
-    return f"device ms per decode step by family: {parts}"
+class DecodeProfile(NamedTuple):
+    """The profiled decode steps of one batch size, as the run's tables hold them."""
+
+    batch_size: int
+    steps: pd.DataFrame  # their rows of the steps table
+    events: pd.DataFrame  # their profiler events, rank 0's
+    families: pd.DataFrame  # their rows of `breakdown_table`
+
+    @property
+    def count(self) -> int:
+        return len(self.steps)
+
+    def family_ms(self) -> dict[str, float]:
+        """Device ms per step by kernel family ("between kernels" and "idle" among them)."""
+        if not self.count:
+            return {}
+        return (self.families.groupby("family").ms.sum() / self.count).to_dict()
+
+    def kernels(self, top: int) -> list[tuple[str, float, float]]:
+        """The `top` kernels (on a CPU, operators) by device time: (name, ms, launches) per
+        step."""
+        leaf = leaf_events(self.events)
+        if leaf.empty or not self.count:
+            return []
+        by_name = leaf.groupby("name").duration_us.agg(["sum", "size"])
+        by_name = by_name.sort_values("sum", ascending=False).head(top)
+        n = self.count
+        return [(name, s / 1e3 / n, k / n) for name, (s, k) in by_name.iterrows()]
+
+    def idle_lines(self, largest: int = 5) -> list[str]:
+        """The device's busy share of the steps' span and its idle time per step (`timing`'s
+        definitions); on a GPU, the largest gaps between kernels and what they lay between."""
+        steps = self.steps
+        span, device = steps.span_ms.sum(), steps.device_ms.sum()
+        lines = [
+            f"device busy {100 * device / span:.1f}% of {span:.2f} ms over {self.count} "
+            f"steps; idle {steps.idle_ms.mean():.3f} ms per step"
+        ]
+        kernels = self.events[self.events.category == "kernel"].sort_values("start_us")
+        if kernels.empty:
+            return lines
+        start = kernels.start_us.to_numpy()
+        end = (kernels.start_us + kernels.duration_us).cummax().to_numpy()
+        gaps = pd.DataFrame(
+            {
+                "us": start[1:] - end[:-1],
+                "after": kernels.name.to_numpy()[:-1],
+                "before": kernels.name.to_numpy()[1:],
+            }
+        )
+        gaps = gaps[gaps.us > 0]
+        lines.append(
+            f"between kernels {gaps.us.sum() / self.count / 1e3:.3f} ms per step in "
+            f"{len(gaps)} gaps ({int((gaps.us > 20).sum())} over 20 us)"
+        )
+        for g in gaps.nlargest(largest, "us").itertuples():
+            lines.append(f"  gap {g.us:8.1f} us after {g.after[:60]!r} before {g.before[:60]!r}")
+        return lines
 
 
-def kernel_times(prof, steps: int) -> dict[str, tuple[float, float]]:
-    """Each kernel's device ms and launches per step, by name, from a profiler's events."""
-    from torch.autograd import DeviceType
+def profile_decode_steps(
+    llm: LLM,
+    batch_size: int,
+    steps: int,
+    prompt_len: tuple[int, int],
+    seed: int,
+    temperature: float = 0.0,
+    trace: str | None = None,
+) -> DecodeProfile:
+    """`steps` decode steps of `batch_size` requests, profiled through the engine's probe: the
+    engine is reconfigured to record="full" with a window of exactly such steps, a workload runs
+    to its end, and its record level and window are restored. Needs an idle engine. `trace`: a
+    Chrome trace JSON of that run, written there."""
+    probe = llm.scheduler.probe
+    record, window = probe.record, probe.window
+    expression = f"phase == 'decode' and batch_size == {batch_size}"
+    llm.reconfigure(record="full", profile_steps=expression, max_profiled_steps=WARM_STEPS + steps)
+    try:
+        # enough tokens that every request decodes in the full batch for all the steps, however
+        # many steps its prompts took
+        prefill_steps = -(-batch_size * prompt_len[1] // llm.config.max_extend_tokens)
+        max_tokens = WARM_STEPS + steps + prefill_steps + 2
+        work = random_workload(batch_size, prompt_len, (max_tokens, max_tokens), seed)
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
+        llm.generate(work.prompts, sampling)
+        history = llm.history
+        table = history.steps
+        chosen = table[table.profiled].step.to_numpy()[WARM_STEPS:]
+        events = history.events
+        events = events[events.step.isin(chosen) & (events["rank"] == 0)]
+        families = breakdown_table(history)
+        if trace is not None:
+            export_trace(table, history.events, trace, llm.run_meta())
+        return DecodeProfile(
+            batch_size,
+            table[table.step.isin(chosen)],
+            events,
+            families[families.step.isin(chosen)],
+        )
+    finally:
+        llm.scheduler.abort_all()
+        llm.reconfigure(record=record, profile_steps=window, max_profiled_steps=window.max_steps)
 
-    times: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            t = times.setdefault(e.name, [0.0, 0.0])
-            t[0] += e.time_range.elapsed_us() / 1e3 / steps
-            t[1] += 1 / steps
-    return {name: (ms, n) for name, (ms, n) in times.items()}
 
-
-def family_ms(kernels: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """Device ms per step by kernel family, from `kernel_times`."""
-    totals: dict[str, float] = {}
-    for name, (ms, _) in kernels.items():
-        fam = family(name, "kernel")
-        totals[fam] = totals.get(fam, 0.0) + ms
-    return totals
-
-
-class Span(NamedTuple):
-    """One device event, in the profiler's microseconds."""
-
-    start: float
-    end: float
-    name: str
-
-
-class Gap(NamedTuple):
-    """Time the device sat idle between two events (ordered by length first)."""
-
-    us: float
-    after: str  # the event that ended before it
-    before: str  # the event that started after it
-
-
-def device_gaps(prof, steps: int) -> str:
-    """How busy the device was over the profiled steps, and where it sat idle."""
-    from torch.autograd import DeviceType
-
-    spans = sorted(
-        Span(e.time_range.start, e.time_range.end, e.name)
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA
-    )
-    if not spans:
-        return "no device activity recorded"
-    busy, gaps, end, prev = 0.0, [], spans[0].start, spans[0].name
-    for span in spans:
-        if span.start > end:
-            gaps.append(Gap(span.start - end, prev, span.name))
-        if span.end > end:
-            busy += span.end - max(span.start, end)
-            end, prev = span.end, span.name
-    total = end - spans[0].start
-    idle = sum(g.us for g in gaps)
-    largest = sorted(gaps, reverse=True)[:5]
+def profile_text(profile: DecodeProfile, top: int = 25) -> str:
+    """What `bench --profile` prints of a `DecodeProfile`."""
+    if not profile.count:
+        return f"no decode step of {profile.batch_size} requests was profiled"
+    unit = "kernels" if (profile.events.category == "kernel").any() else "operators"
     lines = [
-        f"device busy {busy / total:.1%} of {total / 1e3:.2f} ms over {steps} steps; idle "
-        f"{idle / steps / 1e3:.3f} ms per step in {len(gaps)} gaps "
-        f"({sum(g.us > 20 for g in gaps)} over 20 us)",
-        *(f"  gap {g.us:8.1f} us after {g.after[:60]!r} before {g.before[:60]!r}" for g in largest),
+        f"{profile.count} decode steps of {profile.batch_size} requests, profiled "
+        f"(record=full): the busiest {unit}, ms and launches per step"
     ]
+    lines += [f"  {ms:8.3f} ms {n:6.1f}x  {name[:90]}" for name, ms, n in profile.kernels(top)]
+    parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(profile.family_ms().items()))
+    lines.append(f"ms per decode step by family: {parts}")
+    lines += profile.idle_lines()
     return "\n".join(lines)

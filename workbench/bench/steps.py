@@ -7,7 +7,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
-from .roofline import DeviceSpec, decode_step_bound
+from .bound import DeviceSpec, decode_step_bound
 
 if TYPE_CHECKING:
     from ..models.config import ModelConfig

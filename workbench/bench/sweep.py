@@ -10,7 +10,7 @@ import itertools
 import torch
 
 from ..flags import parse_value
-from .report import print_result
+from .printout import print_result
 from .throughput import check_save, run_bench
 
 

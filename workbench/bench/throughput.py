@@ -18,11 +18,11 @@ from tqdm.auto import tqdm
 from ..core import SamplingParams
 from ..flags import llm_options
 from ..llm import LLM
+from .bound import DEVICES, workload_bound
+from .goodput import slo_result
 from .host import host_splits, split_table
 from .online import latency_summary, poisson_arrivals, serve
-from .profile import profile_decode
-from .roofline import DEVICES, workload_bound
-from .slo import slo_result
+from .profile import profile_decode_steps, profile_text
 from .steps import StepTime, decode_step, prompt_steps, split_time, step_time
 from .workload import Workload, random_workload
 
@@ -44,7 +44,17 @@ def run_bench(args: argparse.Namespace) -> dict:
         splits, python = host_splits(llm, args, args.profile_python)
         result["host_split"] = [s._asdict() for s in splits]
         result["profile"] = "\n".join([split_table(splits), *([python] if python else [])])
-        result["profile"] += "\n" + profile_decode(llm, args)
+        cuda = llm.engine.device.type == "cuda"
+        profile = profile_decode_steps(
+            llm,
+            llm.scheduler.config.max_running_reqs,
+            10,
+            (500, 600) if cuda else (16, 32),
+            args.seed + 2,
+            args.temperature,
+            trace=args.profile_trace,
+        )
+        result["profile"] += "\n" + profile_text(profile)
     return result
 
 

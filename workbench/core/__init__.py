@@ -1,5 +1,4 @@
-"""The ledger: how a request samples (`sampling`), a request's progress (`request`), one
-forward's requests (`batch`) and the admission decisions behind it (`admission`)."""
+"""The ledger: sampling, a request's progress, one forward's batch and its admissions."""
 
 from .admission import (
     DECODE_FIRST,
@@ -21,7 +20,7 @@ from .request import (
     Req,
     ReqView,
     ceil_page,
-    check_fits,
+    check_request,
     floor_page,
     kv_tokens_needed,
 )
@@ -49,7 +48,7 @@ __all__ = [
     "ReqView",
     "SamplingParams",
     "ceil_page",
-    "check_fits",
+    "check_request",
     "floor_page",
     "kv_tokens_needed",
     "sampling_batch",

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-# Why a waiting request was not admitted this step.
 NO_TOKEN_BUDGET = "no_token_budget"
 NO_SLOT = "no_slot"
 KV_FULL = "kv_full"
@@ -28,19 +27,13 @@ class Admission(NamedTuple):
     uid: int
     admitted: bool
     reason: str | None  # None when admitted
-    extend_len: int  # tokens of its prompt computed by this batch (0 when refused)
-    cached_len: int  # prompt tokens already in the KV pool before this batch
+    extend_len: int
+    cached_len: int
 
 
 class Admissions:
-    """A step's admission decisions, in queue order: those made one by one (`decided`), then
-    the requests refused as a group (`behind`, all for `behind_reason`): those queued behind the
-    first that did not fit, or with policy="decode_first" every one that waits for the decodes.
-
-    The group is kept as a slice of the queue and turned into decisions only when something
-    reads them (a `reject` hook, a record): a queue of thousands then costs a step a list copy,
-    not an object per waiting request.
-    """
+    """A step's admission decisions in queue order: `decided` one by one, then `behind`, refused
+    as a group for `behind_reason` and kept as a slice of the queue until something reads it."""
 
     __slots__ = ("decided", "behind", "behind_reason")
 

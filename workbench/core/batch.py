@@ -15,23 +15,18 @@ Phase = Literal["prefill", "decode", "mixed"]
 
 @dataclass
 class Batch:
-    """The requests of one forward. Created by a manager, filled in by the scheduler and backend.
-
-    A "mixed" batch (policy="mixed") runs its first `num_decode` requests' next tokens together
-    with prefill chunks of the others, through the prefill path.
-    """
+    """The requests of one forward. A "mixed" batch runs its first `num_decode` requests' next
+    tokens with prefill chunks of the others, through the prefill path."""
 
     reqs: list[Req]
     phase: Phase
     num_decode: int = -1  # requests at the head that decode; -1: all for "decode", none otherwise
-    # filled by `snapshot` when its pages are allocated (`CacheManager.allocate`): [3, size]
-    # int64, each request's table_idx, cached_len and device_len as launched (a host snapshot:
-    # the requests' own lengths move on), and [size] int64, each one's max_device_len
+    # filled by `snapshot` (`CacheManager.allocate`): [3, size] table_idx, cached_len, device_len
     ledger: np.ndarray = field(init=False)
     max_lens: np.ndarray = field(init=False)
     # filled with the batch's inputs (engine/inputs.py; a CUDA graph keeps its own)
-    input_ids: torch.Tensor = field(init=False)  # [num_tokens] on the device
-    positions: torch.Tensor = field(init=False)  # [num_tokens]
+    input_ids: torch.Tensor = field(init=False)
+    positions: torch.Tensor = field(init=False)
     out_loc: torch.Tensor = field(init=False)  # [num_tokens] KV slot each new token is written to
     sample_idx: torch.Tensor = field(init=False)  # rows of the hidden states that get logits
     # filled by the attention backend's prepare()
@@ -58,7 +53,6 @@ class Batch:
 
     @property
     def prefill_reqs(self) -> list[Req]:
-        """The requests computing prompt tokens (the chunks and whole prompts)."""
         return self.reqs[self.num_decode :]
 
     @property
@@ -66,15 +60,10 @@ class Batch:
         return sum(r.extend_len for r in self.reqs)
 
     def views(self) -> list[ReqView]:
-        """Each request's ledger now."""
         return [ReqView.of(r, i < self.num_decode) for i, r in enumerate(self.reqs)]
 
     def snapshot(self, after: Batch | None = None) -> None:
-        """Keep the requests' lengths as launched (`ledger`, `max_lens`), before the forward
-        moves them. `after`: the batch launched just before this one. When both decode the
-        same requests in the same order, each has completed exactly one token since `after`
-        launched (`Req.complete_all`), so the ledger follows from its ledger, without a pass
-        over the requests (that pass cost a decode batch of 256 about 80 us a step)."""
+        """Keep the requests' lengths as launched (from `after`'s when both decode the same)."""
         if (
             after is not None
             and self.phase == "decode" == after.phase
@@ -96,13 +85,7 @@ class Batch:
         self.max_lens = np.array([r.max_device_len for r in reqs], dtype=np.int64)
 
     def launched_columns(self, like: Batch | None = None) -> tuple[tuple, ...]:
-        """The `ReqView` fields of every request as the batch launched (its lengths from
-        `ledger`), one tuple per field: plain ints and strings, built column by column (a
-        record of 256 requests builds these several times faster than one tuple per request,
-        and the garbage collector stops tracking them). Built when first asked for (records,
-        hooks), not when nobody does. `like`: an earlier batch; when it ran the same requests
-        in the same way (decode step after decode step), its columns that do not change while
-        a request runs (uid, kind, table_idx, max_device_len, cached_tokens) are shared."""
+        """The `ReqView` fields as launched, one tuple per field (`like`'s where unchanged)."""
         if self._columns is None:
             rows, cached, device = self.ledger.tolist()
             same = (
@@ -110,7 +93,7 @@ class Batch:
                 and like._columns is not None
                 and like.phase == self.phase
                 and like.num_decode == self.num_decode
-                and like.reqs == self.reqs  # the same objects, in order (eq=False: identity)
+                and like.reqs == self.reqs
             )
             if same:
                 uids, kinds, table_idx, _, _, max_lens, _, cached_tokens = like._columns
@@ -135,7 +118,6 @@ class Batch:
         return self._columns
 
     def launched_views(self) -> list[ReqView]:
-        """`launched_columns()` as one `ReqView` per request."""
         if self._views is None:
             self._views = [ReqView._make(row) for row in zip(*self.launched_columns())]
         return self._views

@@ -1,5 +1,4 @@
-"""A prompt as token ids: text through the tokenizer, or token ids checked against the model's
-vocabulary (what `LLM.encode` and the HTTP server both do)."""
+"""A prompt as token ids: text through the tokenizer, or ids checked against the vocabulary."""
 
 from __future__ import annotations
 

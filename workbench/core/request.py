@@ -1,5 +1,4 @@
-"""One request's progress, the ledger: Req (admitted), ChunkedReq (part-way through its prompt),
-PendingReq (waiting), ReqView (a batch's snapshot of one), and the page arithmetic they use."""
+"""One request's progress: Req (admitted), ChunkedReq, PendingReq (waiting), ReqView (launched)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ def ceil_page(n: int, page_size: int) -> int:
     return -(-n // page_size) * page_size
 
 
-def check_fits(
+def check_request(
     token_ids: list[int],
     sampling: SamplingParams,
     index: int,
@@ -24,8 +23,7 @@ def check_fits(
     page_size: int,
     capacity: int,
 ) -> None:
-    """Raise TypeError or ValueError if request `index` could never run: no SamplingParams, an
-    empty prompt, longer than the context, more KV slots than the pool has (`capacity`)."""
+    """Raise TypeError or ValueError if request `index` could never run in this context and pool."""
     if not isinstance(sampling, SamplingParams):
         raise TypeError(f"sampling for prompt {index} must be a SamplingParams, got {sampling!r}")
     if not token_ids:
@@ -51,20 +49,15 @@ def floor_page(n: int, page_size: int) -> int:
 
 
 def kv_tokens_needed(total_len: int, cached_len: int, page_size: int) -> int:
-    """KV slots a request of `total_len` tokens (prompt + max_tokens) may still allocate after
-    `cached_len` of them: the space admission reserves for it (conservative by one)."""
+    """KV slots a request of `total_len` tokens may still allocate after `cached_len` of them."""
     return ceil_page(total_len, page_size) - ceil_page(cached_len, page_size)
 
 
 @dataclass(eq=False)
 class Req:
-    """One admitted request: a slot in the page table, a prefix-cache handle and three lengths.
-
-    Invariant: ``0 <= cached_len < device_len <= max_device_len``.
-    - ``cached_len``: tokens whose KV is in the pool.
-    - ``device_len``: tokens the device knows about (computed, or computed by the batch in flight).
-    - ``max_device_len``: prompt + max_tokens.
-    """
+    """One admitted request: a page-table row, a prefix-cache handle and three lengths,
+    ``0 <= cached_len < device_len <= max_device_len``: KV in the pool, tokens the device knows
+    (computed, or by the batch in flight), prompt + max_tokens."""
 
     uid: int
     token_ids: list[int]  # host view: prompt, then each sampled token once it reached the host
@@ -79,12 +72,10 @@ class Req:
     max_device_len: int = field(default=-1, kw_only=True)
     # "stop" | "length" | "abort" | "error", set by the scheduler
     finish_reason: str | None = field(default=None, init=False)
-    error: str | None = field(default=None, init=False)  # finish_reason "error": what failed
-    # KV slots its page-table row holds, in whole pages: set by `CacheManager.allocate`.
-    # Between steps it is ceil_page(cached_len); only a batch in flight (or one that failed)
-    # has allocated more.
+    error: str | None = field(default=None, init=False)
+    # KV slots its row holds (`CacheManager.allocate`): between steps ceil_page(cached_len)
     alloc_len: int = field(init=False)
-    released: bool = field(default=False, init=False)  # its slot and pages were given back
+    released: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.device_len < 0:
@@ -105,8 +96,7 @@ class Req:
         max_device_len: int,
         sampling: SamplingParams,
     ) -> Req:
-        """A request with these lengths and neither tokens (they are in the token pool) nor a
-        cache handle: what a tensor-parallel rank runs of a step rank 0 scheduled."""
+        """A tensor-parallel rank's copy of rank 0's request: no tokens, no cache handle."""
         return cls(
             uid,
             [],
@@ -142,19 +132,16 @@ class Req:
 
     @staticmethod
     def complete_all(reqs: list[Req]) -> None:
-        """`complete_one()` of each request, written out: a call per request cost a decode
-        batch of 256 about 40 us of host time a step (the H200 machine's host, cProfile)."""
+        """`complete_one()` of each request, inlined: a call per request costs host time."""
         for req in reqs:
             req.cached_len = n = req.device_len
             req.device_len = n + 1
 
     def end_reason(self, token: int, eos_ids: frozenset[int]) -> str | None:
-        """Host side, once `token` is appended to `token_ids` (`Scheduler.collect`): "stop"
-        at an EOS token (unless ignored), "length" at its last token, else None."""
+        """Host side, once `token` is appended: "stop", "length" or None."""
         if token in eos_ids and not self.sampling.ignore_eos:
             return "stop"
-        # NOTE: the host's count, not remain_len: with overlap the device side is a step ahead
-        # already, and remain_len would end the request one token early.
+        # NOTE: not remain_len: with overlap the device is a step ahead, and it would end early
         return "length" if len(self.token_ids) == self.max_device_len else None
 
     def __repr__(self) -> str:
@@ -166,10 +153,7 @@ class Req:
 
 
 class ChunkedReq(Req):
-    """A request whose prompt is only partly computed: never sampled, never decoded.
-
-    It returns to the head of the queue and continues with the slot and cache handle it holds.
-    """
+    """A request whose prompt is only partly computed; it returns to the head of the queue."""
 
     @property
     def can_decode(self) -> bool:
@@ -208,7 +192,7 @@ class PendingReq:
     """A waiting request: no slot, no cache handle (unless a chunk of it already ran)."""
 
     uid: int
-    token_ids: list[int]  # the prompt
+    token_ids: list[int]
     sampling: SamplingParams
     chunked: ChunkedReq | None = None  # set while its prompt is being prefilled in chunks
 

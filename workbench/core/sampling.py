@@ -12,13 +12,7 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens for one request. `temperature=0` (the default) is greedy.
-
-    Checked on construction (a TypeError or ValueError naming the field): `max_tokens` an
-    integer >= 1; `temperature` 0 or a number in [1e-5, 3.4e38] (smaller ones overflow the
-    logits, larger ones are infinite in float32); `top_k` -1 (off) or >= 1 (beyond the
-    vocabulary it keeps every token); `top_p` in (0, 1]; `ignore_eos` a bool; `seed` None or an
-    integer in [0, 2**63)."""
+    """How to pick tokens for one request (`temperature=0`, the default: greedy); checked."""
 
     max_tokens: int = 16
     temperature: float = 0.0

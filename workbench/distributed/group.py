@@ -9,7 +9,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# torch 2.13 renamed all_gather_into_tensor (the old name warns); 2.11 has only the old one
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -19,7 +18,7 @@ class TPGroup:
 
     rank: int
     size: int
-    group: Any = None  # torch.distributed.ProcessGroup | None
+    group: Any = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
@@ -46,7 +45,7 @@ class TPGroup:
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         if self.size == 1:
             return x
-        # gathered along dim 0 (gloo refuses the stacked form), then the rank axis moved to `dim`
+        # NOTE: gathered along dim 0 (gloo refuses the stacked form), then moved to `dim`
         out = x.new_empty((self.size * x.shape[0], *x.shape[1:]))
         _all_gather(out, x.contiguous(), group=self.group)
         d = dim % x.dim()
@@ -64,9 +63,8 @@ def init_tp(
     timeout: timedelta = timedelta(minutes=5),
     device: torch.device | None = None,
 ) -> TPGroup:
-    """Join a TP group of `size` processes. `backend`: "gloo" or "nccl" (default with CUDA).
-    `timeout` bounds a wait for a dead peer, which then raises or aborts instead of hanging. NCCL
-    binds `device` at once, so the communicator exists before any CUDA graph capture."""
+    """Join a TP group (`timeout`: a dead peer raises instead of hanging). NOTE: NCCL binds
+    `device` at once, so the communicator exists before any CUDA graph capture."""
     if size == 1:
         return SINGLE
     if backend is None:

@@ -23,7 +23,7 @@ from ..models.weights import build_model
 from ..profiling import release_cupti_at_stop
 from .graph import GraphRunner
 from .inputs import fill_inputs, prompt_tokens, write_prompts
-from .memory import check_fits, out_of_memory, pages_from_memory
+from .memory import check_weights_fit, out_of_memory, pages_from_memory
 from .placement import check_gpus, num_devices, rank_device, use_cpu_threads
 from .prefill_graph import PrefillGraphRunner
 from .ranks import Ranks
@@ -33,22 +33,20 @@ from .sampler import Sampler, SamplingArgs
 
 class Engine:
     def __init__(self, config: EngineConfig, tp: TPGroup | None = None) -> None:
-        """`tp`: this process's rank of a tensor-parallel engine above 0 (`worker.py` builds
-        it); None: this is rank 0 (which starts the others, `ranks.py`), or the only one."""
+        """`tp`: this rank's group when above 0 (`worker.py`); None: rank 0, or the only one."""
         self.config, self.dtype = config, config.torch_dtype
         self.model_dir = resolve(config.model)
         self.model_config = model_cfg = ModelConfig.from_dir(self.model_dir)
         check_tp_size(model_cfg, config.tp_size)  # before any process or memory is taken
         use_cpu_threads(config)
-        # rank 0 of several: the other ranks (None: an engine alone, or a rank above 0)
         self.ranks: Ranks | None = None
-        self.launches = 0  # steps run (each rank counts the same)
+        self.launches = 0
         if tp is None and config.tp_size > 1:
             check_gpus(config)
             tp, self.ranks = start_ranks(config)
         self.tp = tp or SINGLE
         self.device = rank_device(config, self.tp.rank) if self.tp.size > 1 else config.torch_device
-        self.num_devices = num_devices(config)  # GPUs the ranks run on (gloo's may share)
+        self.num_devices = num_devices(config)
         if self.device.type == "cuda":  # a profiler of the user's own leaves CUPTI behind too
             release_cupti_at_stop()
         try:
@@ -58,11 +56,10 @@ class Engine:
             raise
 
     def _build(self, config: EngineConfig, model_cfg: ModelConfig) -> None:
-        """The model, KV pool, request table, attention backend, sampler and CUDA graphs."""
         self.max_seq_len = config.max_seq_len or min(
             model_cfg.max_position_embeddings, config.max_seq_len_cap
         )
-        check_fits(config, model_cfg, self.device, self.tp)
+        check_weights_fit(config, model_cfg, self.device, self.tp)
         self.model = build_model(
             model_cfg,
             self.max_seq_len,
@@ -84,13 +81,10 @@ class Engine:
                 for _ in range(4)
             ]
         self._build_graphs(config)
-        # NOTE: one full collection now makes the start-up objects (torch, transformers, the
-        # model) long-lived; otherwise the first full collection can fall inside a run (seen on
-        # the CPU with record="light": one pass of 0.19 s in a 300-step run).
+        # NOTE: start-up objects made long-lived now, so no full collection falls inside a run
         gc.collect()
 
     def _build_memory(self, config: EngineConfig, model_cfg: ModelConfig) -> None:
-        """The KV pool, the request table over it and the attention backend that reads them."""
         # NOTE: every rank must have the same slots: rank 0 allocates them for all
         pages = config.num_pages or pages_from_memory(config, model_cfg, self.device, self.tp)
         self.num_pages = config.num_pages or self.tp.min_int(pages, self.device)
@@ -98,7 +92,7 @@ class Engine:
             model_cfg.num_layers,
             self.num_pages,
             config.page_size,
-            model_cfg.num_kv_heads // self.tp.size,  # this rank's KV heads
+            model_cfg.num_kv_heads // self.tp.size,
             model_cfg.head_dim,
             self.dtype,
             self.device,
@@ -107,7 +101,7 @@ class Engine:
         width = -(-self.max_seq_len // config.page_size) * config.page_size
         self.table = TableManager(config.max_running_reqs, width, self.device)
         if self.ranks is not None:
-            self.table.journal = []  # what the other ranks replay before each step
+            self.table.journal = []
         self.backend = create_backend(
             config.attention_backend,
             pool=self.pool,
@@ -123,17 +117,14 @@ class Engine:
         self.table.sync_device()
 
     def _build_graphs(self, config: EngineConfig) -> None:
-        """The CUDA graphs of decode steps and of prefill and mixed steps (on a GPU whose
-        backend has them).
-
-        With cuda_graph=False, those steps still run padded to the same shapes, only eagerly:
-        the same kernels on the same shapes, so outputs are identical either way."""
+        """CUDA graphs of decode, prefill and mixed steps. With cuda_graph=False the same padded
+        shapes run eagerly, so outputs are identical either way."""
         self.graphs: GraphRunner | None = None
         self.prefill_graphs: PrefillGraphRunner | None = None
-        if self.device.type != "cuda" or not self.backend.supports_cuda_graph:
+        if self.device.type != "cuda" or self.backend.graphs is None:
             return
         oom = None
-        common = (self.model, self.ctx, self.backend, self.table, self.pool.dummy_slot)
+        common = (self.model, self.ctx, self.backend.graphs, self.table, self.pool.dummy_slot)
         try:
             self.graphs = GraphRunner(
                 *common,
@@ -154,8 +145,7 @@ class Engine:
                     self.prefill_graphs = None
         except torch.cuda.OutOfMemoryError as exc:
             oom = str(exc).split("\n")[0]
-        # NOTE: raised outside the except block: the out-of-memory error's frames hold the
-        # half-captured graphs' memory, and a chained error (kept by a notebook) keeps them
+        # NOTE: raised outside the except block, whose frames hold the half-captured graphs
         if oom is not None:
             error = out_of_memory(config, self.model_config, self.num_pages, oom)
             self.close()
@@ -164,8 +154,7 @@ class Engine:
             raise error
 
     def close(self) -> None:
-        """Drop every tensor the engine holds (the caller then frees the cached memory); stop
-        the other ranks."""
+        """Drop every tensor the engine holds and stop the other ranks."""
         self.graphs = self.prefill_graphs = None
         self.model = self.pool = self.table = self.backend = None
         self.ctx = self.sampler = None
@@ -178,14 +167,9 @@ class Engine:
         """Whether the padded steps replay captured CUDA graphs (not run eagerly)."""
         return self.graphs is not None and self.graphs.capture
 
-    # -- one step: prepare, forward, sample, wait --------------------------------------------
     def prepare(self, batch: Batch, prompt_ids: np.ndarray | None = None) -> Launch:
-        """Decide how the batch runs (eagerly, or padded to a graph's shape) and make every
-        device-side write of its step: rows the host rewrote (`TableManager.sync_device`), its
-        prompt tokens into the token pool, its inputs (each new token's page-table entry
-        among them), its sampling inputs and the attention plan. `prompt_ids`: the prompt
-        tokens it computes, in order (a tensor-parallel rank above 0 gets them from rank 0;
-        None: read from the requests)."""
+        """Decide how the batch runs and make every device-side write of its step. `prompt_ids`:
+        the prompt tokens it computes (None: read from the requests)."""
         table = self.table
         if table.unsynced:
             table.sync_device()
@@ -194,7 +178,7 @@ class Engine:
         runner, shape = self._runner_for(batch)
         launch = Launch(batch, runner, shape, prompt_ids, self.tp.size)
         sampled = batch.sampled_mask()
-        reqs, lens = batch.sampled_reqs, batch.ledger[2][sampled]  # each token's position
+        reqs, lens = batch.sampled_reqs, batch.ledger[2][sampled]
         if runner is None:
             launch.targets = fill_inputs(batch, table, sampled, prompt_ids)
             self.backend.prepare(batch)
@@ -216,8 +200,6 @@ class Engine:
         return launch
 
     def _runner_for(self, batch: Batch) -> tuple[GraphRunner | PrefillGraphRunner | None, Any]:
-        """The graph runner that runs this batch padded (captured or eager) and the shape it
-        pads it to; (None, None): it runs unpadded and eagerly."""
         for runner in (self.graphs, self.prefill_graphs):
             if runner is not None:
                 shape = runner.shape(batch)
@@ -226,18 +208,17 @@ class Engine:
         return None, None
 
     def forward(self, launch: Launch) -> torch.Tensor:
-        """Enqueue the prepared batch's forward (with tensor parallelism, after sending it to
-        the other ranks); the logits of its sampled requests."""
+        """Enqueue the prepared batch's forward (on every rank); its sampled requests' logits."""
         launch.index, self.launches = self.launches, self.launches + 1
         batch, runner = launch.batch, launch.runner
         try:
             if self.ranks is not None:
                 self.ranks.launch(batch, self.table, launch.prompt_ids)
-            timer = launch.timer = DeviceTimer(self.device)  # started
+            timer = launch.timer = DeviceTimer(self.device)
             if timer.cuda:
                 self.backend.launched(timer)  # the plan's copies are behind its start
             if runner is not None:
-                return runner.replay(batch, launch.shape)  # (no inference mode needed)
+                return runner.replay(batch, launch.shape)
             with torch.inference_mode(), self.ctx.running(batch) as ctx:
                 return self.model(batch.input_ids, batch.positions, ctx, batch.sample_idx)
         except Exception:
@@ -245,22 +226,19 @@ class Engine:
             raise
 
     def sample(self, launch: Launch, logits: torch.Tensor) -> None:
-        """Enqueue the sampling of the batch's tokens, their writes to the token pool (where
-        the next decode reads them) and, on a GPU, their copy to pinned host memory; then stop
-        the step's device timer. Read `launch.tokens` after `wait(launch)`."""
+        """Enqueue the sampling and the tokens' copies. Read `launch.tokens` after `wait`."""
         count = len(launch.batch.sampled_reqs)
         try:
             if count == 0:
                 tokens = torch.zeros(0, dtype=torch.int32)
             elif launch.sampled_in_graph:
-                tokens = launch.runner.tokens(launch.shape, count)  # in the token pool too
+                tokens = launch.runner.tokens(launch.shape, count)
             else:
                 tokens = self.sampler.sample(logits, launch.sampling)
                 rows, cols = launch.targets
                 self.table.token_pool[rows, cols] = tokens
             if self.device.type == "cuda" and count:
-                # NOTE: pinned buffers taken in turn: a step's tokens are read at its collect,
-                # at most one step later (overlap); four leave room
+                # NOTE: pinned buffers in turn: a step's tokens are read at most a step later
                 host = self._token_host[launch.index % len(self._token_host)][:count]
                 host.copy_(tokens, non_blocking=True)
                 tokens = host
@@ -272,8 +250,6 @@ class Engine:
             raise
 
     def _check_ranks_alive(self) -> None:
-        """With tensor parallelism, a failure says so when one of the ranks died (gloo raises
-        at once when a peer's connection closes)."""
         if self.ranks is not None:
             self.ranks.check(wait_s=2.0)
 
@@ -287,19 +263,15 @@ class Engine:
             self.ranks.wait(launch.done)
 
     def rank_device_ms(self) -> dict[int, list[float]]:
-        """With tensor parallelism: the device time of each step not asked about before on
-        ranks 1.. (launch -> ms per rank), from each rank's own timer."""
+        """Launch -> device ms on ranks 1.. of the steps not asked about before."""
         return {} if self.ranks is None else self.ranks.device_ms()
 
     def rank_events(self) -> dict[int, list[list[tuple]]]:
-        """With tensor parallelism: the profiler events of ranks 1.. of the steps they
-        profiled (those rank 0's profiler recorded) since the last call, launch -> a list per
-        rank, each on that rank's own clock."""
+        """Launch -> the profiler events of ranks 1.. since the last call, on their clocks."""
         return {} if self.ranks is None else self.ranks.events()
 
     def check_ranks(self) -> None:
-        """With tensor parallelism: every rank's request table (page table, token pool) equals
-        rank 0's, so the ranks read and write the same KV slots."""
+        """Raise unless every rank's request table equals rank 0's."""
         differ = [] if self.ranks is None else self.ranks.same_tables(self.table)
         if differ:
             raise AssertionError(
@@ -309,22 +281,20 @@ class Engine:
 
 @dataclass(slots=True, eq=False)
 class Launch:
-    """One batch as the engine runs it, from `Engine.prepare` (which decided how) to `wait`:
-    the graph runner and shape it runs padded to (None: eagerly), its padded size, its sampling
-    inputs and where its tokens go, then its device timer and sampled tokens."""
+    """One batch as the engine runs it, from `Engine.prepare` (which decides how) to `wait`."""
 
     batch: Batch
     runner: GraphRunner | PrefillGraphRunner | None
     shape: Any  # the runner's: a decode graph's size, a prompt graph's (tokens, rows)
-    prompt_ids: np.ndarray | None  # the prompt tokens it computes (None: it decodes only)
-    tp_size: int = 1  # processes it runs on
+    prompt_ids: np.ndarray | None
+    tp_size: int = 1
     padded_rows: int = 0
     padded_tokens: int = 0
-    cuda_graph: bool = False  # replays a captured CUDA graph
+    cuda_graph: bool = False
     sampling: SamplingArgs | None = None  # None: nothing sampled, or by the graph
     sampled_in_graph: bool = False
     targets: tuple[torch.Tensor, torch.Tensor] | None = None  # token pool rows and columns
     index: int = 0  # the engine's count of steps before it (the same on every rank)
-    timer: DeviceTimer | None = None  # its device time, from forward to sample
+    timer: DeviceTimer | None = None
     tokens: torch.Tensor | None = None  # int32 [sampled requests] on the host
     done: torch.cuda.Event | None = None  # after their copy (None: nothing to wait for)

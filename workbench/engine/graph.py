@@ -1,6 +1,5 @@
 """CUDA graphs for decode: captured once per batch size, replayed with the batch padded by the
-dummy request. Python (module hooks included) does not run during a replay; the scheduler-side
-records do not depend on it. Without capture, the runner runs the same padded batches eagerly."""
+dummy request. Python (module hooks included) does not run during a replay."""
 
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ from ..device import Staging, staging
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from ..attention.base import AttentionBackend
     from ..attention.context import ForwardContext
+    from ..attention.flashinfer_graphs import GraphWrappers
     from ..kvcache.table import TableManager
 
 
@@ -28,23 +27,14 @@ def capture_sizes(max_bs: int) -> list[int]:
 
 
 class GraphRunner:
-    """`model(input_ids, positions, ctx, sample_idx)` run on static buffers; padded rows write
-    their K and V to `dummy_slot`, which no request reads.
-
-    A decode step's host work is one copy and a plan. The host packs, for each request, its
-    table row, position, KV slot, the position of its next token and, with `sample`, its
-    temperature and Philox key, and the attention's page `indptr` and last-page lengths
-    (`Staged`), sends them in one copy, and runs FlashInfer's planner on the KV lengths. The
-    graph does the rest on the device: the input ids from the token pool, the new KV slots
-    into the page table, the page ids from the page table (`graph_indices`), the forward, and
-    with `sample` the one-pass sampler (`kernels/sampling.py`) and the tokens into the token
-    pool."""
+    """`model(input_ids, positions, ctx, sample_idx)` on static buffers, padded rows writing to
+    `dummy_slot`. A step's host work is one copy of its `Staged` inputs and a plan."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         ctx: ForwardContext,
-        backend: AttentionBackend,
+        wrappers: GraphWrappers,
         table: TableManager,
         dummy_slot: int,
         device: torch.device,
@@ -52,7 +42,7 @@ class GraphRunner:
         capture: bool = True,
         sample: bool = False,
     ) -> None:
-        self.model, self.ctx, self.backend, self.table = model, ctx, backend, table
+        self.model, self.ctx, self.wrappers, self.table = model, ctx, wrappers, table
         self.dummy_slot = dummy_slot
         self.sizes = capture_sizes(max_bs)
         self.max_bs = self.sizes[-1]
@@ -61,7 +51,6 @@ class GraphRunner:
         self.ring = staging(device)
         self.layouts = {bs: Staged(bs) for bs in self.sizes}
         self.inputs = {bs: self.layouts[bs].views(self.staged) for bs in self.sizes}
-        # the host side: each size's bytes and their views, filled in place per step
         self.host = {bs: np.zeros(self.layouts[bs].nbytes, dtype=np.uint8) for bs in self.sizes}
         self.host_inputs = {bs: self.layouts[bs].views(self.host[bs]) for bs in self.sizes}
         self.sample_idx = torch.arange(self.max_bs, device=device)
@@ -72,22 +61,19 @@ class GraphRunner:
         self._capture_all()
 
     def _run(self, bs: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One padded decode step from the staged inputs (what a graph captures): the logits,
-        and with `sample` the tokens, written to the token pool too."""
         x = self.inputs[bs]
         rows, positions = x["rows"], x["positions"]
         input_ids = self.table.token_pool[rows, positions]
-        # NOTE: the host wrote these entries in its own table only (`CacheManager.allocate`);
-        # padded rows write the dummy row's first entry, which holds the dummy slot already
+        # NOTE: the host wrote these entries in its own table only; padded rows write dummy_slot
         self.table.page_table[rows, positions] = x["slots"]
-        self.backend.graph_indices(rows, x["indptr"])
+        self.wrappers.graph_indices(rows, x["indptr"])
         logits = self.model(input_ids, positions, self.ctx, self.sample_idx[:bs])
         if not self.sample:
             return logits, None
         from ..kernels.sampling import race_sample
 
         tokens = race_sample(logits, x["temperatures"], x["keys"]).to(torch.int32)
-        self.table.token_pool[rows, x["following"]] = tokens  # padded rows: the dummy row's
+        self.table.token_pool[rows, x["following"]] = tokens
         return logits, tokens
 
     def _capture_all(self) -> None:
@@ -98,9 +84,8 @@ class GraphRunner:
             for bs in reversed(self.sizes):  # largest first, so smaller ones reuse its memory
                 x = self._stage_dummies(bs)
                 batch = Batch([], "decode")
-                # NOTE: outside inference mode: the wrapper's buffers are updated in place by
-                # every later plan(), which runs outside it.
-                batch.attn_metadata = self.backend.graph_metadata(
+                # NOTE: outside inference mode: later plans (outside it) update its buffers in place
+                batch.attn_metadata = self.wrappers.graph_metadata(
                     bs, x["out_loc"], x["indptr"], x["last_page_len"]
                 )
                 self.metadata[bs] = batch.attn_metadata
@@ -110,8 +95,6 @@ class GraphRunner:
         torch.cuda.synchronize()
 
     def _stage_dummies(self, bs: int) -> dict[str, torch.Tensor]:
-        """Inputs of `bs` dummy requests (greedy, one KV token each), for the warm-up and
-        capture."""
         x = self.inputs[bs]
         for t in x.values():
             t.zero_()
@@ -135,43 +118,38 @@ class GraphRunner:
         return None
 
     def padded(self, bs: int) -> tuple[int, int]:
-        """Requests and tokens a batch padded to `bs` runs as: a token each."""
         return bs, bs
 
     def prepare(self, batch: Batch, bs: int, race: tuple[np.ndarray, np.ndarray] | None) -> None:
-        """Send the batch's inputs, padded to `bs` with dummy requests, to the static buffers
-        (one copy), and plan the captured attention for them. `race`: each request's
-        temperature and Philox key when the graph samples them (None: the engine samples from
-        the logits)."""
+        """Send the batch's inputs, padded to `bs`, to the static buffers and plan its attention.
+        `race`: temperatures and Philox keys when the graph samples (None: the engine does)."""
         size = batch.size
         x = self.host_inputs[bs]
         rows, positions, device_len = batch.ledger
         kv_lens = x["kv_lens"]
-        kv_lens[:size], kv_lens[size:] = device_len, 1  # a dummy request reads its dummy slot
+        kv_lens[:size], kv_lens[size:] = device_len, 1
         x["rows"][:size], x["rows"][size:] = rows, self.table.dummy_row
         x["positions"][:size], x["positions"][size:] = positions, 0
         slots = self.table.page_table_host[rows, positions]
         x["out_loc"][:size], x["out_loc"][size:] = slots, self.dummy_slot
         x["slots"][:size], x["slots"][size:] = slots, self.dummy_slot
-        x["following"][:size], x["following"][size:] = device_len, 1  # where each next token goes
+        x["following"][:size], x["following"][size:] = device_len, 1
         temperatures, keys = race if race is not None else (0.0, 0)
         x["temperatures"][:size], x["temperatures"][size:] = temperatures, 0.0
         x["keys"][:size], x["keys"][size:] = keys, 0
-        self.backend.paged_lens(kv_lens, x["indptr"], x["last_page_len"])
+        self.wrappers.paged_lens(kv_lens, x["indptr"], x["last_page_len"])
         send_staged(self.ring, self.host[bs], self.staged)
         batch.attn_metadata = self.metadata[bs]
-        self.backend.plan_replay(bs, x["indptr"], kv_lens)
+        self.wrappers.plan_replay(bs, x["indptr"], kv_lens)
 
     def token_targets(self, bs: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where the batch's `count` sampled tokens go in the token pool: rows and positions,
-        on the device already (staged with the inputs)."""
+        """Where the batch's `count` sampled tokens go in the token pool (rows, positions)."""
         x = self.inputs[bs]
         return x["rows"][:count], x["following"][:count]
 
     def replay(self, batch: Batch, bs: int) -> torch.Tensor:
-        """The batch's logits; when the graph samples, its tokens are in `tokens(bs, n)` and
-        the token pool."""
-        if not self.capture:  # the same padded computation, run eagerly
+        """The batch's logits; the tokens the graph sampled are in `tokens(bs, n)`."""
+        if not self.capture:
             with self.ctx.running(batch), torch.inference_mode():
                 self.outputs[bs] = self._run(bs)
         else:
@@ -179,19 +157,15 @@ class GraphRunner:
         return self.outputs[bs][0][: batch.size]
 
     def tokens(self, bs: int, count: int) -> torch.Tensor:
-        """The tokens the last replay of the `bs` graph sampled."""
         return self.outputs[bs][1][:count]
 
 
 def capture(run: Callable[[], T], pool, stream: torch.cuda.Stream, tp_size: int):
-    """`run` warmed up twice (no lazy initialisation inside the capture), then captured into a
-    CUDA graph on `stream`, in the graph memory `pool`: the graph and what `run` returned (its
-    outputs, which each replay rewrites)."""
+    """`run` warmed up twice, then captured: the graph and its outputs, which replays rewrite."""
     for _ in range(2):
         run()
     graph = torch.cuda.CUDAGraph()
-    # NOTE: with tensor parallelism NCCL's watchdog thread queries events while this thread
-    # captures; "thread_local" keeps its calls legal (the default mode fails them)
+    # NOTE: NCCL's watchdog thread queries events during the capture: "thread_local" allows it
     mode = "thread_local" if tp_size > 1 else "global"
     with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=mode):
         outputs = run()
@@ -199,19 +173,14 @@ def capture(run: Callable[[], T], pool, stream: torch.cuda.Stream, tp_size: int)
 
 
 def send_staged(ring: Staging, host: np.ndarray, staged: torch.Tensor) -> None:
-    """A graph's inputs, packed in `host`, to its static device buffer `staged`: one copy.
-
-    Through the staging ring's pinned memory, which stays unchanged until the copy has run (the
-    host bytes are rewritten next step)."""
+    """`host` to the graph's device buffer `staged` in one copy, through the staging ring."""
     pinned_np, pinned = ring.region(len(host))
     pinned_np[:] = host
     staged[: len(host)].copy_(pinned, non_blocking=True)
 
 
 class Layout:
-    """Where each input of a graph lies in its staged bytes: the same layout on the host
-    (packed each step) and on the device (the graph's static inputs). `fields`: name, numpy
-    dtype and length of each."""
+    """Where each input of a graph lies in its staged bytes, the same on the host and device."""
 
     def __init__(self, fields: Iterable[tuple[str, type, int]]) -> None:
         self.fields: list[tuple[str, np.dtype, int, int]] = []  # name, dtype, offset, length
@@ -222,7 +191,6 @@ class Layout:
         self.nbytes = at
 
     def views(self, buffer: np.ndarray | torch.Tensor) -> dict:
-        """Each field as a view of `buffer` (uint8, host numpy or device torch)."""
         if isinstance(buffer, np.ndarray):
             return {
                 name: buffer[at : at + n * dt.itemsize].view(dt) for name, dt, at, n in self.fields
@@ -234,19 +202,17 @@ class Layout:
 
 
 class Staged(Layout):
-    """The inputs of a padded decode batch of `bs` requests."""
-
     FIELDS = (  # name, dtype, length beyond bs
-        ("rows", np.int64, 0),  # table rows
-        ("positions", np.int64, 0),  # of the token each request computes
-        ("out_loc", np.int64, 0),  # its KV slot
+        ("rows", np.int64, 0),
+        ("positions", np.int64, 0),
+        ("out_loc", np.int64, 0),
         ("following", np.int64, 0),  # the position its sampled token takes
-        ("keys", np.int64, 0),  # Philox keys
+        ("keys", np.int64, 0),
         ("temperatures", np.float32, 0),  # 0: greedy
         ("slots", np.int32, 0),  # out_loc again, as the page table holds it
-        ("indptr", np.int32, 1),  # where each request's KV pages start (FlashInfer)
-        ("last_page_len", np.int32, 0),  # KV tokens in each request's last page
-        ("kv_lens", np.int32, 0),  # KV tokens per request (FlashInfer's planner, on the host)
+        ("indptr", np.int32, 1),
+        ("last_page_len", np.int32, 0),
+        ("kv_lens", np.int32, 0),  # read on the host only, by the planner
     )
 
     def __init__(self, bs: int) -> None:

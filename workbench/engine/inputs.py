@@ -1,6 +1,4 @@
-"""An eager step's device inputs, read from the request table: each new token's position,
-input id (from the token pool) and KV slot, the rows that get logits, and where the sampled
-tokens go; and the prompt tokens a step computes, written to the token pool."""
+"""An eager step's device inputs, read from the request table, and its prompt tokens."""
 
 from __future__ import annotations
 
@@ -15,10 +13,8 @@ from ..kvcache.table import TableManager
 def fill_inputs(
     batch: Batch, table: TableManager, sampled: np.ndarray, prompt_ids: np.ndarray | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fill `batch.positions`, `input_ids`, `out_loc` and `sample_idx` from its ledger
-    (`Batch.snapshot`) and the host's page table, after writing its prompt tokens to the token
-    pool and, where the device has a page table of its own, each new token's entry to it.
-    Returns where the sampled tokens go in the token pool (rows and positions)."""
+    """Fill `batch.positions`, `input_ids`, `out_loc` and `sample_idx` from its ledger and the
+    host's page table; returns where the sampled tokens go in the token pool (rows, positions)."""
     rows, cached, device_len = batch.ledger
     extend = device_len - cached
     positions = ranges(cached, device_len)
@@ -30,7 +26,7 @@ def fill_inputs(
         arrays.append(prompt_ids)
     sent = to_device_many(arrays, table.device)
     rows_t, positions_t, out_loc_t = sent[0], sent[1], sent[2]
-    if prompt_ids is not None:  # the prompt's tokens follow the decoding requests' one each
+    if prompt_ids is not None:
         first = batch.num_decode
         table.token_pool[rows_t[first:], positions_t[first:]] = sent[6].to(torch.int32)
     if not table.shares_host_memory:
@@ -43,7 +39,6 @@ def fill_inputs(
 
 
 def prompt_tokens(batch: Batch) -> np.ndarray:
-    """The prompt tokens the batch computes, in order: each prompt's (or chunk's) new tokens."""
     _, cached, device_len = batch.ledger
     first = batch.num_decode
     spans = zip(batch.reqs[first:], cached[first:].tolist(), device_len[first:].tolist())
@@ -63,5 +58,5 @@ def write_prompts(batch: Batch, table: TableManager, prompt_ids: np.ndarray) -> 
 def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """``concatenate([arange(a, b) for a, b in zip(starts, ends)])`` in whole-array steps."""
     lens = ends - starts
-    before = np.cumsum(lens) - lens  # where each range begins in the output
+    before = np.cumsum(lens) - lens
     return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - before, lens)

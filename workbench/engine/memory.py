@@ -1,5 +1,4 @@
-"""How much memory an engine takes: its weights against what is free, its KV pages, and what
-to say when capturing its CUDA graphs runs out."""
+"""How much memory an engine takes: its weights, its KV pages, and what to say when it runs out."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from ..models import ModelConfig
 from .placement import ranks_on
 
 
-def check_fits(config: EngineConfig, model: ModelConfig, device: torch.device, tp: TPGroup):
+def check_weights_fit(config: EngineConfig, model: ModelConfig, device: torch.device, tp: TPGroup):
     """Refuse a model whose weights do not fit in the GPU memory free now."""
     if device.type != "cuda":
         return
@@ -31,8 +30,7 @@ def pages_from_memory(
     """KV pages for `memory_ratio` of the GPU memory free now (`kv_memory_gb` on the cpu)."""
     per_token = model.kv_bytes_per_token(config.torch_dtype.itemsize) // tp.size
     if device.type == "cuda":
-        # NOTE: what memory_ratio leaves over is for activations, CUDA graphs and workspaces.
-        # ranks that share the GPU (gloo) each take their part of the ratio
+        # NOTE: the rest is for activations, graphs and workspaces; gloo ranks on a GPU share it
         free, _ = torch.cuda.mem_get_info(device)
         budget = free * config.memory_ratio / ranks_on(config, tp.rank)
     else:
@@ -44,8 +42,6 @@ def pages_from_memory(
 
 
 def out_of_memory(config: EngineConfig, model: ModelConfig, num_pages: int, cause: str):
-    """What ran out while the engine was built, and what to do: the KV pool took its share
-    of what was free, and another engine (or program) holds the rest."""
     per_token = model.kv_bytes_per_token(config.torch_dtype.itemsize)
     kv_gib = num_pages * config.page_size * per_token / 2**30
     return RuntimeError(

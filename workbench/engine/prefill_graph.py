@@ -1,24 +1,6 @@
-"""CUDA graphs for prefill and mixed steps: captured once per (tokens, rows) shape, replayed with
-the batch padded to the shape.
-
-Why: an eager prefill step launches every layer's kernels from Python, and on the H200 that
-host work sets the step's length: 8 to 19 ms a step whatever its tokens, where a 256-token
-mixed step of Qwen3-0.6B has 2.1 ms of kernels (README, "Prefill and mixed steps are the
-host's"). A replay launches them all at once.
-
-Shapes: `token_sizes` up to `cuda_graph_max_tokens` (powers of two, then halfway steps, so a
-step above 512 tokens runs at most half as many again), each with a few row counts (`row_sizes`: 8,
-32 and as many as fit), so that a chunk alone and a chunk with a full decode batch both find
-a graph that pads them little. A batch takes the smallest shape that holds its tokens and its
-requests. Padding: the tokens past the batch's are the dummy request's (they write the pool's
-dummy slot, and belong to no request's attention); the requests past it have no query tokens
-and one dummy KV page. The last norm and the LM head run on one row per request (`rows`),
-those past the sampled ones on row 0; the logits go to one buffer all prefill graphs share
-(they replay one at a time, and each step's sampling reads them before the next replays).
-
-Without capture (`cuda_graph=False`) the same padded steps run eagerly: the same kernels on
-the same shapes, so outputs are identical either way (as for decode, `graph.py`).
-"""
+"""CUDA graphs for prefill and mixed steps, whose eager launches are host-bound (see
+docs/performance.md, "Prefill and mixed steps in CUDA graphs"): captured once per (tokens, rows)
+shape, replayed with the batch padded to the smallest that holds it (with the dummy request)."""
 
 from __future__ import annotations
 
@@ -35,27 +17,24 @@ from .inputs import ranges
 
 if TYPE_CHECKING:
     from ..attention.context import ForwardContext
-    from ..attention.flashinfer_backend import FlashInferBackend
+    from ..attention.flashinfer_graphs import GraphWrappers
     from ..kvcache.table import TableManager
 
 ROW_SIZES = (8, 32)  # requests per graph below the most a step can have
 
 
 def token_sizes(max_tokens: int) -> list[int]:
-    """The token counts captured: 16 to 512 by powers of two, then a power of two and three
-    quarters of the next one in turn (768, 1024, 1536, 2048, ...), and `max_tokens`."""
+    """Token counts captured: 16 to 512 by powers of two, then 768, 1024, 1536, ..., max_tokens."""
     sizes = [1 << k for k in range(4, 10)] + [m << k for k in range(8, 16) for m in (3, 4)]
     return sorted({*(s for s in sizes if s < max_tokens), max_tokens})
 
 
 def row_sizes(tokens: int, max_rows: int) -> list[int]:
-    """The request counts captured with `tokens` tokens: 8, 32 and the most there can be."""
     return sorted({min(r, tokens, max_rows) for r in (*ROW_SIZES, max_rows)})
 
 
 def graph_shapes(max_tokens: int, max_rows: int, max_seq_len: int) -> list[tuple[int, int]]:
-    """The (tokens, rows) shapes captured, for request rows `max_seq_len` wide (a dummy request
-    of the capture attends to itself only, within the dummy row)."""
+    """The (tokens, rows) shapes captured: a capture's dummy request fits in one table row."""
     return [
         (t, r)
         for t in token_sizes(max_tokens)
@@ -65,32 +44,29 @@ def graph_shapes(max_tokens: int, max_rows: int, max_seq_len: int) -> list[tuple
 
 
 def shape_for(shapes: list[tuple[int, int]], tokens: int, rows: int) -> tuple[int, int] | None:
-    """The smallest shape that holds `tokens` tokens of `rows` requests (None: none does)."""
     return min((s for s in shapes if s[0] >= tokens and s[1] >= rows), default=None)
 
 
 def prefill_fields(tokens: int, rows: int) -> list[tuple[str, type, int]]:
     return [
-        ("token_rows", np.int64, tokens),  # each token's table row
+        ("token_rows", np.int64, tokens),
         ("positions", np.int64, tokens),
-        ("out_loc", np.int64, tokens),  # its KV slot
+        ("out_loc", np.int64, tokens),
         ("slots", np.int32, tokens),  # out_loc again, as the page table holds it
-        ("rows", np.int64, rows),  # each request's table row
-        ("sample_idx", np.int64, rows),  # the token rows that get logits
+        ("rows", np.int64, rows),
+        ("sample_idx", np.int64, rows),
         ("sample_rows", np.int64, rows),  # where the sampled tokens go: table rows ...
         ("following", np.int64, rows),  # ... and positions
-        ("qo_indptr", np.int32, rows + 1),  # where each request's query tokens start
-        ("kv_indptr", np.int32, rows + 1),  # where its KV pages start
+        ("qo_indptr", np.int32, rows + 1),
+        ("kv_indptr", np.int32, rows + 1),
         ("last_page_len", np.int32, rows),
-        ("kv_lens", np.int32, rows),  # KV tokens per request (the planner's, on the host)
+        ("kv_lens", np.int32, rows),  # read on the host only, by the planner
     ]
 
 
 class PrefillGraphRunner:
-    """`model(input_ids, positions, ctx, sample_idx)` of prefill and mixed batches on static
-    buffers, one graph per shape (`token_sizes` x `row_sizes`). A step's host work is one
-    copy of its inputs and FlashInfer's planner; the graph writes the new page-table entries,
-    gathers the page ids, reads the input ids from the token pool and runs the model."""
+    """`model(input_ids, positions, ctx, sample_idx)` of prompt steps on static buffers, one graph
+    per shape. A step's host work is one copy of its inputs and a plan."""
 
     capture: bool
     sample = False  # the engine samples from the logits
@@ -99,14 +75,14 @@ class PrefillGraphRunner:
         self,
         model: torch.nn.Module,
         ctx: ForwardContext,
-        backend: FlashInferBackend,
+        wrappers: GraphWrappers,
         table: TableManager,
         dummy_slot: int,
         device: torch.device,
         max_tokens: int,
         capture: bool = True,
     ) -> None:
-        self.model, self.ctx, self.backend, self.table = model, ctx, backend, table
+        self.model, self.ctx, self.wrappers, self.table = model, ctx, wrappers, table
         self.dummy_slot, self.capture = dummy_slot, capture
         max_rows = table.max_running_reqs
         self.shapes = graph_shapes(max_tokens, max_rows, table.max_seq_len)
@@ -119,24 +95,21 @@ class PrefillGraphRunner:
         self.ring = staging(device)
         vocab = model.model_cfg.vocab_size
         dtype = next(model.parameters()).dtype
+        # NOTE: one logits buffer for all graphs: each step's sampling reads it before the next
         self.logits = torch.empty((max_rows, vocab), dtype=dtype, device=device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.metadata: dict[tuple[int, int], object] = {}
         self._capture_all()
 
-    # -- shapes ---------------------------------------------------------------------------
     def shape(self, batch: Batch) -> tuple[int, int] | None:
-        """The smallest captured shape that holds the batch (None: none does, or it decodes)."""
         if not batch.is_prefill:
             return None
         _, cached, device_len = batch.ledger
         return shape_for(self.shapes, int((device_len - cached).sum()), batch.size)
 
     def padded(self, shape: tuple[int, int]) -> tuple[int, int]:
-        """Requests and tokens a batch padded to `shape` runs as."""
         return shape[1], shape[0]
 
-    # -- capture ----------------------------------------------------------------------------
     def _capture_all(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
@@ -144,8 +117,8 @@ class PrefillGraphRunner:
         with torch.cuda.stream(stream):
             for shape in sorted(self.shapes, reverse=True):  # largest first: the rest reuse it
                 x = self._stage_dummies(shape)
-                metadata = self.backend.prefill_graph_metadata(shape, x["out_loc"], x)
-                if metadata is None:  # the engine then runs prompt steps eagerly
+                metadata = self.wrappers.prefill_graph_metadata(shape, x["out_loc"], x)
+                if metadata is None:
                     raise NotImplementedError("FlashInfer's prefill planner is not one we know")
                 self.metadata[shape] = metadata
                 if self.capture:
@@ -154,8 +127,6 @@ class PrefillGraphRunner:
         torch.cuda.synchronize()
 
     def _stage_dummies(self, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
-        """The inputs of the batch the graph is captured with: every token the dummy
-        request's, the rows as `dummy_prefill` spreads them (its planner fills the rest)."""
         x = self.inputs[shape]
         for t in x.values():
             t.zero_()
@@ -174,22 +145,17 @@ class PrefillGraphRunner:
             self.graphs[shape], _ = capture(run, pool, stream, self.model.tp.size)
 
     def _run(self, shape: tuple[int, int]) -> None:
-        """One padded step from the staged inputs (what a graph captures); its logits into
-        the shared buffer."""
         x = self.inputs[shape]
         token_rows, positions = x["token_rows"], x["positions"]
-        # NOTE: the host wrote these entries in its own table only (`CacheManager.allocate`);
-        # padding tokens write the dummy row's first entry, which holds the dummy slot already
+        # NOTE: the host wrote these entries in its own table only; padding writes dummy_slot
         self.table.page_table[token_rows, positions] = x["slots"]
-        self.backend.graph_indices(x["rows"], x["kv_indptr"])
+        self.wrappers.graph_indices(x["rows"], x["kv_indptr"])
         input_ids = self.table.token_pool[token_rows, positions]
         logits = self.model(input_ids, positions, self.ctx, x["sample_idx"])
         self.logits[: shape[1]].copy_(logits)
 
-    # -- a step -----------------------------------------------------------------------------
     def prepare(self, batch: Batch, shape: tuple[int, int], race: None = None) -> None:
-        """Send the batch's inputs, padded to `shape`, to the static buffers (one copy), and
-        plan the captured attention for them (the engine samples: `race` is always None)."""
+        """As `GraphRunner.prepare`; the engine samples: `race` is always None."""
         x = self.host_inputs[shape]
         table_rows, cached, device_len = batch.ledger
         n, extend = batch.size, device_len - cached
@@ -212,14 +178,13 @@ class PrefillGraphRunner:
         qo[0], qo[1 : n + 1], qo[n + 1 :] = 0, ends, total
         kv_lens = x["kv_lens"]
         kv_lens[:n], kv_lens[n:] = device_len, 1  # a padded request reads the dummy page
-        self.backend.paged_lens(kv_lens, x["kv_indptr"], x["last_page_len"])
+        self.wrappers.paged_lens(kv_lens, x["kv_indptr"], x["last_page_len"])
         send_staged(self.ring, self.host[shape], self.staged)
         batch.attn_metadata = self.metadata[shape]
-        self.backend.plan_prefill_replay(shape, qo, x["kv_indptr"], kv_lens)
+        self.wrappers.plan_prefill_replay(shape, qo, x["kv_indptr"], kv_lens)
 
     def replay(self, batch: Batch, shape: tuple[int, int]) -> torch.Tensor:
-        """The logits of the batch's sampled requests."""
-        if not self.capture:  # the same padded computation, run eagerly
+        if not self.capture:
             with self.ctx.running(batch), torch.inference_mode():
                 self._run(shape)
         else:
@@ -229,7 +194,5 @@ class PrefillGraphRunner:
     def token_targets(
         self, shape: tuple[int, int], count: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where the batch's `count` sampled tokens go in the token pool: rows and positions,
-        on the device already (staged with the inputs)."""
         x = self.inputs[shape]
         return x["sample_rows"][:count], x["following"][:count]

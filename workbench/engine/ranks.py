@@ -1,18 +1,6 @@
-"""Tensor parallelism across processes, rank 0's side: one scheduler, many ranks.
-
-Rank 0 is the user's process (a notebook's kernel): it schedules, keeps the records and reads
-the sampled tokens. Ranks 1..N-1 are worker processes (`worker.py`), started by the engine
-(`python -m workbench.engine.worker`, one GPU each, or gloo processes on the CPU) or by
-`torchrun`. Each holds its share of the model and of the KV pool (its KV heads of the same
-slots). Rank 0 sends every step it launches (the requests' ledgers and its request-table writes
-since the last step, `kvcache.table.TableWrite`) and every rank runs the same forward. Every
-rank samples: the logits are gathered whole on each and the samplers are seeded alike, so each
-rank's token pool gets the tokens its next decode reads, and no step waits for rank 0's tokens
-to travel. An engine of one process has none (`Engine.ranks` is None).
-
-Two process groups: the model's collectives (NCCL on GPUs, gloo on the CPU), which time out,
-and a gloo group that carries rank 0's step messages, which waits as long as the user thinks.
-"""
+"""Tensor parallelism across processes, rank 0's side: it schedules and sends every step to ranks
+1.. (`worker.py`). Every rank samples alike from the gathered logits, so no step waits for rank 0's
+tokens. Step messages travel on a gloo group of their own, which never times out."""
 
 from __future__ import annotations
 
@@ -44,17 +32,17 @@ if TYPE_CHECKING:
     from ..config import EngineConfig
     from ..kvcache.table import TableManager, TableWrite
 
-# NVLink multicast is off on these machines and must stay off in every process (NCCL's NVLS,
-# torch's symmetric memory, NVSHMEM)
+# NOTE: NVLink multicast must stay off in every process (NCCL's NVLS, symmetric memory, NVSHMEM)
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-WORKER = "workbench.engine.worker"  # the module a started rank runs
-INTEGRITY = "integrity"  # message: compare the ranks' request tables
-DEVICE_MS = "device_ms"  # message: each rank's device time of the steps since the last ask
-EVENTS = "events"  # message: each rank's profiler events of the steps since the last ask
+WORKER = "workbench.engine.worker"
+# messages besides steps: compare request tables; report device times; report profiler events
+INTEGRITY = "integrity"
+DEVICE_MS = "device_ms"
+EVENTS = "events"
 MAX_TIMERS = 1 << 16  # steps whose device time a rank keeps until rank 0 asks
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a first forward may compile kernels for minutes
 IDLE_TIMEOUT = timedelta(days=365)  # a worker waits for the next step as long as the user
@@ -64,20 +52,18 @@ class StepMessage(NamedTuple):
     """One launched step, as rank 0 sends it to the other ranks."""
 
     journal: list[TableWrite]  # rank 0's request-table writes since the last step
-    prompt_ids: np.ndarray | None  # the prompt tokens the step computes (`Engine.prepare`)
+    prompt_ids: np.ndarray | None
     phase: str
     num_decode: int
     ledgers: np.ndarray  # int64 [requests, 7]: `ledger_of` each request
-    # NOTE: a request's sampling travels once, on its first step: pickling 256 of them each
-    # step cost more than the rest of the message
+    # NOTE: sent once per request: pickling every request's sampling each step costs too much
     sampling: dict[int, SamplingParams]  # uid -> sampling, of requests new to the ranks
     gone: list[int]  # uids the ranks may forget: their requests ended
-    profile: bool = False  # rank 0's profiler records this step: the ranks' do too
+    profile: bool = False
 
 
 def ledger_of(req: Req) -> tuple[int, ...]:
-    """What a rank needs of a request to run its step (not its tokens: they are in the table;
-    its sampling travels once)."""
+    """What a rank needs of a request to run its step (its tokens are in the table)."""
     chunked = isinstance(req, ChunkedReq)
     return (
         req.uid,
@@ -91,19 +77,17 @@ def ledger_of(req: Req) -> tuple[int, ...]:
 
 
 class Ranks:
-    """Rank 0's side of a tensor-parallel engine: the other ranks, the step messages it sends
-    them, and a clear error when one of them has died."""
+    """Rank 0's side of a tensor-parallel engine: the other ranks, and what it sends them."""
 
     def __init__(self, size: int, control, procs: list[subprocess.Popen], scratch: str) -> None:
         self.size, self._control, self._procs, self._scratch = size, control, procs, scratch
         self.failure: str | None = None  # why the engine cannot run any more
         self._closed = False
-        self._sent: dict[int, Req] = {}  # requests whose sampling the ranks have, by uid
+        self._sent: dict[int, Req] = {}
         atexit.register(self.close)  # a script that ends without close() stops its ranks too
 
     @property
     def processes(self) -> list[subprocess.Popen]:
-        """The processes of ranks 1.. that this engine started (none under torchrun)."""
         return list(self._procs)
 
     @property
@@ -112,11 +96,9 @@ class Ranks:
 
     @property
     def requests_known(self) -> int:
-        """Requests whose sampling the ranks hold (sent once each, forgotten when they end)."""
         return len(self._sent)
 
     def launch(self, batch: Batch, table: TableManager, prompt_ids: np.ndarray | None) -> None:
-        """Send the step rank 0 is about to run to the other ranks."""
         self.check()
         journal, table.journal = table.journal, []
         gone = [uid for uid, req in self._sent.items() if req.released]
@@ -141,26 +123,21 @@ class Ranks:
     def same_tables(self, table: TableManager) -> list[int]:
         """The ranks whose request table (page table and token pool) differs from rank 0's."""
         self.check()
-        journal, table.journal = table.journal, []  # writes since the last step go first
+        journal, table.journal = table.journal, []
         dist.broadcast_object_list([(INTEGRITY, journal)], src=0, group=self._control)
         digests: list[str | None] = [None] * self.size
         dist.all_gather_object(digests, table.digest(), group=self._control)
         return [r for r, d in enumerate(digests) if d != digests[0]]
 
     def device_ms(self) -> dict[int, list[float]]:
-        """Launch -> device ms on ranks 1.. of the steps run since the last call."""
         reports = self._ask(DEVICE_MS)
         return {k: [r.get(k, math.nan) for r in reports] for k in sorted(set().union(*reports))}
 
     def events(self) -> dict[int, list[list[tuple]]]:
-        """Launch -> the profiler events of ranks 1.. (a list each: name, category, track,
-        start_us, duration_us on that rank's own clock) of the steps profiled since the last
-        call (`rank_profiler.py`)."""
         reports = self._ask(EVENTS)
         return {k: [r.get(k, []) for r in reports] for k in sorted(set().union(*reports))}
 
     def _ask(self, what: str) -> list[dict]:
-        """What ranks 1.. report of `what`, one dict each."""
         self.check()
         dist.broadcast_object_list([(what, None)], src=0, group=self._control)
         reports: list[dict | None] = [None] * self.size
@@ -168,8 +145,7 @@ class Ranks:
         return reports[1:]
 
     def wait(self, done: torch.cuda.Event) -> None:
-        """Until `done`, polled: a rank that died leaves rank 0's collectives waiting on the
-        GPU, and this raises instead of hanging."""
+        """Until `done`, polled: a dead rank leaves the collectives waiting; this raises."""
         polls = 0
         while not done.query():
             polls += 1
@@ -200,7 +176,6 @@ class Ranks:
         )
 
     def close(self) -> None:
-        """Tell the other ranks to stop, and wait for them (briefly)."""
         if self._closed:
             return
         self._closed = True
@@ -220,16 +195,14 @@ class Ranks:
 
 
 def torchrun_rank(config: EngineConfig) -> int | None:
-    """This process's rank when torchrun started as many processes as `config.tp_size`
-    (None: not under such a torchrun)."""
+    """This process's rank under a torchrun of `config.tp_size` processes (None: not under one)."""
     if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == config.tp_size:
         return int(os.environ["RANK"])
     return None
 
 
 def start(config: EngineConfig) -> tuple[TPGroup, Ranks]:
-    """Rank 0 of a `config.tp_size` engine: under torchrun, join its processes (ranks 1..
-    serve in `worker.serve_under_torchrun`); otherwise start ranks 1.. as fresh processes."""
+    """Rank 0 of a `config.tp_size` engine: join torchrun's processes, or start ranks 1.."""
     size = config.tp_size
     rank = torchrun_rank(config)
     if rank is not None:
@@ -245,8 +218,7 @@ def start(config: EngineConfig) -> tuple[TPGroup, Ranks]:
             "a tensor-parallel engine already runs in this process (torch.distributed is "
             "initialised): close() it first"
         )
-    # NOTE: fresh interpreters running this module, not multiprocessing's spawn: that one
-    # re-imports the user's script first, which then starts the engine again
+    # NOTE: fresh interpreters, not multiprocessing's spawn, which re-imports the user's script
     scratch = tempfile.mkdtemp(prefix="workbench-tp-")
     with open(Path(scratch, "config.pickle"), "wb") as f:
         pickle.dump(config, f)

@@ -1,13 +1,6 @@
-"""Sampling: greedy, temperature, top-k, top-p, and a per-request seed.
-
-Sampling draws ``argmax(p / E)`` with ``E ~ Exp(1)`` per token (the exponential race, an exact draw
-from ``p``), computed as ``argmax(logits / T - log E)``: the same draw without the softmax (the log
-of the normaliser is the same for every token of a row). A seeded request's noise comes from its
-own generator keyed by (seed, output index), so its tokens do not depend on what else shares the
-batch. With `fused_sampling` on a GPU (the default where Triton is installed), batches without
-top-k or top-p use the one-pass kernel of `kernels/sampling.py` instead: the same race with Philox
-noise keyed per row by (seed, output index), or by (engine seed, call, row) when unseeded.
-"""
+"""Sampling by the exponential race ``argmax(logits / T - log E)``, ``E ~ Exp(1)``: an exact draw
+from the softmax without computing it. A seeded request's noise is keyed by (seed, output index),
+so its tokens do not depend on the rest of the batch."""
 
 from __future__ import annotations
 
@@ -27,7 +20,7 @@ class SamplingArgs:
     greedy: torch.Tensor | None = None  # [batch] bool; None if no row is greedy
     temperatures: torch.Tensor | None = None  # [batch], 1 where greedy
     top_k: torch.Tensor | None = None  # [batch] int64, vocab size where off; None if all off
-    top_p: torch.Tensor | None = None  # [batch]; None if all off
+    top_p: torch.Tensor | None = None
     seeded: list[tuple[int, int]] | None = None  # (row, generator key)
     keys: torch.Tensor | None = None  # [batch] Philox keys; set when the fused kernel samples
 
@@ -37,16 +30,16 @@ class _Rows(NamedTuple):
 
     reqs: list[Req]
     all_greedy: bool
-    greedy: np.ndarray  # bool
-    temperatures: np.ndarray  # float32, the requests' own (greedy rows: 0)
-    top_k: np.ndarray | None  # int64, vocab size where off; None if off for all
-    top_p: np.ndarray | None  # float32; None if off for all
-    seeded: np.ndarray  # bool: a seed of its own (and not greedy)
-    seeds: np.ndarray  # uint64: the request's seed where seeded
-    prompt_lens: np.ndarray  # int64
+    greedy: np.ndarray
+    temperatures: np.ndarray
+    top_k: np.ndarray | None
+    top_p: np.ndarray | None
+    seeded: np.ndarray  # a seed of its own (and not greedy)
+    seeds: np.ndarray
+    prompt_lens: np.ndarray
     any_seeded: bool
-    key_seeds: np.ndarray  # uint64: the seed each row's key mixes (its own, or the engine's)
-    rows: np.ndarray  # uint64: 0, 1, ..: each row's place in the batch
+    key_seeds: np.ndarray  # the seed each row's key mixes (its own, or the engine's)
+    rows: np.ndarray
 
 
 class Sampler:
@@ -55,12 +48,10 @@ class Sampler:
         self.seed = seed
         self.generator = torch.Generator(device).manual_seed(seed)
         self.fused = fused  # the one-pass Triton kernel, for batches without top-k / top-p
-        self._calls = 0  # sample calls: keys the unseeded rows' noise in the fused kernel
-        self._rows: _Rows | None = None  # the last batch's, reused while the batch is the same
+        self._calls = 0  # keys the unseeded rows' noise in the fused kernel
+        self._rows: _Rows | None = None
 
     def _rows_of(self, reqs: list[Req]) -> _Rows:
-        """The requests' sampling settings as arrays; those of the last batch when it had the
-        same requests (a decode batch, step after step: no pass over 256 requests' settings)."""
         if self._rows is not None and self._rows.reqs == reqs:  # by identity (eq=False)
             return self._rows
         params = [r.sampling for r in reqs]
@@ -86,8 +77,7 @@ class Sampler:
         return self._rows
 
     def prepare(self, reqs: list[Req], device_lens: np.ndarray | None = None) -> SamplingArgs:
-        """The sampling of `reqs` (whose forward has run: `device_len` moved past the token
-        being sampled). `device_lens`: those lengths, when the caller has them as an array."""
+        """The sampling of `reqs`, whose forward has run. `device_lens`: theirs, if at hand."""
         if not reqs:
             return SamplingArgs(all_greedy=True)
         rows = self._rows_of(reqs)
@@ -95,8 +85,7 @@ class Sampler:
             return SamplingArgs(all_greedy=True)
         if device_lens is None:
             device_lens = np.array([r.device_len for r in reqs], dtype=np.int64)
-        # NOTE: keyed by the index of the token being sampled, which the device side knows
-        # (device_len was advanced by complete_one), so it also holds under overlap scheduling.
+        # NOTE: keyed by the sampled token's index, which the device side knows (overlap)
         outputs = device_lens - 1 - rows.prompt_lens
         if self.fused and rows.top_k is None and rows.top_p is None:
             return self._prepare_fused(rows, outputs)
@@ -120,20 +109,18 @@ class Sampler:
     def race_inputs(
         self, reqs: list[Req], device_lens: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """What the one-pass kernel needs, on the host: each row's temperature (0: greedy) and
-        Philox key; None when it cannot sample these requests (top-k, top-p, or not fused)."""
+        """Temperatures (0: greedy) and Philox keys for the one-pass kernel; None if it can't."""
         if not self.fused:
             return None
         rows = self._rows_of(reqs)
         if rows.top_k is not None or rows.top_p is not None:
             return None
-        if rows.all_greedy:  # the kernel's greedy rows are a plain argmax: no key needed
+        if rows.all_greedy:  # a plain argmax: no key needed
             return rows.temperatures, np.zeros(len(reqs), dtype=np.int64)
         return rows.temperatures, self._keys(rows, device_lens - 1 - rows.prompt_lens)
 
     def _keys(self, rows: _Rows, outputs: np.ndarray) -> np.ndarray:
-        """One Philox key per row: (seed, output index) for seeded rows, (engine seed, call,
-        row) for the others."""
+        """One Philox key per row: (seed, output index) if seeded, else (engine seed, call, row)."""
         self._calls += 1
         # NOTE: the top bit keeps an unseeded row's counter apart from any output index.
         counters = rows.rows + np.uint64(1 << 63 | self._calls << 20)
@@ -142,24 +129,21 @@ class Sampler:
         return philox_keys(rows.key_seeds, counters)
 
     def _prepare_fused(self, rows: _Rows, outputs: np.ndarray) -> SamplingArgs:
-        """Temperatures with 0 for greedy rows, and one Philox key per row."""
         temperatures, keys = send_arrays(
             [rows.temperatures, self._keys(rows, outputs)], self.device
         )
         return SamplingArgs(all_greedy=False, temperatures=temperatures, keys=keys)
 
     def sample(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
-        """logits: [batch, vocab] (float32 on the CPU, the model's dtype on a GPU) -> token ids
-        [batch] int32."""
+        """logits [batch, vocab] -> token ids [batch] int32."""
         if args.all_greedy:
             return logits.argmax(-1).to(torch.int32)
         if args.keys is not None:
             from ..kernels.sampling import race_sample
 
             return race_sample(logits, args.temperatures, args.keys).to(torch.int32)
-        # a mixed batch: greedy rows take the plain argmax
         greedy = None if args.greedy is None else logits.argmax(-1)
-        logits = logits / args.temperatures[:, None]  # float32 (a new tensor)
+        logits = logits / args.temperatures[:, None]
         sampled = self._exponential_race(logits, args)
         if greedy is not None:
             sampled = torch.where(args.greedy, greedy, sampled)
@@ -197,14 +181,13 @@ def _mix(seed: int, index: int) -> int:
 
 
 def _exponential(shape, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Exp(1) noise: one kernel on a GPU; on a CPU -log(U) is about 4x faster than exponential_."""
+    """Exp(1) noise: one kernel on a GPU; on a CPU -log(U) is faster than exponential_."""
     if device.type == "cuda":
         return torch.empty(shape, device=device).exponential_(generator=generator)
     return torch.rand(shape, generator=generator, device=device).log_().neg_()
 
 
-# splitmix64's constants, as numpy scalars made once (a scalar made per call costs as much as
-# the array operation it takes part in)
+# NOTE: numpy scalars made once: one made per call costs as much as the array operation
 _GOLDEN, _MUL1, _MUL2 = (
     np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 )
@@ -212,8 +195,7 @@ _S30, _S27, _S31, _S1 = (np.uint64(s) for s in (30, 27, 31, 1))
 
 
 def philox_keys(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
-    """63-bit keys from (seed, counter) pairs: splitmix64 of their combination, vectorised (in
-    place, wrapping modulo 2**64: numpy arrays do not warn on overflow)."""
+    """63-bit keys from (seed, counter) pairs: splitmix64, vectorised (wrapping modulo 2**64)."""
     x = seeds.astype(np.uint64) * _GOLDEN
     x += counters.astype(np.uint64, copy=False)
     x ^= x >> _S30

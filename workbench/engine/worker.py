@@ -1,7 +1,6 @@
 """A tensor-parallel rank above 0: it builds its share of the engine and runs every step rank 0
-sends (`ranks.py`). Started by rank 0 as ``python -m workbench.engine.worker RANK SIZE
-INIT_METHOD SCRATCH`` (its engine config is pickled in SCRATCH; what it raised goes to
-SCRATCH/rank<RANK>.err, where rank 0 reads it), or by torchrun (`serve_under_torchrun`)."""
+sends (`ranks.py`). Started as ``python -m workbench.engine.worker RANK SIZE INIT_METHOD SCRATCH``
+(what it raised goes to SCRATCH/rank<RANK>.err, where rank 0 reads it), or by torchrun."""
 
 from __future__ import annotations
 
@@ -28,8 +27,6 @@ if TYPE_CHECKING:
 
 
 def _worker(rank: int, size: int, init_method: str, scratch: str) -> None:
-    """A started rank: build this rank's engine, run the steps rank 0 sends, stop when told (or
-    when rank 0's process is gone)."""
     _die_with_parent()
     try:
         with open(Path(scratch, "config.pickle"), "rb") as f:
@@ -49,8 +46,8 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
     """Rank > 0: build this rank's engine, then run each step rank 0 sends until it closes."""
     engine = Engine(config, tp=tp)
     timers: dict[int, DeviceTimer] = {}  # launch -> this rank's timer, until rank 0 asks
-    sampling: dict[int, SamplingParams] = {}  # uid -> sampling of the requests rank 0 runs
-    profiler = RankProfiler(engine.device)  # the steps rank 0 profiles
+    sampling: dict[int, SamplingParams] = {}
+    profiler = RankProfiler(engine.device)
     try:
         while True:
             box = [None]
@@ -84,8 +81,7 @@ def serve(config: EngineConfig, tp: TPGroup, control) -> None:
 
 
 def run_step(engine: Engine, message: StepMessage, sampling: dict[int, SamplingParams]) -> Launch:
-    """Replay rank 0's table writes, then run the step it launched. `sampling`: what earlier
-    messages said of the requests' sampling (kept up to date here)."""
+    """Replay rank 0's table writes, then run the step it launched (`sampling` kept up to date)."""
     for uid in message.gone:
         sampling.pop(uid, None)
     sampling.update(message.sampling)
@@ -106,8 +102,7 @@ def mirror(ledger: list[int], sampling: SamplingParams) -> Req:
 
 
 def serve_under_torchrun(config: EngineConfig) -> None:
-    """Under torchrun, on a rank above 0: join the others, serve rank 0's steps until it
-    closes, then exit (the process ends here)."""
+    """Under torchrun, on a rank above 0: serve rank 0's steps until it closes, then exit."""
     rank = torchrun_rank(config)
     tp, control = join(rank, config.tp_size, config, "env://")
     serve(config, tp, control)
@@ -115,8 +110,7 @@ def serve_under_torchrun(config: EngineConfig) -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when its parent dies (a notebook kernel killed hard
-    never leaves its ranks behind)."""
+    """Linux: SIGKILL this process when its parent dies (even a notebook kernel killed hard)."""
     with contextlib.suppress(Exception):
         import ctypes
 

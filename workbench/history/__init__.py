@@ -1,5 +1,4 @@
-"""What describes a run: the step records, the tables built from them, the run file, the latency,
-timing and roofline definitions, kernel families and the trace export. No engine, no views."""
+"""What describes a run: step records, the tables built from them and their definitions."""
 
 from ..scheduler.record import KVState, LedgerRow, StepRecord
 from .history import History, RunTables

@@ -70,18 +70,22 @@ def family(name: str, category: str) -> str:
     return "other"
 
 
+def leaf_events(events: pd.DataFrame) -> pd.DataFrame:
+    """The events that time is counted on: kernels, or on a CPU its leaf operators."""
+    if (events.category == "kernel").any():
+        return events[events.category == "kernel"]
+    return events[events.name.isin(_CPU_LEAVES)]
+
+
 def breakdown_table(history) -> pd.DataFrame:
-    """ms per (step, family) of the profiled steps: kernels (a CPU's leaf operators) by family;
-    "between kernels", the rest of the device time; "idle", the rest of the span (`idle_ms`). A
+    """ms per (step, family) of the profiled steps, "between kernels" and "idle" included, so a
     step's rows add up to its span."""
     import pandas as pd
 
     events = history.events
     if events.empty:
         return pd.DataFrame(columns=["step", "family", "ms"])
-    on_gpu = (events.category == "kernel").any()
-    leaf = events[events.category == "kernel"] if on_gpu else events[events.name.isin(_CPU_LEAVES)]
-    # each name classified once per step, not once per event (tens of thousands in a run)
+    leaf = leaf_events(events)
     names = leaf.groupby(["step", "name", "category"], as_index=False).duration_us.sum()
     names["family"] = [family(n, c) for n, c in zip(names.name, names.category)]
     busy = names.groupby(["step", "family"], as_index=False).duration_us.sum()

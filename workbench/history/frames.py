@@ -12,8 +12,7 @@ if TYPE_CHECKING:
 def add_rank_columns(
     steps: pd.DataFrame, rank_ms: dict[int, list[float]], prefix: str = "device_ms_rank"
 ) -> None:
-    """Tensor parallelism: a column per rank 1.. (`<prefix>1`.., NaN until read), beside rank 0's
-    `device_ms`, or each rank's clock offset (`rank_clock.py`)."""
+    """Tensor parallelism: a column per rank 1.. (`<prefix>1`.., NaN until read)."""
     if not rank_ms:
         return
     for r in range(int(steps.tp_size.max()) - 1):

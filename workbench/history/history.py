@@ -10,10 +10,6 @@ Tables (one DataFrame each):
   (record="full"); ``pages_at(step)`` gives a step's rows whole.
 
 Each table's columns are the fields of its row type in `tables.py`.
-
-A history saves to one file (Parquet, or the older JSON for a path ending in ``.json``; see
-`runfile.py`) and loads back from either as read-only `RunTables` with the same tables, which
-every view can show without a model or a GPU (`workbench.load_run` adds the views).
 """
 
 from __future__ import annotations
@@ -32,14 +28,12 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ..scheduler.record import StepRecord
-    from .roofline import StepCost
+    from .roofline import Roofline
 
 TABLES = ("steps", "ledger", "requests", "admissions", "events", "pages")
 
 
 class _Tables:
-    """The table accessors shared by a live History and a loaded RunHistory."""
-
     def tables(self) -> Mapping[str, pd.DataFrame]:
         raise NotImplementedError
 
@@ -68,39 +62,32 @@ class _Tables:
         return self.tables()["pages"]
 
     def pages_at(self, step: int) -> pd.DataFrame:
-        """The page-table rows of step `step`'s batch, whole: each row's maximal runs of
-        consecutive KV slots (step, uid, table_idx, pos_start, pos_end, slot_start)."""
+        """The page-table rows of step `step`'s batch, whole, as runs of consecutive KV slots."""
         return pages_at(self.pages, step)
 
     def save(self, path: str | Path, meta: dict | None = None) -> Path:
-        """Write every table (and `meta`) to one file: Parquet (zstd, each table readable alone,
-        see `runfile.py`) whatever the suffix, except a path ending in ``.json``, which writes the
-        older JSON format (``workbench-run/1``) for tools that want JSON: ten to thirty times
-        larger for a profiled run, and slower to write and to load."""
-        # every table read before the file is written (a loaded run reads them lazily)
+        """Write every table (and `meta`) to one Parquet file; a path ending in ``.json`` writes
+        the older, much larger JSON format."""
+        # NOTE: every table read before writing: a loaded run reads them lazily
         tables = dict(self.tables())
         return runfile.write(path, tables, {**self.meta, **(meta or {})})
 
 
 class History(_Tables):
-    def __init__(self, cost: StepCost | None = None, other_ranks: Any = None) -> None:
-        """`cost`: the roofline of the engine's steps, for the steps table's `bytes_read`,
-        `flops`, `bound_ms` and `achieved_gbps` (None: those columns are NaN).
-        `other_ranks`: with tensor parallelism, what ranks 1.. report of the steps
-        (`instrument.other_ranks.OtherRanks`), asked for when the history is read."""
-        self.cost, self.other_ranks = cost, other_ranks
-        # ended profiler sessions whose events go to their steps' records when the history is
-        # read (`instrument.profiler.SessionEvents`)
-        self.sessions: list = []
+    """A live run's step records and the tables built from them; `roofline` (None: NaN) fills the
+    steps table's roofline columns."""
+
+    def __init__(self, roofline: Roofline | None = None, other_ranks: Any = None) -> None:
+        self.roofline, self.other_ranks = roofline, other_ranks
+        self.sessions: list = []  # ended profiler sessions, placed in records when read
         self.records: list[StepRecord] = []
         # uid -> step, seconds, prompt tokens, max tokens, source ("python", "http")
         self.arrivals: dict[int, tuple[int, float, int, int, str]] = {}
-        # uid -> (step it ended before, seconds, reason): ended between steps ("abort") or by a
-        # step that failed ("error"), so no record carries its finish
+        # uid -> (step, seconds, reason): ended where no record carries the finish
         self.aborts: dict[int, tuple[int, float, str]] = {}
         self.meta: dict[str, Any] = {}
         self._cache: dict[str, pd.DataFrame] | None = None
-        self._rows = TableRows(cost)
+        self._rows = TableRows(roofline)
         # NOTE: a served engine appends from its own thread while a view reads the tables
         self._lock = threading.RLock()
 
@@ -128,19 +115,17 @@ class History(_Tables):
             self._cache = None
 
     def fill_in(self) -> None:
-        """What reaches records after their step: the events of ended profiler sessions and,
-        with tensor parallelism, the other ranks' device times and events (in place, in the
-        lists the records hold); the tables that show them are built again."""
+        """Place what reaches records after their step: profiler events, other ranks' times."""
         with self._lock:
             ranks = self.other_ranks
             if ranks is not None and ranks.read_times():
-                self._cache = None  # (the rows hold the records' lists)
+                self._cache = None
             sessions, self.sessions = self.sessions, []
             for session in sessions:
                 session.fill()
             placed = ranks is not None and not ranks.session_running and ranks.read_events()
             if sessions or placed:
-                self._rows, self._cache = TableRows(self.cost), None
+                self._rows, self._cache = TableRows(self.roofline), None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -152,9 +137,9 @@ class History(_Tables):
     def tables(self) -> dict[str, pd.DataFrame]:
         self.fill_in()
         with self._lock:
-            # the records were cleared or replaced, or the rows were built with another cost
-            if not self._rows.follows(self.records) or self._rows.cost is not self.cost:
-                self._rows, self._cache = TableRows(self.cost), None
+            # the records were cleared or replaced, or the rows were built with another roofline
+            if not self._rows.follows(self.records) or self._rows.roofline is not self.roofline:
+                self._rows, self._cache = TableRows(self.roofline), None
             if self._rows.count < len(self.records):
                 self._cache = None
             if self._cache is None:
@@ -165,17 +150,14 @@ class History(_Tables):
 
 
 class RunTables(_Tables):
-    """A saved run's tables, read-only, no engine behind them. From a Parquet file each table is
-    read the first time it is asked for (`runfile.ParquetTables`). `workbench.load_run` gives
-    one with its views (`RunHistory`: `dashboard()`, `report()`)."""
+    """A saved run's tables, read-only; each is read when first asked for."""
 
     def __init__(self, frames: Mapping[str, pd.DataFrame], meta: dict) -> None:
         self._frames, self.meta = frames, meta
 
     @classmethod
     def read(cls, path: str | Path):
-        """A run saved with `Workbench.save` (or `History.save`): a Parquet file (told by its
-        first bytes, whatever its name) or the JSON of older runs."""
+        """A run saved with `Workbench.save` (Parquet, or the JSON of older runs)."""
         return cls(*runfile.read(path))
 
     def tables(self) -> Mapping[str, pd.DataFrame]:
@@ -185,7 +167,6 @@ class RunTables(_Tables):
         return len(self._frames["steps"])
 
     def __repr__(self) -> str:
-        """One line: its size and the settings that tell runs apart (all of them: `meta`)."""
         m = self.meta
         keys = ("run", "model", "device_name", "policy", "max_extend_tokens", "page_size")
         facts = [f"{k}={m[k]!r}" for k in keys if m.get(k) is not None]
@@ -195,8 +176,7 @@ class RunTables(_Tables):
 
 
 class _WithTiming(Mapping):
-    """A saved run's tables, its steps table with the timing columns (`timing.py`) added when
-    it was saved before them; the other tables as they are (read when first asked for)."""
+    """A saved run's tables, the timing columns added to an older steps table."""
 
     def __init__(self, frames: Mapping[str, pd.DataFrame], on_host: bool) -> None:
         self._frames, self._on_host = frames, on_host
@@ -204,7 +184,7 @@ class _WithTiming(Mapping):
     def __getitem__(self, name: str) -> pd.DataFrame:
         frame = self._frames[name]
         if name == "steps" and "span_ms" not in frame:
-            frame = add_timing_columns(frame, self._on_host)  # once: the frame keeps them
+            frame = add_timing_columns(frame, self._on_host)  # in place: once
         return frame
 
     def __iter__(self):
@@ -213,7 +193,7 @@ class _WithTiming(Mapping):
     def __len__(self) -> int:
         return len(self._frames)
 
-    def __getattr__(self, name: str):  # what the frames' own mapping offers (`loaded()`)
+    def __getattr__(self, name: str):  # e.g. `loaded()` of the frames' mapping
         return getattr(self._frames, name)
 
 
@@ -221,9 +201,9 @@ def _build_tables(
     records: list[StepRecord],
     arrivals: dict,
     aborts: dict,
-    cost: StepCost | None = None,
+    roofline: Roofline | None = None,
 ) -> dict[str, pd.DataFrame]:
-    rows = TableRows(cost)
+    rows = TableRows(roofline)
     for rec in records:
         rows.add(rec)
     return rows.frames(arrivals, aborts)

@@ -20,9 +20,8 @@ def tpot(first_token, finish, output_tokens):
 
 
 def inter_token_latencies(steps: pd.DataFrame, ledger: pd.DataFrame) -> pd.Series:
-    """Seconds between consecutive tokens of each request, indexed by uid: a token arrives when
-    the step that sampled it completes. Their token-weighted mean is TPOT; unlike TPOT's, ITL's
-    tail shows the pauses that a request's mean smooths out."""
+    """Seconds between consecutive tokens of each request, indexed by uid; a token arrives when
+    the step that sampled it completes."""
     import pandas as pd
 
     sampled = ledger.loc[ledger.token.notna(), ["uid", "step"]]
@@ -33,7 +32,6 @@ def inter_token_latencies(steps: pd.DataFrame, ledger: pd.DataFrame) -> pd.Serie
     return itl[gaps.notna().to_numpy()].rename_axis("uid")
 
 
-# a run's headline latency figures (`run_figures`), in ms except throughput
 FIGURES = (
     "p50 TTFT (ms)",
     "p95 TTFT (ms)",
@@ -53,7 +51,7 @@ def run_seconds(requests: pd.DataFrame) -> float:
 
 
 def output_throughput(requests: pd.DataFrame) -> float:
-    """Completion tokens over `run_seconds` (NaN: no time): the one "output tokens/s"."""
+    """Completion tokens over `run_seconds` (NaN: no time)."""
     seconds = run_seconds(requests)
     return float(requests.completion_tokens.sum() / seconds) if seconds > 0 else float("nan")
 

@@ -1,7 +1,6 @@
-"""Why a request missed its SLOs (`slo.py`): its delay (the span its missed limits measure) split
-over the steps, step s holding ``(completed_at[s - 1], completed_at[s]]``, each share going to
-one of `CAUSES` by what the step was to it: refused (by reason), arrived mid-step, a chunk of its
-prompt, its prefill, a decode (a mixed step: beyond the median decode step, "slowed"), or paused."""
+"""Why a request missed its SLOs: its delay split over the steps (step s holding
+``(completed_at[s - 1], completed_at[s]]``), each share going to one of `CAUSES` by what the step
+was to it. A mixed step's decode time beyond the median decode step counts as "slowed"."""
 
 from __future__ import annotations
 
@@ -23,9 +22,8 @@ CAUSES = (*(f"queued: {r}" for r in REASONS), ARRIVED, CHUNKS, PREFILL, DECODE, 
 
 
 def miss_causes(history, slo: Mapping[str, float]) -> pd.DataFrame:
-    """One row per request that finished and missed a limit of `slo`: `uid`, `missed` (which
-    limits), `delay_ms` (the span they measure), then the ms of each of `CAUSES`; the causes
-    of a row add up to its delay. Requests that did not finish have no row."""
+    """One row per finished request that missed a limit: `uid`, `missed`, `delay_ms`, then the
+    ms of each of `CAUSES`, which add up to the delay."""
     import pandas as pd
 
     v = slo_verdicts(history, slo)
@@ -61,8 +59,7 @@ def miss_causes(history, slo: Mapping[str, float]) -> pd.DataFrame:
 
 
 def misses_by_cause(history, slo: Mapping[str, float]) -> pd.DataFrame:
-    """Each of `CAUSES` over every missed request: `ms`, `share` (% of their delay) and `requests`
-    held up; the largest first, causes that held up none left out."""
+    """`CAUSES` over the missed requests: `ms`, `share` (%) and `requests`, largest first."""
     import pandas as pd
 
     causes = miss_causes(history, slo)
@@ -82,7 +79,6 @@ def misses_by_cause(history, slo: Mapping[str, float]) -> pd.DataFrame:
 
 
 def _window(r) -> tuple[float, float]:
-    """The span (seconds on the run's clock) that the limits a request missed measure."""
     missed = set(r.missed.split(","))
     start = r.arrival_s if missed & {"ttft", "e2e"} else r.first_token_s
     end = r.finish_s if missed & {"tpot", "itl", "e2e"} else r.first_token_s
@@ -90,7 +86,6 @@ def _window(r) -> tuple[float, float]:
 
 
 def _overlaps(starts: np.ndarray, ends: np.ndarray, start: float, end: float):
-    """(row, ms) of each step whose share of the run's time meets [start, end]."""
     first = int(np.searchsorted(ends, start, side="right"))
     last = min(int(np.searchsorted(ends, end, side="left")), len(ends) - 1)
     for i in range(first, last + 1):

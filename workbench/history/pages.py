@@ -17,7 +17,6 @@ def pages_at(pages: pd.DataFrame, step: int) -> pd.DataFrame:
     keys = pages.loc[pages.step == step, ["uid", "table_idx", "since"]].drop_duplicates()
     runs = pages[pages.step <= step].merge(keys, on=["uid", "table_idx", "since"])
     runs = runs.sort_values(["table_idx", "pos_start"], ignore_index=True)
-    # a run that goes on where the one before it in the row ended (positions and slots)
     same_row = runs.table_idx.eq(runs.table_idx.shift())
     goes_on = same_row & runs.pos_start.eq(runs.pos_end.shift())
     goes_on &= runs.slot_start.eq((runs.slot_start + runs.pos_end - runs.pos_start).shift())

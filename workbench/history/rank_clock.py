@@ -1,7 +1,6 @@
-"""Tensor parallelism, one timeline: every rank's profiler events on rank 0's clock. No rank ends
-an all-reduce before every rank began it, so each bounds the offset from both sides: rank 0's
-start - rank r's end <= offset <= rank 0's end - rank r's start. A step's offset is the middle of
-its bounds narrowed by its neighbours' (clocks drift slowly); the ends' gaps alone do worse."""
+"""Tensor parallelism, one timeline: every rank's profiler events on rank 0's clock, by offsets
+bounded at the all-reduces (`CLOCK_ALIGNMENT`), narrowed by neighbouring steps' (clocks drift
+slowly)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ CLOCK_ALIGNMENT = (
 # all-gathers are left out: the ranks' control messages use gloo's all-gather too
 NCCL_ALL_REDUCE = "AllReduce"
 WINDOW_STEPS = 8  # the steps on either side whose bounds narrow a step's
-Bounds = tuple[float, float]  # the least and the most the offset can be (us)
+Bounds = tuple[float, float]  # (us)
 
 
 def all_reduces(events: Iterable[tuple]) -> list[tuple[float, float]]:
@@ -50,14 +49,14 @@ def step_bounds(reference: list[tuple], other: list[tuple]) -> Bounds | float | 
 
 
 class RankClock:
-    """One rank's clock offset, step after step: the last steps' bounds and the last offset."""
+    """One rank's clock offset, step after step."""
 
     def __init__(self) -> None:
         self.past: deque[Bounds] = deque(maxlen=WINDOW_STEPS)
         self.last: float | None = None
 
     def offsets_us(self, steps: list[Bounds | float | None]) -> list[float | None]:
-        """The offset of each of `steps` (their `step_bounds`, in launch order); None: none yet."""
+        """The offset of each of `steps` (their `step_bounds`); None: none yet."""
         window = [*self.past, *steps]
         out = []
         for i in range(len(self.past), len(window)):

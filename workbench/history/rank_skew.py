@@ -1,6 +1,5 @@
-"""Tensor parallelism: how late each rank came to each step's all-reduces, on rank 0's clock. Per
-step, `rank_skew_ms` sums the latest start minus the earliest over its all-reduces,
-`late_ms_rank<r>` rank r's own lateness, and `latest_rank` is the one last to most of them."""
+"""Tensor parallelism: how late each rank came to each step's all-reduces, on rank 0's clock
+(`rank_skew_ms`: summed over the step's all-reduces; `latest_rank`: last to most of them)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ if TYPE_CHECKING:
 
 
 def all_reduce_times(events: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's all-reduces of each step (step, rank, k, start_us, end_us), as `all_reduces`."""
     kernel = (events.category == "kernel") & events.name.str.contains(NCCL_ALL_REDUCE, regex=False)
     found = kernel | events.name.isin(ALL_REDUCES)
     times = events.loc[found, ["step", "rank", "start_us"]].assign(
@@ -37,7 +35,7 @@ def step_skew(events: pd.DataFrame, size: int) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     starts = times.pivot_table(index=["step", "k"], columns="rank", values="start_us")
     starts = starts.reindex(columns=range(size)).dropna()  # those every rank recorded
-    late = starts.sub(starts.min(axis=1), axis=0) / 1e3  # ms behind the earliest, each
+    late = starts.sub(starts.min(axis=1), axis=0) / 1e3
     steps = late.index.get_level_values("step")
     out = late.groupby(steps).sum()
     out.columns = [f"late_ms_rank{r}" for r in range(size)]

@@ -1,5 +1,4 @@
-"""The step record, as the history keeps it: made by the scheduler (`scheduler/record.py`),
-where a step is launched and collected; re-exported here, beside the tables built from it."""
+"""The step record, made by the scheduler, re-exported beside the tables built from it."""
 
 from ..scheduler.record import KVState, LedgerRow, StepRecord, StepRecords
 

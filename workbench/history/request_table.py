@@ -33,15 +33,13 @@ class RequestRow(NamedTuple):
 def requests_table(
     steps: pd.DataFrame, ledger: pd.DataFrame, arrivals: dict, aborts: dict
 ) -> pd.DataFrame:
-    """One row per request that arrived (`arrivals`: uid -> (step, seconds, prompt tokens,
-    max tokens, source)), from the steps and ledger tables; `aborts`: uid -> (step, seconds, reason)
-    for requests that ended between steps."""
+    """One row per request in `arrivals` (`History.arrivals`), with `aborts` for those that ended
+    between steps."""
     import pandas as pd
 
     end_s = dict(zip(steps["step"], steps["completed_at"]))
     start_s = dict(zip(steps["step"], steps["launched_at"]))
-    # NOTE: whole-table aggregations (one pass each), not a filter per request: a history of
-    # thousands of requests rebuilds this after every step in a live view.
+    # NOTE: whole-table aggregations, not a filter per request: a live view rebuilds every step
     by_uid = ledger.groupby("uid", sort=False)
     first_step = by_uid["step"].min().to_dict()
     cached_of = by_uid["cached_tokens"].first().to_dict()
@@ -53,10 +51,10 @@ def requests_table(
     for uid, (step, seconds, prompt, max_tokens, *source) in sorted(arrivals.items()):
         first, first_tok = first_step.get(uid), first_token.get(uid)
         count = counts.get(uid, 0)
-        fin = finish_of.get(uid)  # (reason, step)
+        fin = finish_of.get(uid)
         t_first = end_s.get(first_tok) if first_tok is not None else None
         t_fin = end_s.get(fin[1]) if fin is not None else None
-        if fin is None and uid in aborts:  # aborted between steps, or its step failed
+        if fin is None and uid in aborts:
             step_ended, t_fin, reason = aborts[uid]
             fin = (reason, step_ended)
         row = RequestRow(

@@ -35,7 +35,7 @@ DEVICES = {"h200": H200, "h100": H100}
 
 
 def streamed_weights(model_cfg: ModelConfig) -> int:
-    """Parameters read in full by one forward (the embedding is only gathered, unless tied)."""
+    """Parameters one forward reads in full (the embedding is only gathered, unless tied)."""
     embed = model_cfg.vocab_size * model_cfg.hidden_size
     return model_cfg.num_params() - (0 if model_cfg.tie_word_embeddings else embed)
 
@@ -82,37 +82,29 @@ def device_spec(device: torch.device | str) -> DeviceSpec | None:
 
 
 def spec_named(name: str) -> DeviceSpec | None:
-    """The spec of a GPU by its name ("NVIDIA H200"); None for a CPU or another GPU."""
     return next((spec for spec in (H200, H100) if spec.name in name.upper()), None)
 
 
 class StepBound(NamedTuple):
-    """What one step must at least cost: bytes moved, FLOPs, and the time on the device."""
-
     bytes_read: float
     flops: float
-    bound_ms: float  # max(bytes / bandwidth, FLOPs / peak); NaN without a device spec
+    bound_ms: float  # NaN without a device spec
 
 
 @dataclass(frozen=True)
-class StepCost:
-    """The roofline of any step of one model on one device, over its batch's requests (context:
-    the tokens attention reads; new: `extend_len`), padding rows not counted:
-
-    - bytes = weight_bytes + kv_bytes_per_token x sum(context + new);
-    - FLOPs = flops_per_token x sum(new) + flops_per_pair x sum(new x (context - new + (new + 1)
-      / 2)), the causal pairs."""
+class Roofline:
+    """The roofline of any step of one model on one device; padding rows are not counted."""
 
     weight_bytes: int  # the streamed weights, read once per step
     kv_bytes_per_token: int
-    flops_per_token: int  # 2 x the streamed weights: the matmuls of one token
+    flops_per_token: int
     flops_per_pair: int
     device: DeviceSpec | None  # None (a CPU, an unknown GPU): no time bound
 
     @classmethod
     def for_model(
         cls, model_cfg: ModelConfig, dtype_bytes: int, device: DeviceSpec | None = None
-    ) -> StepCost:
+    ) -> Roofline:
         weights = streamed_weights(model_cfg)
         return cls(
             weight_bytes=weights * dtype_bytes,
@@ -129,17 +121,14 @@ class StepCost:
         dtype: torch.dtype,
         device: torch.device | str,
         num_devices: int = 1,
-    ) -> StepCost:
-        """The cost of an engine's steps: its model and dtype on `num_devices` of its device."""
+    ) -> Roofline:
         spec = device_spec(device)
         return cls.for_model(model_config, dtype.itemsize, spec and spec.times(num_devices))
 
     def of_step(self, rows: Iterable[LedgerRow]) -> StepBound:
-        """The bound of a step from its ledger rows (a StepRecord's `rows`)."""
         kv_tokens = pairs = tokens = 0
         for r in rows:
-            # NOTE: ledger rows hold lengths after the step: of `cached_len`, the last
-            # `extend_len` tokens are the ones computed
+            # NOTE: lengths are after the step: the last `extend_len` of `cached_len` are new
             new = r.extend_len
             kv_tokens += r.cached_len + new
             pairs += new * (r.cached_len - new) + new * (new + 1) // 2
@@ -153,4 +142,4 @@ class StepCost:
         return StepBound(float(nbytes), float(flops), seconds * 1e3)
 
 
-NO_COST = StepBound(math.nan, math.nan, math.nan)  # a history without a StepCost
+NO_BOUND = StepBound(math.nan, math.nan, math.nan)  # a history without a Roofline

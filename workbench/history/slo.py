@@ -1,7 +1,6 @@
-"""Service-level objectives: each request's verdict, goodput and attainment. An SLO maps any of
-`SLO_KEYS` to ms; TPOT is vLLM's ``--goodput`` one, ``(E2E - TTFT) / (n - 1)`` (0 for one token),
-ITL a request's longest gap. A request is *good* when it finished within every limit; goodput is
-good requests per second from the first arrival to the last finish."""
+"""Service-level objectives: an SLO maps any of `SLO_KEYS` to ms. TPOT is vLLM's ``--goodput``
+one, ``(E2E - TTFT) / (n - 1)``, ITL a request's longest gap. A request is *good* when it finished
+within every limit; goodput is good requests per second, first arrival to last finish."""
 
 from __future__ import annotations
 
@@ -33,9 +32,8 @@ def check_slo(slo) -> dict[str, float]:
 
 
 def slo_verdicts(history, slo: Mapping[str, float]) -> pd.DataFrame:
-    """The requests table with each request's verdict: `finished`, its latencies in ms (`ttft_ms`,
-    ..., NaN where it has none), a pass column per limit (`ttft_ok`, ...), `good`, and `missed`
-    (the limits it missed, comma-separated, or "unfinished")."""
+    """The requests table with `finished`, latencies in ms, a pass column per limit (`ttft_ok`,
+    ...), `good`, and `missed` (comma-separated, or "unfinished")."""
     slo = check_slo(slo)
     r = history.requests.copy()
     finished = r.finish_reason.isin(FINISHED).fillna(False).astype(bool) & r.finish_s.notna()

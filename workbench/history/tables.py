@@ -1,6 +1,5 @@
 """The run history's tables: one NamedTuple per table, whose fields are its columns, and the rows
-built from StepRecords (the requests table, built from two of them, is in `request_table.py`). A row
-is built by keyword, so a column and its value cannot drift apart.
+built from StepRecords. Rows are built by keyword, so a column and its value cannot drift apart.
 """
 
 from __future__ import annotations
@@ -13,18 +12,17 @@ from ..timing import add_timing_columns
 from .frames import add_rank_columns, rounded, text_as_string
 from .rank_skew import add_skew_columns
 from .request_table import requests_table
-from .roofline import NO_COST
+from .roofline import NO_BOUND
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from ..scheduler.record import StepRecord
-    from .roofline import StepCost
+    from .roofline import Roofline
 
 
 class StepRow(NamedTuple):
-    """One scheduler step: its batch by kind, the queue, the KV pool, the timings, and its
-    roofline (`roofline.StepCost`; NaN in a history without one)."""
+    """One scheduler step: its batch by kind, the queue, the KV pool, timings and roofline."""
 
     step: int
     phase: str
@@ -36,10 +34,8 @@ class StepRow(NamedTuple):
     decode_tokens: int
     padding_tokens: int
     sampled: int  # requests that got a token (all but prompt chunks)
-    # what the attention read: KV tokens of the decoding requests' contexts (each one's new
-    # token included), and the causal (query, key) pairs of the prompt tokens computed
-    decode_context: int
-    prefill_pairs: int
+    decode_context: int  # KV tokens the decodes' attention read, new tokens included
+    prefill_pairs: int  # causal (query, key) pairs of the prompt tokens computed
     admitted: int
     waiting_reasons: str  # comma-separated, sorted
     queue_len: int
@@ -58,7 +54,7 @@ class StepRow(NamedTuple):
     device_ms: float
     host_ms: float
     wait_ms: float
-    # host_ms by stage (`clocks.HOST_STAGES`); NaN in a run recorded before the split
+    # host_ms by stage (`clocks.HOST_STAGES`)
     host_schedule_ms: float
     host_prepare_ms: float
     host_plan_ms: float
@@ -67,9 +63,7 @@ class StepRow(NamedTuple):
     host_share_ms: float
     host_collect_ms: float
     host_record_ms: float
-    # `timing.py`: the host's own work (on the CPU without the forward and sampling, which
-    # are the device's work there) and whether it outlasted the device's; the steps' spans
-    # and idle time are added to the table from the rows in order
+    # `timing.py`: the host's own work and whether it outlasted the device's
     host_work_ms: float
     host_bound: bool
     bytes_read: float  # weights once, the KV contexts read, the new tokens' KV written
@@ -77,13 +71,12 @@ class StepRow(NamedTuple):
     bound_ms: float  # the roofline's time for the step; NaN without a device spec
     achieved_gbps: float  # bytes_read / device_ms; NaN where device_ms is 0
     simulated: bool  # timed by a twin's step costs (`workbench.twin`), not measured
-    # record="full": the profiler recorded it (meta "profile_steps" says what chose it)
-    profiled: bool
-    profiler_ms: float  # host time the profiler added, by its estimate; NaN: not profiled
+    profiled: bool  # record="full": the profiler recorded it
+    profiler_ms: float  # host time the profiler added, by its estimate
 
 
 class LedgerEntry(NamedTuple):
-    """One request of one step's batch: the record's `LedgerRow`, with its step and room left."""
+    """One request of one step's batch."""
 
     step: int
     uid: int
@@ -111,8 +104,7 @@ class AdmissionRow(NamedTuple):
 
 
 class EventRow(NamedTuple):
-    """One profiler event (record="full") of one rank (tensor parallelism: each rank's on rank
-    0's clock, `rank_clock.py`)."""
+    """One profiler event of one rank, on rank 0's clock."""
 
     step: int
     rank: int
@@ -124,8 +116,7 @@ class EventRow(NamedTuple):
 
 
 class PageRow(NamedTuple):
-    """A run of consecutive KV slots that a page-table row gained in a step (record="full"):
-    the row holds it from `step` on, for as long as its runs are listed from `since`."""
+    """A run of consecutive KV slots a page-table row gained in a step, listed from `since`."""
 
     step: int
     uid: int
@@ -137,35 +128,29 @@ class PageRow(NamedTuple):
 
 
 class TableRows:
-    """The tables' rows so far, record by record; a live history keeps one and adds only the
-    records that came since its last tables (a view redraws after every step). `cost` gives
-    each step its roofline columns (None: NaN)."""
+    """The tables' rows so far; a live history adds only the records since its last tables."""
 
-    def __init__(self, cost: StepCost | None = None) -> None:
-        self.cost = cost
-        self.count = 0  # records added
-        self.last: StepRecord | None = None  # the last of them, to tell a history started over
-        # NOTE: rows are kept as plain tuples (`tuple(StepRow(...))`): the garbage collector
-        # stops tracking those after one pass, a named tuple it tracks for ever (see StepRecord).
+    def __init__(self, roofline: Roofline | None = None) -> None:
+        self.roofline = roofline
+        self.count = 0
+        self.last: StepRecord | None = None  # tells a history that started over
+        # NOTE: plain tuples, not NamedTuples: the garbage collector stops tracking those
         self.steps: list[tuple] = []
         self.ledger: list[tuple] = []
         self.admissions: dict[str, list] = {c: [] for c in AdmissionRow._fields}  # by column
         self.events: list[tuple] = []
         self.pages: list[tuple] = []
-        self.rank_ms: dict[int, list[float]] = {}  # step -> ranks 1..'s device ms (filled later)
+        self.rank_ms: dict[int, list[float]] = {}  # step -> ranks 1..'s device ms
         self.rank_clock_ms: dict[int, list[float]] = {}  # step -> ranks 1..'s clock offsets
 
     def follows(self, records: list[StepRecord]) -> bool:
-        """Whether `records` begins with what was added here (else start again)."""
         n = self.count
         return n <= len(records) and (n == 0 or records[n - 1] is self.last)
 
     def add(self, rec: StepRecord) -> None:
-        """One record's rows, in every table."""
         self.count, self.last = self.count + 1, rec
         rows = rec.rows  # built on access: once per record
-        # NOTE: the decisions straight from the record's storage: a long queue gives a group
-        # refusal per step (`behind`), which goes in as whole columns, not one tuple per row.
+        # NOTE: a long queue's group refusal (`behind`) goes in as whole columns
         decided, behind, reason = rec.admission_parts
         _add_admissions(self.admissions, rec.step, decided, behind, reason)
         reasons = {reason for _, admitted, reason, _, _ in decided if not admitted}
@@ -178,17 +163,13 @@ class TableRows:
         if rec.rank_clock_ms is not None:
             self.rank_clock_ms[rec.step] = rec.rank_clock_ms
         for rank, events in rec.events_by_rank:
-            # NOTE: `EventRow`'s fields in order, without building one per event: a profiled
-            # step has hundreds of kernels (each event is (name, category, track, start_us,
-            # duration_us))
+            # NOTE: `EventRow`'s fields in order, without building one per event
             head = (rec.step, rank)
             self.events.extend(head + event for event in events)
         if rec.page_rows:
             self._add_pages(rec, rows)
 
     def _add_ledger(self, rec: StepRecord, rows) -> dict[str, int]:
-        """The batch's ledger rows; the tokens it computed by kind, the rows that got a token
-        ("sampled") and what the attention read ("decode_context", "prefill_pairs")."""
         by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
         sampled = context = pairs = 0
         for r in rows:
@@ -218,7 +199,7 @@ class TableRows:
         return by_kind
 
     def _add_step(self, rec: StepRecord, rows, by_kind: dict, decided, reasons: set) -> None:
-        bound = NO_COST if self.cost is None else self.cost.of_step(rows)
+        bound = NO_BOUND if self.roofline is None else self.roofline.of_step(rows)
         device_ms = rec.device_ms
         split = rec.host_stage_ms or (math.nan,) * len(HOST_STAGES)
         step = StepRow(
@@ -266,7 +247,6 @@ class TableRows:
         self.steps.append(tuple(step))
 
     def _add_pages(self, rec: StepRecord, rows) -> None:
-        """What each row of the batch gained in the page table (record="full")."""
         for r in rows:
             since, runs = rec.page_rows[r.table_idx]
             for pos_start, pos_end, slot_start in runs:
@@ -290,7 +270,6 @@ class TableRows:
             "ledger": pd.DataFrame(self.ledger, columns=LedgerEntry._fields).astype(
                 {"token": "Int64"}
             ),
-            # (no rows: the same untyped empty table as the others)
             "admissions": pd.DataFrame(
                 admissions if admissions["step"] else [], columns=AdmissionRow._fields
             ),
@@ -300,7 +279,7 @@ class TableRows:
         add_rank_columns(frames["steps"], self.rank_ms)
         add_rank_columns(frames["steps"], self.rank_clock_ms, "clock_offset_ms_rank")
         add_skew_columns(frames["steps"], frames["events"])
-        add_timing_columns(frames["steps"], device_on_host=False)  # (the rows have the rest)
+        add_timing_columns(frames["steps"], device_on_host=False)
         frames["requests"] = requests_table(frames["steps"], frames["ledger"], arrivals, aborts)
         return {name: text_as_string(rounded(frame)) for name, frame in frames.items()}
 
@@ -308,7 +287,6 @@ class TableRows:
 def _add_admissions(
     columns: dict[str, list], step: int, decided: tuple, behind: tuple, behind_reason: str
 ) -> None:
-    """One step's decisions onto the admissions columns: those made one by one, then the group."""
     for uid, admitted, reason, extend_len, cached_len in decided:
         row = AdmissionRow(
             step=step,

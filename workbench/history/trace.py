@@ -14,9 +14,7 @@ SKEW_COLUMNS = ("rank_skew_ms", "latest_rank")  # a step's, in its args when the
 
 
 def chrome_trace(steps: pd.DataFrame, events: pd.DataFrame, meta: dict | None = None) -> dict:
-    """One process per rank: rank 0's first track is the scheduler steps, then each rank's
-    profiler threads and streams. Steps carry `profiled` and their skew; `otherData` holds `meta`
-    and, with several ranks, how their clocks were aligned."""
+    """One process per rank, rank 0's first track the scheduler steps; `otherData` holds `meta`."""
     trace = [
         _step_event(row, args) for row, args in zip(steps.itertuples(index=False), _args(steps))
     ]

@@ -13,7 +13,7 @@ class RequestArrive:
     uid: int
     prompt_len: int
     max_tokens: int
-    source: str = "python"  # how it came: "python" (a call) or "http" (the server)
+    source: str = "python"  # or "http"
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +21,7 @@ class CacheMatch:
     step: int
     uid: int
     prompt_len: int
-    cached_len: int  # prompt tokens found in the prefix cache
+    cached_len: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ class CacheInsert:
     step: int
     uid: int
     inserted_len: int  # tokens offered (whole pages)
-    already_cached: int  # of which the cache held already (their duplicate pages were freed)
+    already_cached: int  # of which the cache held already
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +80,14 @@ class ForwardBegin:
     phase: str
     batch_size: int
     num_tokens: int
-    cuda_graph: bool  # replayed from a captured graph (no Python runs inside)
+    cuda_graph: bool
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardEnd:
     step: int
     phase: str
-    ledger: tuple[ReqView, ...]  # the requests' own lengths, read after complete_one()
+    ledger: tuple[ReqView, ...]  # lengths after the device-side ledger moved
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,21 +1,11 @@
 """Named hook points: observe the engine without touching it.
 
-The names are the same strings as the `torch.profiler.record_function` ranges, so a hook and a
-profiler trace speak one vocabulary. A hook gets a small frozen event of CPU values (see
-`events.py`). With nothing registered for a name, the engine pays one dictionary look-up.
-
-A hook that raises never leaves the engine half-stepped: the error is kept, the step runs to its
-end (the other hooks still run), and then `HookError` is raised from the step, chained to the
-first error. The step's record is already in the history by then, and the hook stays registered
-(remove it with its handle).
-
-Order within one step (`request.arrive` fires when a request is added, outside any step):
-``cache.match`` for each waiting request tried, ``admit`` / ``reject`` in queue order,
-``schedule.end``, ``cache.evict`` if allocating pages evicted cached KV, ``batch.prepared``,
-``forward.begin``, ``forward.end``, ``cache.insert`` for each prompt prefix shared by a prefill
-batch, ``sample.end``, ``request.finish`` for each request that ended, ``cache.insert`` for each
-finished request's KV, ``step.end``. With overlap, the launch half (up to the first
-``cache.insert``) of step N+1 runs before the collect half (from ``sample.end``) of step N.
+The names are the profiler's range names; a hook gets a frozen event of CPU values (`events.py`).
+A hook that raises does not stop its step: `HookError` is raised at the step's end.
+Order in a step: cache.match, admit / reject, schedule.end, cache.evict, batch.prepared,
+forward.begin, forward.end, cache.insert (shared prompts), sample.end, request.finish,
+cache.insert (finished requests), step.end. With overlap, step N+1's launch half runs before
+step N's collect half (from sample.end).
 """
 
 from __future__ import annotations
@@ -26,23 +16,23 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 HOOK_POINTS = (
-    "request.arrive",  # a request entered the waiting queue
-    "cache.match",  # a waiting request was matched against the prefix cache
-    "admit",  # a waiting request was admitted into a prefill batch
-    "reject",  # ... or was not, with the name of the check that refused it
-    "schedule.end",  # the batch is chosen
-    "cache.insert",  # computed KV was offered to the prefix cache
-    "cache.evict",  # cached KV was dropped to make room
+    "request.arrive",  # outside any step
+    "cache.match",
+    "admit",
+    "reject",  # with the name of the check that refused it
+    "schedule.end",
+    "cache.insert",
+    "cache.evict",
     "batch.prepared",  # KV pages allocated, inputs and attention metadata built
-    "forward.begin",  # the forward is about to be launched
-    "forward.end",  # the forward (and sampling) is launched; device-side ledgers moved
-    "sample.end",  # the sampled tokens reached the host
-    "request.finish",  # a request produced its last token
-    "step.end",  # the step is over; the event is its StepRecord
+    "forward.begin",
+    "forward.end",  # launched, not finished
+    "sample.end",
+    "request.finish",
+    "step.end",  # the event is the StepRecord
 )
 
 Hook = Callable[[Any], None]
-OUTSIDE = frozenset({"request.arrive", "step.end"})  # hook points not inside a step
+OUTSIDE = frozenset({"request.arrive", "step.end"})
 
 
 class HookError(RuntimeError):
@@ -62,11 +52,11 @@ class HookHandle:
 
 class HookRegistry:
     def __init__(self) -> None:
-        self._listeners: dict[str, list[Hook]] = {}  # only names with at least one hook
+        self._listeners: dict[str, list[Hook]] = {}  # NOTE: only names with a hook
         self.errors: list[tuple[str, Hook, BaseException]] = []  # raised after the step
-        self.inside = False  # a hook listens on a point inside a step
-        self.at_end = False  # a hook listens on "step.end"
-        self.on_change: Callable[[], None] | None = None  # told when hooks come and go
+        self.inside = False
+        self.at_end = False
+        self.on_change: Callable[[], None] | None = None
 
     def _changed(self) -> None:
         self.inside = any(name not in OUTSIDE for name in self._listeners)
@@ -118,8 +108,7 @@ class HookRegistry:
                 self.defer(name, fn, exc)
 
     def defer(self, name: str, fn: Callable, exc: BaseException) -> None:
-        """Keep an error that `fn` raised for `name` (a hook point, or `profile_steps`): it is
-        raised after the step, as a hook's is (`raise_pending`)."""
+        """Keep an error `fn` raised for `name`, to raise after the step (`raise_pending`)."""
         self.errors.append((name, fn, exc))
 
     def raise_pending(self) -> None:
@@ -132,7 +121,7 @@ class HookRegistry:
         raise HookError(f"hook {fn!r} on {name!r} raised {first!r}{more}") from first
 
     def clear_pending(self) -> None:
-        """Forget hook errors not raised yet (a call that failed for another reason)."""
+        """Forget hook errors not raised yet."""
         self.errors.clear()
 
     def __repr__(self) -> str:

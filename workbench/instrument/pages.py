@@ -1,6 +1,4 @@
-"""Page-table rows as runs of consecutive KV slots (record="full"): what each row gained in a
-step (`PageSnapshots`, read from the request table as the batch is prepared; the history's
-`pages_at` puts a step's rows back together from those gains)."""
+"""Page-table rows as runs of consecutive KV slots: what each row gained in a step."""
 
 from __future__ import annotations
 
@@ -16,10 +14,9 @@ if TYPE_CHECKING:
 def slot_runs(
     page_table: np.ndarray, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> list[list[tuple[int, int, int]]]:
-    """For each row `idx[i]`, its entries ``[starts[i], ends[i])`` as maximal runs of consecutive
-    KV slots, ``(pos_start, pos_end, slot_start)``, in whole-array steps."""
+    """Row `idx[i]`'s entries ``[starts[i], ends[i])`` as runs ``(pos_start, pos_end, slot)``."""
     lens = ends - starts
-    first = np.cumsum(lens) - lens  # where each segment begins in the flat arrays
+    first = np.cumsum(lens) - lens
     pos = np.arange(int(lens.sum())) - np.repeat(first - starts, lens)
     slots = page_table[np.repeat(idx, lens), pos].astype(np.int64)
     begins = np.ones(len(slots), dtype=bool)
@@ -41,21 +38,14 @@ def slot_runs(
 
 
 class PageSnapshots:
-    """The page-table rows of each batch as slot runs (record="full"), each step only what a
-    row gained since the last: a decode step of 256 requests reads and keeps 256 entries, not
-    the hundreds of thousands its rows hold (`pages_at` puts a step's rows back together).
-    With one-token pages, requests decoding side by side take interleaved slots, so a row is
-    one run per token: keeping every row whole at every step grows with steps x rows x length.
-    """
+    """Each batch's page-table rows as slot runs (record="full"), only what a row gained since
+    it was last taken: whole rows at every step would grow with steps x rows x length."""
 
     def __init__(self) -> None:
-        # row -> uid, rewrites, length and since when (step) its runs are listed
-        self._rows: dict[int, tuple[int, int, int, int]] = {}
+        self._rows: dict[int, tuple[int, int, int, int]] = {}  # (uid, rewrites, len, since)
 
     def take(self, table: TableManager, rows: list[ReqView], step: int) -> dict[int, tuple]:
-        """Row -> (since, runs gained): `since` is the step from which the row's runs are
-        listed (this one when the row is new, changed hands or was rewritten), the runs
-        (pos_start, pos_end, slot_start) its positions gained since it was last taken."""
+        """Row -> (since, runs gained): `since` is the step from which its runs are listed."""
         begins, sinces = [], []
         for r in rows:
             kept = self._rows.get(r.table_idx)

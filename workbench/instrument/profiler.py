@@ -1,5 +1,4 @@
-"""Rank 0's profiler (record="full"): the session of `workbench.profiling` with the hook points'
-ranges as its own, and the hook ranges that belong to a step's launch or to its collect."""
+"""Rank 0's profiler (record="full"): hook ranges, and which belong to a launch or a collect."""
 
 from __future__ import annotations
 
@@ -36,15 +35,12 @@ class ProfilerSession(profiling.ProfilerSession):
 def assign_to_steps(
     events: list[Event], marks: list[tuple[float, int, str]]
 ) -> dict[int, list[tuple]]:
-    """Each event's step (`profiling.assign_to_steps`): a hook range to the last launch or
-    collect mark before it, as the hook point belongs to one or the other."""
+    """Each event's step; a hook range goes to the last launch or collect mark before it."""
     return profiling.assign_to_steps(events, marks, RANGE_MARKS)
 
 
 class SessionEvents:
-    """An ended session's events, waiting in the history until it is read (`History.fill_in`):
-    then each step's go into the list its record holds, with the host time the profiler added
-    to it (`StepEvents.profiler_ms`)."""
+    """An ended session's events, given to the steps' records when the history is read."""
 
     def __init__(
         self,
@@ -54,9 +50,6 @@ class SessionEvents:
         start_ms: dict[int, float],
         device: torch.device,
     ) -> None:
-        """`read`: the stopped session's reader; `marks`: where each step's launch and collect
-        began; `lists`: step -> the list its record holds; `start_ms`: a session's start in the
-        step it chose (taken from it as it is used)."""
         self.read, self.marks, self.lists = read, marks, lists
         self.start_ms, self.device = start_ms, device
 

@@ -1,14 +1,8 @@
 """Which steps record="full" profiles: the profile window.
 
-`profile_steps` is None (every step), step indices (a range, ``range(0, 10**9, 10)`` for every
-10th, or any collection of them), or a predicate of the step about to run: a function of a
-`StepView` (``lambda s: s.phase == "mixed" and s.batch_size >= 64``) or the same as text
-(``"phase == 'mixed' and batch_size >= 64"``, a `StepExpression`: names of StepView's fields,
-constants, comparisons, and/or/not, nothing else). `max_profiled_steps` keeps the first N steps
-it selects. A step is chosen once it is scheduled (a predicate needs its batch): a step chosen by
-a predicate is profiled from its prepare on, and from its schedule too when the step before it
-was profiled (the session was running). The saved run says what chose its profiled steps
-(`ProfileWindow.meta`) and which they were (the steps table's `profiled`).
+`profile_steps` is None (every step), step indices, or a predicate of a `StepView`, as a function
+or as text (`StepExpression`). NOTE: a predicate sees the scheduled batch, so the step it chooses
+is profiled from its prepare on (its schedule too only if the step before was profiled).
 """
 
 from __future__ import annotations
@@ -25,22 +19,21 @@ if TYPE_CHECKING:
     from ..core import Batch
     from ..scheduler.record import Occupancy
 
-KEEP: Any = object()  # `with_` and `reconfigure`: keep the current value
+KEEP: Any = object()  # keep the current value
 
 
 @dataclass(frozen=True)
 class StepView:
-    """The step about to run, as a `profile_steps` predicate sees it: its batch as scheduled,
-    before it is prepared."""
+    """The step about to run, as a `profile_steps` predicate sees it (scheduled, not prepared)."""
 
-    step: int  # its index
+    step: int
     phase: str  # "prefill" | "decode" | "mixed"
-    batch_size: int  # requests in the batch
-    num_tokens: int  # tokens it computes
-    prefill_tokens: int  # prompt tokens it computes (chunks included)
-    decode_batch: int  # requests that decode (a token each)
-    queue_len: int  # requests still waiting once it is admitted
-    kv_usage: float  # share of the KV pool live requests hold, before its new tokens (0 to 1)
+    batch_size: int
+    num_tokens: int
+    prefill_tokens: int  # chunks included
+    decode_batch: int
+    queue_len: int  # still waiting once it is admitted
+    kv_usage: float  # share of the KV pool held, before its new tokens (0 to 1)
 
     @classmethod
     def of(cls, step: int, batch: Batch, occupancy: Occupancy) -> StepView:
@@ -60,16 +53,13 @@ class StepView:
 
 
 FIELDS = tuple(f.name for f in fields(StepView))
-# what a predicate is tried on before anything starts (a wrong field name fails there)
 _SAMPLE = StepView(0, "decode", 1, 1, 0, 1, 0, 0.0)
 _COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 
 class StepExpression:
-    """A predicate of `StepView` as text, e.g. ``"phase == 'mixed' and batch_size >= 64"``:
-    only the names of its fields (`FIELDS`), constants, comparisons, and `and` / `or` / `not`
-    are allowed, so it is safe to take from a command line. `name`: what an error names (the
-    parameter or flag it came from)."""
+    """A `StepView` predicate as text, e.g. ``"phase == 'mixed' and batch_size >= 64"``; only
+    fields, constants, comparisons and and/or/not are allowed, so a command line may give it."""
 
     def __init__(self, text: str, name: str = "profile_steps") -> None:
         if not isinstance(text, str):
@@ -82,7 +72,7 @@ class StepExpression:
             _check_node(node, text, name)
         self.text, self.name = text.strip(), name
         self._code = compile(tree, f"<{name}>", "eval")
-        _try_predicate(self, name)  # e.g. "phase > 3" (a text against a number)
+        _try_predicate(self, name)
 
     def __call__(self, view: StepView) -> bool:
         return bool(eval(self._code, {"__builtins__": {}}, vars(view)))  # noqa: S307 (checked)
@@ -111,8 +101,6 @@ def _check_node(node: ast.AST, text: str, name: str) -> None:
 
 @dataclass(frozen=True)
 class ProfileWindow:
-    """`profile_steps` and `max_profiled_steps`, checked (`profile_window`)."""
-
     steps: Collection[int] | Callable[[StepView], Any] | None = None
     max_steps: int | None = None
     text: str = "every step"  # what the saved run says chose its profiled steps
@@ -122,14 +110,13 @@ class ProfileWindow:
         return callable(self.steps)
 
     def covers(self, index: int) -> bool:
-        """Whether step `index` is in a window of step indices (a predicate's: unknown)."""
         return not self.by_predicate and (self.steps is None or index in self.steps)
 
     def meta(self) -> dict:
         return {"profile_steps": self.text, "max_profiled_steps": self.max_steps}
 
     def with_(self, steps: Any = KEEP, max_steps: Any = KEEP) -> ProfileWindow:
-        """This window with another `profile_steps` or `max_profiled_steps` (KEEP: the same)."""
+        """This window with another `profile_steps` or `max_profiled_steps`."""
         if steps is KEEP and max_steps is KEEP:
             return self
         return profile_window(
@@ -139,10 +126,9 @@ class ProfileWindow:
 
 
 def profile_window(steps: Any = None, max_steps: int | None = None) -> ProfileWindow:
-    """A checked window: TypeError or ValueError naming `profile_steps` or
-    `max_profiled_steps` for a bad one, before anything runs."""
+    """A checked window; raises TypeError or ValueError before anything runs."""
     max_steps = V.optional_integer("max_profiled_steps", max_steps, 0)
-    if isinstance(steps, ProfileWindow):  # checked already
+    if isinstance(steps, ProfileWindow):
         return steps if max_steps is None else ProfileWindow(steps.steps, max_steps, steps.text)
     if steps is None or isinstance(steps, range):
         return ProfileWindow(steps, max_steps, "every step" if steps is None else repr(steps))
@@ -164,8 +150,7 @@ def profile_window(steps: Any = None, max_steps: int | None = None) -> ProfileWi
 
 
 def _try_predicate(predicate: Callable, name: str = "profile_steps") -> None:
-    """Call it once on a made-up step: a predicate that takes no StepView, or reads a field
-    it does not have, fails here rather than in the middle of a run."""
+    """Call it once on a made-up step, so a wrong signature or field fails before the run."""
     try:
         predicate(_SAMPLE)
     except (AttributeError, NameError, TypeError) as exc:
@@ -178,8 +163,7 @@ def _try_predicate(predicate: Callable, name: str = "profile_steps") -> None:
 
 
 def predicate_text(predicate: Callable) -> str:
-    """What a saved run says of a predicate: an expression's text, a lambda's source, or the
-    function's name."""
+    """An expression's text, a lambda's source, or the function's name."""
     if isinstance(predicate, StepExpression):
         return predicate.text
     name = getattr(predicate, "__qualname__", repr(predicate))
@@ -190,8 +174,7 @@ def predicate_text(predicate: Callable) -> str:
     lambda_ = getattr(predicate, "__name__", "") == "<lambda>"
     start = source.find("lambda") if lambda_ else -1
     source = source[: start + 1000]
-    # NOTE: the lines it was written on hold more than the lambda (the call around it): the
-    # longest text from "lambda" on that parses as a lambda alone is it
+    # NOTE: its source lines hold more than the lambda: take the longest text that parses as one
     for end in range(len(source), start, -1) if start >= 0 else ():
         try:
             tree = ast.parse(source[start:end].strip(), mode="eval")
@@ -203,8 +186,7 @@ def predicate_text(predicate: Callable) -> str:
 
 
 class ChosenSteps:
-    """The steps a window chose in one run: how many (`max_profiled_steps` keeps the first),
-    and those not recorded yet (a chosen batch in flight keeps the session on)."""
+    """The steps a window chose in one run, and those not recorded yet."""
 
     def __init__(self, window: ProfileWindow) -> None:
         self.window, self.count = window, 0
@@ -215,17 +197,14 @@ class ChosenSteps:
         return self.window.max_steps is not None and self.count >= self.window.max_steps
 
     def wanted_at(self, index: int) -> bool | None:
-        """Before step `index` is scheduled: whether a session runs for it (a window of step
-        indices covers it, or a chosen batch is in flight: overlap); None when a predicate
-        decides, once the step is scheduled."""
-        self.awaiting = {i for i in self.awaiting if i >= index - 1}  # (a failed step's)
+        """Whether a session runs for step `index`; None when a predicate decides later."""
+        self.awaiting = {i for i in self.awaiting if i >= index - 1}
         if self.awaiting or (self.window.covers(index) and not self.capped):
             return True
         return None if self.window.by_predicate else False
 
     def choose(self, step: int, view: Callable[[], StepView], defer: Callable) -> bool:
-        """Whether the step just scheduled is profiled. A predicate that raises chooses
-        nothing, and its error goes to `defer` (raised after the step, as a hook's)."""
+        """Whether the step just scheduled is profiled; a predicate's error goes to `defer`."""
         if self.capped:
             return False
         window = self.window
@@ -243,7 +222,6 @@ class ChosenSteps:
         return chosen
 
     def recorded(self, step: int) -> bool:
-        """Step `step` is being recorded: whether it was chosen."""
         if step not in self.awaiting:
             return False
         self.awaiting.discard(step)

@@ -1,8 +1,5 @@
-"""Each request's KV page ids, gathered from the page table into one flat list: a Triton kernel.
-
-FlashInfer reads a batch's pages as one list (`indices`, split by `indptr`); with a token-granular
-page table, page ``p`` of ``row`` is ``page_table[row, p * page_size] // page_size``. One launch
-with a fixed grid that reads `rows` and `indptr` on the device, so a decode graph captures it."""
+"""Each request's KV page ids, gathered from the page table into one flat list (FlashInfer's
+`indices`). A fixed grid reading `rows` and `indptr` on the device, so a CUDA graph captures it."""
 
 from __future__ import annotations
 

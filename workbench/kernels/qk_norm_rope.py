@@ -1,9 +1,6 @@
-"""From the QKV projection to attention's inputs in one launch: q/k norm, RoPE, KV store.
-
-It replaces seven small eager kernels per layer (copies of the strided q and k, two norms, RoPE,
-the K and V stores), each a launch and, in a CUDA graph, a gap. One program per token, in float32
-until the stores (the eager path rounds to bf16 between steps: results differ by that rounding).
-FlashInfer's such kernel covers only (8, 1) and (64, 8) q/KV heads; Qwen3-0.6B has (16, 8)."""
+"""From the QKV projection to attention's inputs in one launch (q/k norm, RoPE, KV store) instead
+of seven eager kernels (FlashInfer's covers only (8, 1) and (64, 8) q/KV heads). Float32 until
+the stores: the eager path rounds to bf16 between steps."""
 
 from __future__ import annotations
 
@@ -97,11 +94,8 @@ def qk_norm_rope_store(
     num_heads: int,
 ) -> torch.Tensor:
     """q [tokens, num_heads, head_dim], normalised and rotated; k and v written to the caches.
-
-    qkv: [tokens, (num_heads + 2 * kv_heads) * head_dim], q | k | v, contiguous rows.
-    cos, sin: float32 [positions, head_dim] (rotate-half tables: the first half is read).
-    q_weight, k_weight: the q/k RMSNorm weights [head_dim], or None for models without them.
-    k_cache, v_cache: one layer's [slots, kv_heads, head_dim]; out_loc: int64 slot per token."""
+    qkv: [tokens, (num_heads + 2 * kv_heads) * head_dim]; cos, sin: float32 rotate-half tables;
+    q_weight, k_weight: RMSNorm weights or None; out_loc: int64 slot per token."""
     tokens = qkv.shape[0]
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     assert qkv.stride(1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()

@@ -1,9 +1,5 @@
-"""Temperature sampling in one pass over the logits: a Triton kernel for the GPU.
-
-Unlike the torch sampler's several float32 passes, it reads the logits once, in their dtype, and
-draws the same race ``argmax(logits / T - log E)``, ``E = -log U``, with Philox noise that depends
-only on the row's key and the column: a seeded request gets the same tokens in any batch. Each
-program reduces a segment of a row; a torch argmax over the segments finishes."""
+"""Temperature sampling in one pass over the logits: the race ``argmax(logits / T - log E)`` with
+Philox noise keyed by row key and column, so a seeded request gets the same tokens in any batch."""
 
 from __future__ import annotations
 
@@ -11,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-# tuned at batch 256 x 152k (`python benchmarks/kernels.py`)
+# tuned with `python benchmarks/kernels.py`
 BLOCK = 2048
 SEGMENT = 8192  # columns per program
 NUM_WARPS = 8
@@ -79,10 +75,8 @@ def race_sample(
     segment: int = SEGMENT,
     num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
-    """One token per row of `logits` [batch, vocab] (any float dtype, CUDA).
-
-    temperatures: [batch] float32, 0 for greedy rows; keys: [batch] int64 Philox keys (>= 0).
-    Returns int64 token ids [batch]."""
+    """int64 token ids [batch], one per row of `logits` [batch, vocab] (any float dtype, CUDA).
+    temperatures: [batch] float32, 0 for greedy rows; keys: [batch] int64 Philox keys (>= 0)."""
     batch, vocab = logits.shape
     if batch == 0:  # a Triton grid of zero programs fails to launch
         return torch.empty(0, dtype=torch.int64, device=logits.device)

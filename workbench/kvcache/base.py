@@ -40,9 +40,8 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def insert(self, token_ids: list[int], slots: np.ndarray) -> int:
-        """Offer the KV of `token_ids` (whole pages) to the cache. Returns how many leading tokens
-        it did *not* take because it holds KV for them already (the naive cache: all); the caller
-        owns ``slots[handle.cached_len : returned]`` and frees them when nothing else uses them."""
+        """Offer the KV of `token_ids` (whole pages); returns `n`, the leading tokens it did not
+        take (held already; naive: all). The caller owns ``slots[handle.cached_len : n]``."""
 
     @abstractmethod
     def evict(self, num_tokens: int) -> np.ndarray:

@@ -9,8 +9,7 @@ import torch
 
 
 class KVPool:
-    """``num_pages * page_size`` token slots, plus one page at the end that is never handed out:
-    padded (dummy) rows of a batch write there, so padding never touches a live request's KV."""
+    """``num_pages * page_size`` token slots, and a last page never handed out: padding's."""
 
     def __init__(
         self,
@@ -44,8 +43,7 @@ class KVPool:
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed buffer; on the CPU a zeroed allocation, whose pages the OS zeroes when first
-    written, so a large pool that a run barely uses costs neither the time to zero it nor memory."""
+    # NOTE: on the CPU lazily zeroed, so a large pool that a run barely uses costs no time or memory
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()

@@ -1,7 +1,5 @@
 """The radix prefix cache: a tree keyed by token ids (whole pages), ref-counted locks, LRU eviction.
-
-A request locks its path up to the root (``ref_count``), so a locked node's ancestors are locked
-too: the unlocked nodes form whole subtrees, evictable leaf first. Sizes are kept incrementally."""
+A request locks its path up to the root: unlocked nodes form whole subtrees, evicted leaf first."""
 
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ class RadixNode:
         self.children: dict[tuple[int, ...], RadixNode] = {}
         self.ref_count = 0
         self.last_access = 0
-        self.depth = (parent.depth if parent is not None else 0) + len(key)  # tokens to this end
+        self.depth = (parent.depth if parent is not None else 0) + len(key)
 
     @property
     def is_leaf(self) -> bool:
@@ -58,7 +56,6 @@ class RadixCache(PrefixCache):
         return tuple(ids[: self.page_size].tolist())
 
     def _common_len(self, key: np.ndarray, ids: np.ndarray) -> int:
-        """Length of the common prefix of two token runs, rounded down to whole pages."""
         n = min(len(key), len(ids))
         diff = np.flatnonzero(key[:n] != ids[:n])
         common = int(diff[0]) if len(diff) else n

@@ -1,8 +1,6 @@
 """Request slots, the page table and the token pool, ``[max_running_reqs + 1, max_seq_len]`` int32.
-
-The page table is token-granular whatever the page size: ``[row, pos]`` is the KV slot of token
-``pos`` of the request in ``row``. The token pool keeps input ids on the device, so a decode step
-reads them without a host trip. The last row is the dummy request that pads CUDA-graph batches."""
+The page table is token-granular: ``[row, pos]`` is the KV slot of token ``pos``. The last row is
+the dummy request that pads CUDA-graph batches."""
 
 from __future__ import annotations
 
@@ -23,21 +21,19 @@ class TableManager:
         self.device = device
         # NOTE: the host copy is the bookkeeping truth; the device copy (same on CPU) feeds kernels
         self.page_table_host = np.zeros((rows, max_seq_len), dtype=np.int32)
-        self.shares_host_memory = device.type == "cpu"  # one table for the host and device
+        self.shares_host_memory = device.type == "cpu"
         if self.shares_host_memory:
             self.page_table = torch.from_numpy(self.page_table_host)
         else:
             self.page_table = torch.zeros((rows, max_seq_len), dtype=torch.int32, device=device)
-        # NOTE: zeros, so the dummy row reads valid token ids.
+        # NOTE: zeros, so the dummy row reads valid token ids
         self.token_pool = torch.zeros((rows, max_seq_len), dtype=torch.int32, device=device)
         self._free_rows = list(range(max_running_reqs - 1, -1, -1))
-        # NOTE: writes that may change a row's earlier entries: a snapshot reading only what a row
-        # gained since the last one (record="full") must read such a row whole again
+        # NOTE: an incremental snapshot (record="full") must reread a row counted here whole
         self.rewrites = np.zeros(rows, dtype=np.int64)
         # rank 0's writes since its last step, which the other TP ranks replay (None: not kept)
         self.journal: list[TableWrite] | None = None
-        # rows rewritten on the host that the device's page table has not got yet: the engine
-        # sends them when it prepares the next step (`sync_device`)
+        # rows rewritten on the host only, sent to the device with the next step (`sync_device`)
         self.unsynced: list[tuple[int, int, np.ndarray]] = []
 
     @property
@@ -52,9 +48,8 @@ class TableManager:
         self._free_rows.append(row)
 
     def write_row(self, row: int, start: int, slots: np.ndarray) -> None:
-        """Point ``[row, start : start + len(slots)]`` at KV slots: entries of tokens already
-        computed (a matched prefix, pages swapped for the prefix cache's). The device's table
-        gets them when the engine prepares the next step."""
+        """Point ``[row, start : start + len(slots)]`` at the KV slots of tokens already computed
+        (a matched prefix, pages swapped for the prefix cache's)."""
         if self.journal is not None:
             self.journal.append(WriteRow(row, start, slots))
         self.page_table_host[row, start : start + len(slots)] = slots
@@ -63,15 +58,13 @@ class TableManager:
             self.unsynced.append((row, start, slots))
 
     def sync_device(self) -> None:
-        """The rows rewritten on the host since the last call, to the device's table."""
         unsynced, self.unsynced = self.unsynced, []
         for row, start, slots in unsynced:
             src = to_device(slots, self.device, torch.int32)
             self.page_table[row, start : start + len(slots)].copy_(src)
 
     def write_slots(self, rows: np.ndarray, cols: np.ndarray, slots: np.ndarray) -> None:
-        """Point page-table entries of tokens not computed yet at KV slots, on the host: the
-        engine writes each token's entry to the device in the step that computes it."""
+        """Point page-table entries of tokens not computed yet at KV slots, on the host only."""
         if self.journal is not None:
             self.journal.append(WriteSlots(rows, cols, slots))
         self.page_table_host[rows, cols] = slots

@@ -1,7 +1,6 @@
 """The attention layer: merged QKV projection, optional q/k norm, RoPE, backend, output proj.
 
-Tensor-parallel: each rank attends over 1/size of the query and KV heads and o_proj sums the
-ranks' outputs; everything after qkv_proj, the KV pool included, sees the local head counts."""
+Tensor-parallel: each rank holds 1/size of the heads; after qkv_proj all sizes are local."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(
             hidden_size, (intermediate_size, intermediate_size), bias=bias, tp=tp
         )
-        self.intermediate_size = self.gate_up_proj.local_sizes[0]  # this rank's share
+        self.intermediate_size = self.gate_up_proj.local_sizes[0]
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, tp=tp)
         self.fused = False  # set by Decoder.use_fused_kernels(): FlashInfer's silu_and_mul
 

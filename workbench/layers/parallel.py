@@ -1,6 +1,5 @@
-"""Megatron-style tensor-parallel linear layers: a column-parallel layer splits its outputs over
-the ranks, the row-parallel one after it splits its inputs and sums the partial outputs with one
-all-reduce. With one rank both are the plain `nn.Linear` they subclass."""
+"""Megatron-style tensor-parallel linear layers (column-parallel, then row-parallel with one
+all-reduce); with one rank both are the plain `nn.Linear` they subclass."""
 
 from __future__ import annotations
 

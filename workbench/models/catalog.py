@@ -46,8 +46,7 @@ TINY_CONFIGS: dict[str, dict] = {
         tie_word_embeddings=True,
         rope_theta=1000000.0,
     ),
-    # the smallest that runs every path (an LM head over SmolLM2's first 2,048 token ids), so
-    # that what surrounds the engine (the HTTP server) is what a benchmark measures
+    # the smallest that runs every path, so a benchmark measures what surrounds the engine
     "tiny-fast": dict(
         architectures=["LlamaForCausalLM"],
         model_type="llama",

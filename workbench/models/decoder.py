@@ -116,8 +116,7 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def load_param(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
-        """Fill parameter `name` with this rank's share of its full (one-rank) value, or of
-        part `part` of a merged projection (0, 1, 2: q, k, v; 0, 1: gate, up)."""
+        """Fill parameter `name` (or `part` of a merged one) with this rank's share of `full`."""
         module_name, _, attr = name.rpartition(".")
         module = self.get_submodule(module_name)
         if hasattr(module, "load_shard"):

@@ -1,17 +1,10 @@
 """Seeded weights with two planted attention circuits: a model whose greedy output is known.
 
-Random bf16 weights give near-tied logits, so two correct engine settings part ways after a few
-tokens and comparing tokens proves nothing. Here the logits are peaked by construction and still
-depend on the whole context, through the KV cache:
-
-- layer 0: *previous-token* heads. Constant q and k on the fastest RoPE pairs, k rotated one
-  position ahead, so the score peaks at distance one; values copy the token into a second subspace.
-- layer 1: *induction* heads. q projects the current token and k the previous one (from layer 0),
-  on the slowest RoPE pairs: position ``s`` matches when token ``s - 1`` is the current token,
-  and the head copies token ``s``, stronger than the current token itself.
-
-So after ``A B C D A B C D A B`` greedy decoding continues ``C D A B ...``. The MLPs and any
-further layers are seeded random, as in `init_dummy`."""
+Random weights give near-tied logits, so comparing two engines' tokens proves little. Here the
+logits are peaked and still depend on the whole context through the KV cache: layer 0's
+previous-token heads copy each token into a second subspace (fastest RoPE pairs), and layer 1's
+induction heads match the current token against it (slowest pairs) and copy the token that
+followed. After ``A B C D A B`` greedy decoding continues ``C D ...``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Batch policies: which requests share the next batch. One function a file and one line in
-`POLICIES`; each maps a `SchedulerState` to the next batch (None: nothing to run) and the admission
-decisions behind it. A policy decides what runs, never how: admission is the scheduler's."""
+"""Batch policies: each maps a `SchedulerState` to the next batch (None: nothing to run) and its
+admission decisions. A policy decides what runs, never how: admission is the scheduler's."""
 
 from __future__ import annotations
 
@@ -21,11 +20,10 @@ POLICIES = {
 class SchedulerState(NamedTuple):
     """What a policy sees of the scheduler when it picks the next batch."""
 
-    queue: Sequence[PendingReq]  # waiting, in arrival order (a prompt part-way first)
-    running: list[Req]  # decoding, in the order they joined
-    max_extend_tokens: int  # the token budget of a batch
-    # admission over the queue for a token budget: the requests admitted and every decision
-    admit: Callable[[int], tuple[list[Req], Admissions]]
+    queue: Sequence[PendingReq]  # arrival order, a prompt part-way through first
+    running: list[Req]
+    max_extend_tokens: int
+    admit: Callable[[int], tuple[list[Req], Admissions]]  # admission for a token budget
 
 
 Policy = Callable[[SchedulerState], tuple[Batch | None, Admissions]]

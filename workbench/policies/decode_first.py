@@ -1,5 +1,4 @@
-"""``decode_first``: a decode batch while any request runs; waiting requests are admitted only when
-none does (each is refused with the reason ``decode_first`` until then)."""
+"""``decode_first``: a decode batch while any request runs; the queue waits until none does."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ def decode_first(state: SchedulerState) -> tuple[Batch | None, Admissions]:
         return prefill_first(state)
     admissions = Admissions()
     if queue:
-        # a prompt part-way through its chunks heads the queue; its decision carries its progress
         chunked = [p for p in queue[:1] if p.chunked is not None]
         admissions.decided = [
             Admission(p.uid, False, DECODE_FIRST, 0, p.chunked.cached_len) for p in chunked

@@ -1,5 +1,4 @@
-"""``mixed``: every running request decodes (a token of the budget each) and prefill chunks fill
-the rest of the token budget, in one batch: stall-free batching, as in Sarathi-Serve."""
+"""``mixed``: running requests decode and prefill chunks fill the rest of the budget (Sarathi)."""
 
 from __future__ import annotations
 

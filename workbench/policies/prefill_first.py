@@ -1,5 +1,4 @@
-"""``prefill_first``: a prefill batch if anything can be admitted, else a decode batch; running
-requests pause while prompts are computed."""
+"""``prefill_first``: a prefill batch if anything can be admitted, else a decode batch."""
 
 from __future__ import annotations
 

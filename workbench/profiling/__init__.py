@@ -1,8 +1,6 @@
-"""Profiler capture (record="full"): the session, its events by step, and the profiler's own cost
-per event. Below both its users: rank 0's probe and every tensor-parallel rank above 0."""
+"""Profiler capture (record="full"): the session, its events by step, and its cost per event."""
 
-from .cost import event_cost_us
-from .events import (
+from .capture import (
     ALL_REDUCES,
     MIN_CPU_OP_NS,
     SKEW_US,
@@ -13,6 +11,7 @@ from .events import (
     host_events_by_step,
     read_events,
 )
+from .cost import event_cost_us
 from .session import (
     ProfilerSession,
     activities,

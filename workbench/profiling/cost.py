@@ -1,5 +1,4 @@
-"""What the profiler costs the host per event it records, measured at a process's first session
-on each device type: a profiled step's own distortion is its host events times that."""
+"""The profiler's host cost per recorded event, measured at the first session per device type."""
 
 from __future__ import annotations
 
@@ -13,14 +12,11 @@ _EVENT_COST_US: dict[str, float] = {}
 
 
 def event_cost_us(device: torch.device) -> float:
-    """Host microseconds the profiler adds per event it records on `device` (NaN before a session
-    started there): an estimate from a one-element add timed with and without the profiler."""
+    """Host microseconds the profiler adds per event on `device` (NaN before a session there)."""
     return _EVENT_COST_US.get(device.type, math.nan)
 
 
 def _call_us(device: torch.device, calls: int = 200, rounds: int = 7) -> float:
-    """Host microseconds per call of a one-element add, the fastest of `rounds` (with few rounds,
-    a busy host can make the unprofiled ones the slower)."""
     x = torch.zeros(1, device=device)
     best = math.inf
     for _ in range(rounds):
@@ -29,14 +25,13 @@ def _call_us(device: torch.device, calls: int = 200, rounds: int = 7) -> float:
             x.add_(1)
         best = min(best, time.perf_counter_ns() - began)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)  # its kernels end before the session's first step
+        torch.cuda.synchronize(device)
     return best / calls / 1e3
 
 
 @contextlib.contextmanager
 def measure_event_cost(device: torch.device):
-    """Around the enabling of a session's profiler: the first time on this device type, time the
-    call before and after it; those events precede the session's first step, so count in none."""
+    """Around enabling the profiler: time an add before and after, once per device type."""
     if device.type in _EVENT_COST_US:
         yield
         return

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+from .capture import Capture, read_events
 from .cost import measure_event_cost
-from .events import Capture, read_events
 
 
 def activities(device: torch.device) -> list:
@@ -25,19 +25,15 @@ def activities(device: torch.device) -> list:
 
 
 def release_cupti_at_stop() -> None:
-    """Have kineto tear CUPTI down when a profiler stops (`TEARDOWN_CUPTI=1`, unless the
-    environment says otherwise): torch 2.11's kineto keeps CUPTI's callbacks subscribed after a
-    session (tearing down crashed before CUDA 12.6), and every later CUDA call pays for them. Set
-    it before the process's first profiler starts."""
+    """Set `TEARDOWN_CUPTI=1` before the first profiler starts: otherwise kineto keeps CUPTI's
+    callbacks subscribed after a session, and every later CUDA call pays for them."""
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 
 class ProfilerSession:
-    """One torch.profiler (kineto) session over any number of steps (record="full"): a start and
-    stop per step would cost a synchronisation each, measured as step time, and nothing is read
-    while it runs. `ranges`: our `record_function` ranges (category "hook"). On a GPU only these
-    are recorded on the host (kernels link to them), as tracing every operator would slow the host
-    several times over; on a CPU the operators are the kernels, so all are recorded."""
+    """One kineto session over many steps (a start and stop per step would synchronise each).
+    `ranges`: our `record_function` ranges; NOTE: on a GPU only these are recorded on the host,
+    as tracing every operator slows it several times over."""
 
     def __init__(
         self, clock: Callable[[], float], device: torch.device, ranges: frozenset[str] = frozenset()
@@ -47,7 +43,7 @@ class ProfilerSession:
         self._activities = set(activities(device))
         self._results_of = None  # stops the session; gives kineto's results
         self._offset_us = 0.0
-        self.start_ms = 0.0  # what its last start took (on a GPU: CUPTI brought back each time)
+        self.start_ms = 0.0  # what its last start took
 
     @property
     def running(self) -> bool:
@@ -71,7 +67,7 @@ class ProfilerSession:
         self.start_ms, _SECONDS["start"] = seconds * 1e3, _SECONDS["start"] + seconds
 
     def stop(self) -> Callable[[], Capture]:
-        """End the session; returns the reader of its events, left until someone looks (slow)."""
+        """End the session; returns the (slow) reader of its events."""
         disable, self._results_of = self._results_of, None
         _RUNNING.discard(self)
         if self._cuda:
@@ -91,8 +87,7 @@ class ProfilerSession:
 
 
 def clock_offset_us(clock: Callable[[], float], tries: int = 7) -> float:
-    """The run's clock less the Unix clock (kineto's), in microseconds, from the try whose two Unix
-    readings were closest: a preemption between readings would shift every event of the session."""
+    """The run's clock less kineto's Unix clock (us), from the try with the closest readings."""
     best = None
     for _ in range(tries):
         before = time.time_ns()
@@ -122,8 +117,7 @@ def session_running() -> bool:
 
 @contextlib.contextmanager
 def gc_paused():
-    """No garbage collection meanwhile: reading a session allocates so many tuples that the
-    collections it triggers would walk every object, for nothing."""
+    """No garbage collection meanwhile (reading a session allocates many tuples)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

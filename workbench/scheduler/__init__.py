@@ -1,5 +1,4 @@
-"""Scheduling: the loop (`Scheduler`), its observer, the cache manager, prefill admission, the
-decode set and the step's record."""
+"""Scheduling: the loop, its observer, the cache manager, admission and the step's record."""
 
 from .observer import Observer
 from .record import StepRecord

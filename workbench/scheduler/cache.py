@@ -19,13 +19,11 @@ class CacheManager:
         self.num_pages, self.page_size = num_pages, page_size
         self.total_size = num_pages * page_size  # tokens
         self.prefix_cache = prefix_cache
-        # a stack of free page ids; the top is the end
         self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
         self._free_count = num_pages
         self._is_free = np.ones(num_pages, dtype=bool)  # catches a double free when it happens
-        self.on_evict: Callable[[int, int], None] | None = None  # (requested, freed), for hooks
+        self.on_evict: Callable[[int, int], None] | None = None  # (requested, freed)
 
-    # -- sizes, in tokens -------------------------------------------------------------------
     @property
     def evictable_size(self) -> int:
         return self.prefix_cache.evictable_size
@@ -41,14 +39,12 @@ class CacheManager:
 
     @property
     def in_use_size(self) -> int:
-        """Tokens in pages owned by requests (not by the cache, locked or not)."""
         return self.total_size - self.free_size - self.prefix_cache.size
 
     @property
     def shares(self) -> bool:
         return self.prefix_cache.shares
 
-    # -- prefix matching --------------------------------------------------------------------
     def match(self, token_ids: list[int]) -> MatchResult:
         # NOTE: leave at least one prompt token to compute: its logits give the first output token.
         return self.prefix_cache.match(token_ids[: len(token_ids) - 1])
@@ -59,9 +55,7 @@ class CacheManager:
     def unlock(self, handle: CacheHandle) -> None:
         self.prefix_cache.unlock(handle)
 
-    # -- pages ------------------------------------------------------------------------------
     def allocate_pages(self, count: int) -> np.ndarray:
-        """`count` page ids, evicting unlocked prefixes if the free list is short."""
         if count > self._free_count:
             self.evict((count - self._free_count) * self.page_size)
         if count > self._free_count:
@@ -70,33 +64,26 @@ class CacheManager:
                 "(admission should have prevented this)"
             )
         self._free_count -= count
-        # NOTE: reversed, so a fresh pool hands out ascending pages: a request's KV lies in
-        # consecutive slots (compact page-table runs, friendlier memory access).
+        # NOTE: reversed, so a fresh pool hands out ascending pages (compact page-table runs).
         pages = self._free[self._free_count : self._free_count + count][::-1].copy()
         self._is_free[pages] = False
         return pages
 
     def allocate(self, batch: Batch, table: TableManager, previous: Batch | None = None) -> int:
-        """Keep the batch's lengths as launched (`batch.ledger`) and allocate the pages of its
-        new tokens, in the host's page table (the engine writes each token's entry to the
-        device's in the step that computes it); returns the number of pages allocated.
-        `previous`: the batch launched just before, whose ledger may give this one's
-        (`Batch.snapshot`)."""
-        # NOTE: one pass over the requests; the rest is whole-array work
+        """Snapshot the batch's ledger and allocate its new tokens' pages; returns their count."""
         batch.snapshot(previous)
         if batch.phase == "decode":
             return self._allocate_decode(batch, table)
         ps, reqs = self.page_size, batch.reqs
         rows, cached, device_len = batch.ledger
         first, end = cached, device_len
-        if ps > 1:  # whole pages
-            first = -(-cached // ps) * ps  # slots up to here were allocated before this batch
+        if ps > 1:
+            first = -(-cached // ps) * ps
             end = -(-device_len // ps) * ps
         new_slots = end - first
         count = int(new_slots.sum()) // ps
         if count > 0:
             pages = self.allocate_pages(count)
-            # NOTE: only those that gained pages; the others' alloc_len is this `end` already
             for i in np.flatnonzero(new_slots).tolist():
                 reqs[i].alloc_len = int(end[i])
             slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)
@@ -104,8 +91,6 @@ class CacheManager:
         return count
 
     def _allocate_decode(self, batch: Batch, table: TableManager) -> int:
-        """`allocate` of a decode batch: each request computes the token at `cached`, which
-        needs a page of its own only when it begins one; the others' pages hold it already."""
         ps, reqs = self.page_size, batch.reqs
         rows, cached, _ = batch.ledger
         starting = np.flatnonzero(cached % ps == 0) if ps > 1 else np.arange(len(reqs))
@@ -124,8 +109,7 @@ class CacheManager:
         return count
 
     def evict(self, num_tokens: int) -> int:
-        """Move at least `num_tokens` of unlocked cached KV to the free list (fewer if there is not
-        that much); returns the tokens freed."""
+        """Free at least `num_tokens` of unlocked cached KV (if there is); returns tokens freed."""
         slots = self.prefix_cache.evict(num_tokens)
         self.free_slots(slots)
         if self.on_evict is not None and len(slots):
@@ -133,7 +117,6 @@ class CacheManager:
         return len(slots)
 
     def free_slots(self, slots: np.ndarray) -> None:
-        """Give back whole pages, named by their token slots (`len(slots)` a multiple of a page)."""
         if len(slots) == 0:
             return
         ps = self.page_size
@@ -149,11 +132,7 @@ class CacheManager:
     def release(
         self, token_ids: list[int], kv_len: int, row_slots: np.ndarray, handle: CacheHandle
     ) -> tuple[int, int]:
-        """A request is done with its KV: offer the full pages to the prefix cache, free the rest.
-
-        `row_slots` is the request's page-table row up to its allocated end. Returns the tokens
-        offered and how many of them the cache already held.
-        """
+        """Offer a finished request's full pages to the prefix cache and free the rest."""
         insert_len = floor_page(kv_len, self.page_size)
         kept_len = self.prefix_cache.insert(token_ids[:insert_len], row_slots[:insert_len])
         # NOTE: [0, handle.cached_len) came from the cache itself; what follows up to kept_len
@@ -164,8 +143,7 @@ class CacheManager:
         return insert_len, kept_len
 
     def discard(self, row_slots: np.ndarray, handle: CacheHandle) -> None:
-        """A request that failed gives its own pages back without offering them to the prefix
-        cache (their KV may be incomplete); `row_slots` as for `release`."""
+        """Free a failed request's pages without caching them (their KV may be incomplete)."""
         self.free_slots(row_slots[handle.cached_len :])
         self.unlock(handle)
 
@@ -176,30 +154,23 @@ class CacheManager:
     def cache_running(
         self, token_ids: list[int], kv_len: int, row_slots: np.ndarray, handle: CacheHandle
     ) -> tuple[CacheHandle, np.ndarray, int]:
-        """A running request offers the full pages of its first `kv_len` tokens to the cache.
-
-        Returns its new (locked) handle, the slots that now hold those pages, and how many of
-        the tokens the cache already held. Where it held some, those slots are the cache's and
-        the request's own copies have been freed: the caller must point its page-table row at
-        the returned slots.
-        """
+        """Offer a running request's first `kv_len` tokens to the cache; returns its new locked
+        handle, the slots now holding them (the caller must point its row there), and the
+        tokens the cache already held."""
         insert_len = floor_page(kv_len, self.page_size)
         if insert_len <= handle.cached_len:
             return handle, row_slots[: handle.cached_len], handle.cached_len
         kept_len = self.prefix_cache.insert(token_ids[:insert_len], row_slots[:insert_len])
         match = self.prefix_cache.match(token_ids[:insert_len])
         assert match.handle.cached_len == insert_len, "an inserted prefix must match in full"
-        self.free_slots(row_slots[handle.cached_len : kept_len])  # our duplicates
+        self.free_slots(row_slots[handle.cached_len : kept_len])
         self.lock(match.handle)
         self.unlock(handle)
         return match.handle, match.slots, kept_len
 
-    # -- a request's page-table row --------------------------------------------------------
     def share_prompt(self, req: Req, table: TableManager) -> tuple[int, int]:
-        """A running request offers the full pages of its prompt computed so far. Where the
-        cache held some of those tokens already (another request computed them too), its row is
-        pointed at the cache's slots: its own copies were freed. Returns the prompt tokens the
-        cache now holds and how many of them it held before, or (0, 0) when it added none."""
+        """Share a running request's computed prompt pages; returns (tokens now cached, tokens
+        cached before), or (0, 0) when it added none."""
         row = table.page_table_host[req.table_idx]
         before = req.cache_handle.cached_len
         computed = row[: ceil_page(req.cached_len, self.page_size)].copy()
@@ -214,9 +185,8 @@ class CacheManager:
         return (handle.cached_len, kept) if handle.cached_len > before else (0, 0)
 
     def free_req(self, req: Req, table: TableManager) -> tuple[int, int]:
-        """Give back a request's slot and pages; its computed full pages go to the prefix cache,
-        unless it failed (then its KV may be incomplete and nothing of it is shared). Returns
-        what `release` does where the cache shares, else (0, 0)."""
+        """Give back a request's slot and pages (full pages to the prefix cache unless it
+        failed); returns what `release` does where the cache shares, else (0, 0)."""
         assert not req.released, f"request {req.uid} released twice"
         req.released = True
         row_slots = table.page_table_host[req.table_idx, : req.alloc_len].copy()
@@ -230,7 +200,6 @@ class CacheManager:
         table.free(req.table_idx)
         return (inserted, kept) if self.shares else (0, 0)
 
-    # -- checks -----------------------------------------------------------------------------
     def check_integrity(self, in_use_slots: np.ndarray | None = None) -> None:
         """Every page is exactly one of free, cached or in use; nothing leaked or freed twice."""
         ps = self.page_size

@@ -14,10 +14,8 @@ class DecodeManager:
         self.running: dict[Req, None] = {}
 
     def filter_reqs(self, batch: Batch) -> None:
-        """After `batch` launched (each request's device length one past its ledger's): those
-        that finished their prompt join the running set, and those whose last token is now in
-        flight leave it. Requests that ended otherwise (EOS, an abort, a failure) have left it
-        already (`Scheduler._end`)."""
+        """After `batch` launched: finished prompts join the running set, and requests whose
+        last token is in flight leave it."""
         running, reqs = self.running, batch.reqs
         for i in np.flatnonzero(batch.ledger[2] + 1 >= batch.max_lens).tolist():
             running.pop(reqs[i], None)
@@ -27,7 +25,7 @@ class DecodeManager:
 
     @property
     def reserved_size(self) -> int:
-        """KV tokens the running requests may still allocate (their whole remaining future)."""
+        """KV tokens the running requests may still allocate."""
         ps = self.page_size
         return sum(kv_tokens_needed(r.max_device_len, r.cached_len, ps) for r in self.running)
 

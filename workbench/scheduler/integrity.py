@@ -10,10 +10,9 @@ from .cache import CacheManager
 
 
 def check_integrity(cache: CacheManager, table: TableManager, live: list[Req]) -> None:
-    """Every KV page is free, cached, or used by exactly one live request; no live request's row
-    points at a free page; every request slot is free or held by exactly one live request."""
+    """Every KV page and request slot is free, cached, or held by exactly one live request."""
     ps, rows = cache.page_size, table.page_table_host
-    for r in live:  # between steps, nothing is allocated beyond what was computed
+    for r in live:
         assert r.alloc_len == ceil_page(r.cached_len, ps), (
             f"request {r.uid} holds KV slots up to {r.alloc_len}, but {r.cached_len} are computed"
         )

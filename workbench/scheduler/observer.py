@@ -1,10 +1,6 @@
 """What a scheduler reports as it runs: one call per hook point, in the order they fire.
 
-The scheduler calls its observer with plain values (step indices, batches, counts) and never
-looks at what the observer makes of them: at a step's start (`before_step`, only while `inside`)
-and end (`step_end`, while `at_end`), and inside it only while `inside` is True, so a step that
-nobody watches runs none of this code. The instrumentation's `Probe` (`instrument/probe.py`)
-builds the hook events, the step records' history and the profiler session from these calls.
+Inside a step it calls only while `inside` is True, so an unwatched step runs none of this.
 """
 
 from __future__ import annotations
@@ -22,10 +18,10 @@ if TYPE_CHECKING:
 
 
 class Observer:
-    inside = False  # whether it hears of a step's inside (every hook point below)
-    at_end = False  # whether it hears of a step's end (`step_end`)
-    profiling = False  # a profiler session runs: the step's stages run in profiler ranges
-    clock: RunClock  # the run's clock, the scheduler's
+    inside = False  # hears of a step's inside (every hook point below)
+    at_end = False  # hears of a step's end (`step_end`)
+    profiling = False  # a profiler session runs: stages run in profiler ranges
+    clock: RunClock
 
     def restart(self) -> None:
         """A new run."""
@@ -42,12 +38,10 @@ class Observer:
         seconds: float,
         source: str = "python",
     ) -> None:
-        """ "request.arrive": a request is queued; it arrived at `seconds` on the run's clock,
-        by `source` ("python", or "http" through the server)."""
+        """ "request.arrive": a request is queued (at `seconds` on the run's clock)."""
 
     def cache_match_hook(self, step: int) -> Callable[[int, int, int], None] | None:
-        """What admission calls on each prefix match, (uid, prompt_len, cached_len); None when
-        nobody listens."""
+        """Called on each prefix match with (uid, prompt_len, cached_len); None: nobody listens."""
         return None
 
     def schedule_end(
@@ -58,8 +52,7 @@ class Observer:
         started: float,
         occupancy: Callable[[], Occupancy] | None = None,
     ) -> None:
-        """ "admit" and "reject" per decision, then "schedule.end". `started`: when the launch
-        began; `occupancy`: the queue and the KV pool now, when asked."""
+        """ "admit" and "reject" per decision, then "schedule.end"."""
 
     def cache_insert(self, step: int, uid: int, inserted_len: int, already_cached: int) -> None:
         """ "cache.insert": a request's full pages went to the prefix cache."""
@@ -70,24 +63,19 @@ class Observer:
     def batch_prepared(
         self, step: int, batch: Batch, new_pages: int, table: TableManager, launch: Launch
     ) -> dict[int, tuple] | None:
-        """ "batch.prepared" (the batch's pages are allocated, the engine has prepared it),
-        then "forward.begin" (its forward is about to be launched). Returns the page-table
-        rows to keep with its record (None: none kept)."""
+        """ "batch.prepared", then "forward.begin"; returns page-table rows for the record."""
         return None
 
     def forward_end(self, step: int, batch: Batch) -> None:
-        """ "forward.end": the forward and the sampler are launched; ledgers moved."""
+        """ "forward.end": the forward and the sampler are launched."""
 
     def sample_end(self, step: int, batch: Batch, tokens: list[int], started: float) -> None:
-        """ "sample.end": the batch's tokens are on the host. `started`: when collecting
-        began."""
+        """ "sample.end": the batch's tokens are on the host."""
 
     def request_finish(
         self, step: int, req: Req, between_steps: bool = False, seconds: float = 0.0
     ) -> None:
-        """ "request.finish": a request ended. `between_steps`: not by a token of a step's
-        record (an abort, or its step failed, at `seconds`); the scheduler says so whoever
-        watches."""
+        """ "request.finish": a request ended (`between_steps`: by an abort or a failed step)."""
 
     def step_end(self, record: StepRecord) -> None:
         """ "step.end": the step is complete, and this is its record."""

@@ -1,16 +1,7 @@
-"""Prefill admission: the token budget, the reserved space and the five checks.
+"""Prefill admission: token budget, a free slot, and the request's whole future in KV.
 
-A `PrefillAdder` is built fresh for every prefill batch. A waiting request is admitted only if
-(1) the batch still has token budget, (2) a request slot is free, (3) after matching its prefix,
-its whole future (``extend_len + max_tokens``, in pages) plus the space reserved for requests
-already running fits in free-plus-evictable KV, (4) the same holds again after locking the matched
-prefix (locking makes it unevictable), and then (5) its chunk is ``min(budget left, prompt left)``.
-The queue is FIFO and stops at the first request that does not fit. Each refusal has a name.
-
-With a sharing prefix cache, one more rule: a request whose prompt shares at least
-`share_threshold` uncached tokens with a request already admitted to this batch waits
-(`wait_for_prefix`) instead of computing the same prefix again; the requests behind it are still
-considered. Once the first request's prefix is in the cache, the waiting one matches it.
+The queue is FIFO and stops at the first request that does not fit. With a sharing prefix cache,
+a request sharing `share_threshold` uncached tokens with one already in the batch waits instead.
 """
 
 from __future__ import annotations
@@ -46,12 +37,9 @@ class PrefillAdder:
     cache: CacheManager
     table: TableManager
     share_threshold: int = 0  # 0: never wait for a prefix being computed in this batch
-    # the prompts admitted so far, by their first `_key_len` tokens (those shorter left out)
-    batch_prompts: dict[tuple, list[np.ndarray]] = field(default_factory=dict)
+    batch_prompts: dict[tuple, list[np.ndarray]] = field(default_factory=dict)  # by `_key_len`
     on_match: Callable[[int, int, int], None] | None = None  # (uid, prompt_len, cached_len)
-    # request slots this batch may still take (None: the table's free rows; the scheduler
-    # passes fewer when max_running_reqs was lowered below them)
-    slots_left: int | None = None
+    slots_left: int | None = None  # None: the table's free rows
 
     def __post_init__(self) -> None:
         if self.slots_left is None:
@@ -61,7 +49,7 @@ class PrefillAdder:
         """The admitted request, or the name of the check that refused it."""
         if self.token_budget <= 0:
             return NO_TOKEN_BUDGET
-        if pending.chunked is not None:  # holds its slot and handle: no checks again
+        if pending.chunked is not None:
             chunked = pending.chunked
             return self._add(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)
         if self.slots_left <= 0:
@@ -92,14 +80,11 @@ class PrefillAdder:
 
     @property
     def _key_len(self) -> int:
-        # NOTE: a prefix that can make a request wait is at least `share_threshold` tokens long,
-        # so only prompts that begin alike need comparing: grouped by their first tokens, a
-        # batch of 256 unrelated prompts costs 256 lookups, not 32,000 comparisons (0.16 s)
+        # NOTE: a prefix worth waiting for is >= `share_threshold` tokens, so prompts are
+        # grouped by their first tokens and only those compared.
         return min(self.share_threshold, 16)
 
     def _shared_in_batch(self, pending: PendingReq) -> int:
-        """Longest prompt prefix (whole pages) shared with a request admitted to this batch, or
-        0 when it is shorter than `share_threshold`."""
         ids = np.asarray(pending.token_ids[:-1], dtype=np.int32)
         best = 0
         for other in self.batch_prompts.get(tuple(pending.token_ids[: self._key_len]), ()):
@@ -152,7 +137,7 @@ class PrefillManager:
             result = adder.try_add_one(pending)
             if isinstance(result, str):
                 decisions.decided.append(Admission(pending.uid, False, result, 0, cached_before))
-                if result != WAIT_FOR_PREFIX:  # waiting for a prefix does not block the queue
+                if result != WAIT_FOR_PREFIX:
                     decisions.behind = self.queue[i + 1 :]
                     break
                 continue

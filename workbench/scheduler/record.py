@@ -1,19 +1,7 @@
-"""StepRecord: one scheduler step, from its launch to the history's tables.
+"""StepRecord: one scheduler step, made at launch and completed at collect.
 
-The scheduler makes a step's record when it launches the batch and completes it when the batch
-is collected; from then on it holds CPU values only (the live batch and the engine's handle of
-it are let go when it is first read: `complete`). The history keeps it as it is, and its tables
-and the views read it.
-
-Launched against completed. A step's batch is *launched* (scheduled, prepared, forward and
-sampling enqueued, device-side ledgers moved) and later *completed* (its sampled tokens reach the
-host and are processed). The record of step N describes batch N: `rows` give every request's
-lengths *after* batch N computed (what batch N launched with, plus one step of progress), and the
-tokens and finishes that batch N produced. Without overlap, batch N+1 is launched after batch N
-completed. With overlap, batch N+1 was already launched when batch N completed: `overlapped` is
-True, and a request that hit EOS in batch N also appears in record N+1 with `token=None` (its
-extra token is dropped). Attribution never shifts: every length and token belongs to the step
-that computed it.
+Record N describes batch N: lengths after it computed, and the tokens and finishes it produced.
+With overlap, a request that hit EOS in batch N also appears in record N+1 with `token=None`.
 """
 
 from __future__ import annotations
@@ -41,12 +29,12 @@ class LedgerRow(NamedTuple):
     uid: int
     kind: str  # "chunk" | "prefill" | "decode"
     table_idx: int
-    cached_len: int  # after the step: tokens whose KV is in the pool
-    device_len: int  # after the step
+    cached_len: int
+    device_len: int
     max_device_len: int
     extend_len: int  # tokens this step computed for it
     cached_tokens: int  # prompt tokens its admission found in the prefix cache
-    token: int | None  # the token this step sampled for it (None: a chunk, or past its end)
+    token: int | None  # None: a chunk, or past its end
     finish: str | None  # "stop" / "length" if this step produced its last token
 
 
@@ -54,19 +42,19 @@ class KVState(NamedTuple):
     """The KV pool at the end of the step, in tokens."""
 
     free: int
-    evictable: int  # cached and unlocked: free once evicted
-    in_use: int  # held by live requests (cached pages locked by them included)
+    evictable: int  # cached and unlocked
+    in_use: int
     total: int
 
 
 class Occupancy(NamedTuple):
     """The scheduler's resources after a step, as a record keeps them."""
 
-    queue_len: int  # requests waiting (a prompt part-way through its chunks included)
-    running: int  # requests decoding
-    free_slots: int  # request slots free
-    kv_free: int  # KV slots free
-    kv_evictable: int  # KV slots only the prefix cache holds
+    queue_len: int
+    running: int
+    free_slots: int
+    kv_free: int
+    kv_evictable: int
     kv_total: int
 
 
@@ -77,51 +65,40 @@ _NO_KV = KVState(0, 0, 0, 0)
 class StepRecord:
     step: int
     phase: str  # "prefill" | "decode" | "mixed"
-    # NOTE: per-request facts are kept as plain tuples of ints and strings, and `rows` and
-    # `admissions` are built from them on each access: the garbage collector stops tracking
-    # such tuples after one pass, where a named tuple per request it would track for ever.
-    # the batch as launched: one tuple per ReqView field, each with one value per request
+    # NOTE: per-request facts are plain tuples (one per ReqView field), not a named tuple per
+    # request: the garbage collector stops tracking plain tuples after one pass.
     _launched: tuple[tuple, ...] = field(default=(), repr=False)
-    _tokens: tuple[int | None, ...] = field(default=(), repr=False)  # per non-chunk row
+    _tokens: tuple[int | None, ...] = field(default=(), repr=False)
     _finishes: tuple[tuple[int, str], ...] = field(default=(), repr=False)  # (uid, reason)
-    _admissions: tuple[tuple, ...] = field(default=(), repr=False)  # Admission fields
-    _behind: tuple[int, ...] = field(default=(), repr=False)  # uids refused as a group, last
-    _behind_reason: str = field(default="", repr=False)  # queued_behind or decode_first
-    queue_len: int = 0  # requests waiting after the step
-    running: int = 0  # requests in the running set after the step
+    _admissions: tuple[tuple, ...] = field(default=(), repr=False)
+    _behind: tuple[int, ...] = field(default=(), repr=False)
+    _behind_reason: str = field(default="", repr=False)
+    queue_len: int = 0
+    running: int = 0
     kv: KVState = _NO_KV
-    free_slots: int = 0  # request slots free after the step
+    free_slots: int = 0
     padded_size: int = 0  # requests as run (a CUDA graph's batch is padded to its shape)
     cuda_graph: bool = False
     overlapped: bool = False  # the next batch was launched before this one completed
     launched_at: float = 0.0  # seconds since the run started
     completed_at: float = 0.0
-    device_ms: float = 0.0  # forward and sampling on the device (CUDA events; wall on the CPU)
-    host_ms: float = 0.0  # host work: schedule, prepare, enqueue, process the tokens, record
-    wait_ms: float = 0.0  # host blocked on the device for the tokens (near 0: host-bound)
-    # host_ms by stage, in `clocks.HOST_STAGES` order (schedule, prepare, plan, forward, ...)
-    host_stage_ms: tuple[float, ...] = ()
-    tp_size: int = 1  # processes the step's forward ran on (tensor parallelism)
-    simulated: bool = False  # timed by a twin's step costs (`workbench.twin`), not measured
-    device_on_host: bool = False  # the forward ran on the host's cores (a CPU engine)
-    padded_tokens: int = 0  # tokens as run, padding included (0: not known, a padded row each)
-    # tensor parallelism: device_ms of ranks 1.. (rank 0's is device_ms), filled when the
-    # history is read
+    device_ms: float = 0.0  # forward and sampling (CUDA events; wall time on the CPU)
+    host_ms: float = 0.0
+    wait_ms: float = 0.0  # host blocked on the device for the tokens
+    host_stage_ms: tuple[float, ...] = ()  # in `clocks.HOST_STAGES` order
+    tp_size: int = 1
+    simulated: bool = False  # timed by a twin's step costs, not measured
+    device_on_host: bool = False
+    padded_tokens: int = 0  # tokens as run, padding included (0: not known)
+    # filled when the history is read: ranks 1..'s device_ms, events and clock offsets (ms)
     rank_device_ms: list[float] | None = field(default=None, repr=False)
-    # record="full": table row -> (since, runs): the slot runs (pos_start, pos_end, slot_start)
-    # the row gained in this step, its runs listed since step `since` (`History.pages_at`
-    # gives a step's rows whole)
+    # record="full": table row -> (since, slot runs gained this step); see `History.pages_at`
     page_rows: dict[int, tuple[int, tuple[tuple[int, int, int], ...]]] | None = None
-    # record="full": profiler events (name, category, track, start_us, duration_us); filled in
-    # when the profiler session that covered the step ends
+    # record="full": (name, category, track, start_us, duration_us), filled when profiling ends
     events: list[tuple] | None = field(default=None, repr=False)
-    # record="full", tensor parallelism: the other ranks' events of the step on rank 0's clock,
-    # (rank, its events) pairs, and what moved ranks 1..'s clocks onto it (ms,
-    # `history.rank_clock`); filled when the history is read
     rank_events: list[tuple[int, list[tuple]]] | None = field(default=None, repr=False)
     rank_clock_ms: list[float] | None = field(default=None, repr=False)
-    # while the step runs (the scheduler's), let go by `complete`: the batch, the engine's
-    # handle of it, its host time by stage, its admissions, and the batch launched before it
+    # live while the step runs; let go by `complete`
     batch: Batch | None = field(default=None, repr=False)
     launch: Launch | None = field(default=None, repr=False)
     stages: StageClock | None = field(default=None, repr=False)
@@ -139,7 +116,6 @@ class StepRecord:
         stages: StageClock,
         previous: Batch | None,
     ) -> StepRecord:
-        """The record of a batch the scheduler has just launched."""
         return cls(
             step,
             batch.phase,
@@ -164,8 +140,7 @@ class StepRecord:
         wait_ms: float,
         occupancy: Occupancy,
     ) -> None:
-        """What collecting the batch found: its tokens (None where dropped, past a request's
-        end), the requests it finished, and the scheduler's resources after it."""
+        """What collecting the batch found: tokens, finishes, and resources after it."""
         o = occupancy
         self._tokens, self._finishes = tuple(tokens), tuple(finishes)
         self.completed_at, self.wait_ms = completed_at, wait_ms
@@ -174,13 +149,12 @@ class StepRecord:
         self.kv = KVState(o.kv_free, o.kv_evictable, in_use, o.kv_total)
 
     def simulate(self, host_stage_ms: tuple[float, ...]) -> None:
-        """A twin's step: its host stages as predicted, not as the twin's own Python took."""
+        """A twin's step: host stages as predicted, not as measured."""
         self.simulated, self.device_on_host = True, False
         self.host_stage_ms, self.host_ms = host_stage_ms, sum(host_stage_ms)
 
     def complete(self) -> StepRecord:
-        """Plain values from here on: the batch's ledger as launched, the admissions, the
-        device time and the host time by stage are read, and the live parts let go."""
+        """Read the live batch, launch and stage clock into plain values and let them go."""
         batch = self.batch
         if batch is None:
             return self
@@ -215,8 +189,8 @@ class StepRecord:
                 r.uid,
                 r.kind,
                 r.table_idx,
-                r.device_len,  # after the step: what it computed is cached ...
-                r.device_len + 1,  # ... and one more token is known to the device
+                r.device_len,
+                r.device_len + 1,
                 r.max_device_len,
                 r.extend_len,
                 r.cached_tokens,
@@ -228,9 +202,7 @@ class StepRecord:
 
     @property
     def admission_parts(self) -> tuple[tuple[tuple, ...], tuple[int, ...], str]:
-        """The admissions as kept: the decisions made one by one (`Admission` fields, as plain
-        tuples), the uids refused as a group after them, and why they were (what the tables
-        read: a queue of thousands is not turned into thousands of named tuples)."""
+        """(decisions as plain `Admission` tuples, uids refused as a group, their reason)."""
         self.complete()
         return self._admissions, self._behind, self._behind_reason
 
@@ -247,13 +219,11 @@ class StepRecord:
 
     @property
     def tokens(self) -> tuple[int | None, ...]:
-        """The token sampled for each request that got one, in batch order (None: dropped, past
-        its end)."""
+        """The token sampled per sampled request, in batch order (None: past its end)."""
         return self._tokens
 
     def stage_ms(self) -> dict[str, float]:
-        """Host milliseconds by stage (`clocks.HOST_STAGES`), also before the record is
-        complete."""
+        """Host milliseconds by stage (`clocks.HOST_STAGES`), also before `complete`."""
         if self.stages is not None and not self.simulated:
             return {stage: self.stages.ms[stage] for stage in HOST_STAGES}
         return dict(zip(HOST_STAGES, self.host_stage_ms))
@@ -293,14 +263,14 @@ class StepRecord:
 
     @property
     def finished(self) -> tuple[int, ...]:
-        return tuple(uid for uid, _ in self._finishes)  # in batch order, as collected
+        return tuple(uid for uid, _ in self._finishes)
 
     @property
     def rejected(self) -> tuple[Admission, ...]:
         return tuple(a for a in self.admissions if not a.admitted)
 
     def to_pandas(self):
-        """The batch's ledger rows as a DataFrame (one row per request)."""
+        """The batch's ledger rows as a DataFrame."""
         import pandas as pd
 
         return pd.DataFrame(self.rows, columns=LedgerRow._fields)
@@ -319,9 +289,7 @@ class StepRecord:
         return f"StepRecord({self.summary()})"
 
     def _repr_html_(self) -> str:
-        """One line (the step, its batch, its times), the ledger folded under it (a click shows
-        it; `to_pandas()` gives it as a table): plain HTML and inline styles, so it renders in
-        any notebook front end and in static exports (no widgets, no scripts)."""
+        # NOTE: plain HTML and inline styles, so it renders in static notebook exports too.
         cell = "padding:2px 8px;border-bottom:1px solid #ddd;text-align:right"
         head = "".join(
             f'<th style="{cell}">{h}</th>'
@@ -369,8 +337,7 @@ class StepRecord:
         )
 
     def timing(self) -> str:
-        """ "8.2 ms wall, 6.1 ms device, host's own work 1.9 ms" (`workbench.timing`; on the CPU
-        the device's work is the forward and sampling), and "host-bound" when it was."""
+        """Wall, device and host's own time in one line, and "host-bound" when it was."""
         device = "forward and sampling" if self.device_on_host else "device"
         said = f"{self.wall_ms:.1f} ms wall, {self.device_ms:.1f} ms {device}, "
         said += f"host's own work {self.host_work_ms:.1f} ms"

@@ -1,22 +1,7 @@
-"""The scheduler loop: choose a batch, prepare it, launch it, sample, and process the results.
+"""The scheduler loop: `launch` schedules and enqueues a batch, `collect` processes its tokens.
 
-A step is split in two halves. `launch` schedules a batch, allocates its KV pages, has the
-engine prepare it (every device-side write of the step) and enqueue its forward and sampling,
-and moves each request's device-side ledger (`Req.complete_all`). `collect` waits for the
-sampled tokens and processes them on the host: append, finish on EOS or `max_tokens`, free.
-Without overlap a step is `collect(launch())`. With overlap the next batch is launched before the
-previous one is collected, so the CPU prepares step N+1 while the GPU runs step N. Two
-consequences, both handled here:
-
-- a request that hits EOS in batch N is usually in batch N+1 already: that batch's token for it is
-  dropped, and its slot and KV pages are freed only when batch N+1 is collected;
-- a request that reaches `max_tokens` is known at launch (its `remain_len` is 0), so it is never
-  scheduled past its last token.
-
-Each step has one `StepRecord`, made at launch and completed at collect. The observer (the
-instrumentation's `Probe`) is told of the step at its start and end; it hears of the inside
-(hook points, profiler marks) only while it asks to (`Observer.inside`), so a step nobody
-watches runs none of its code.
+With overlap, batch N+1 is launched before batch N is collected: a request that hits EOS in
+batch N is then in batch N+1 too, whose token for it is dropped and whose collect frees it.
 """
 
 from __future__ import annotations
@@ -39,9 +24,8 @@ from .record import Occupancy, StepRecord
 
 
 class StepError(RuntimeError):
-    """A scheduler step failed; the requests of its batch ended with finish_reason "error" and
-    gave back what they held. The engine keeps serving the others. `stage`: where it failed,
-    one of `clocks.STAGES` ("prepare", "plan", "forward", "sample", "wait", "collect", ...)."""
+    """A step failed in `stage` (one of `clocks.STAGES`); its batch's requests ended with
+    finish_reason "error" and were freed, and the engine keeps serving the others."""
 
     def __init__(self, stage: str, uids: list[int], message: str) -> None:
         self.stage, self.uids = stage, uids
@@ -59,10 +43,8 @@ class Scheduler:
         config: EngineConfig | None = None,
         clock: RunClock | None = None,
     ):
-        """`probe` is told of every step (`Observer`; `LLM` gives the instrumentation's `Probe`,
-        which keeps hooks, records and the profiler; None: nobody watches); `config`: the
-        scheduler's settings when they differ from those the engine was built with
-        (`LLM.reconfigure`); `clock`: the run's time axis (a twin's runs on predicted time)."""
+        """`probe`: told of every step (None: nobody watches); `config`: overrides the engine's
+        (`LLM.reconfigure`); `clock`: the run's time axis (a twin's is predicted time)."""
         config = config if config is not None else engine.config
         self.engine, self.config, self.probe = engine, config, probe
         self.clock = clock if clock is not None else RunClock()
@@ -79,12 +61,11 @@ class Scheduler:
         self._eos_array = np.array(sorted(self.eos_ids), dtype=np.int64)
         self.finished: dict[int, Req] = {}  # uid -> request, until the caller collects it
         self.in_flight: StepRecord | None = None  # overlap: launched, not collected yet
-        self.previous: Batch | None = None  # the batch launched last (`Batch.snapshot`)
+        self.previous: Batch | None = None
         self.watch: Observer | None = None  # the probe, while it hears of a step's inside
         self.step_index = 0
         self._next_uid = 0
 
-    # -- requests ---------------------------------------------------------------------------
     def new_uid(self) -> int:
         uid, self._next_uid = self._next_uid, self._next_uid + 1
         return uid
@@ -97,9 +78,7 @@ class Scheduler:
         arrived: float | None = None,
         source: str = "python",
     ) -> int:
-        """Queue a validated request; resources are taken only when it is admitted. `arrived`:
-        when it reached the engine's door on the run's clock (the server's receipt of an HTTP
-        request; None: now); `source`: how it came ("python", "http")."""
+        """Queue a validated request; it takes resources only once admitted."""
         uid = self.new_uid() if uid is None else uid
         self.prefill.add(PendingReq(uid, list(token_ids), sampling))
         if self.probe is not None:
@@ -119,7 +98,6 @@ class Scheduler:
         chunked = [p.chunked for p in self.prefill.queue if p.chunked is not None]
         return [*chunked, *self.decode.running]
 
-    # -- one step ---------------------------------------------------------------------------
     def step(self) -> StepRecord | None:
         """Run one batch to completion and return its record; None when there is nothing to
         do. With overlap, the batch after it is already launched when this returns."""
@@ -148,7 +126,6 @@ class Scheduler:
         return self._end(self.collect(current))
 
     def _end(self, record: StepRecord) -> StepRecord:
-        """The step's end, where the probe keeps its record (its time is the record stage's)."""
         probe = self.probe
         if probe is not None and probe.at_end:
             record.stages.enter("record")
@@ -156,20 +133,18 @@ class Scheduler:
         return record
 
     def launch(self) -> StepRecord | None:
-        """Schedule a batch, allocate its pages, and have the engine prepare it and enqueue its
-        forward and sampling; each stage of the host's work is timed by the step's
-        `StageClock`."""
+        """Schedule a batch, allocate its pages, and enqueue its forward and sampling."""
         watch, index = self.watch, self.step_index
         stages = StageClock(ranges=watch is not None and watch.profiling)
         started = self.clock.now()
         batch, admissions = self.schedule_next_batch()
         if watch is not None:
             watch.schedule_end(index, batch, admissions, started, self.occupancy)
-            stages.ranges = watch.profiling  # (a profile window may have started a session)
+            stages.ranges = watch.profiling
         if batch is None:
             self._check_not_stuck(admissions)
             return None
-        previous, self.previous = self.previous, None  # this batch, once it has launched
+        previous, self.previous = self.previous, None
         try:
             stages.enter("prepare")
             new_pages = self.cache.allocate(batch, self.table, previous)
@@ -202,15 +177,12 @@ class Scheduler:
         return record
 
     def _share_prompts(self, batch: Batch) -> None:
-        """Offer the prompt pages the batch computes to the prefix cache."""
-        # NOTE: safe before the forward has run: any batch that reads these pages is launched
-        # later on the same stream. Doing it now (not at collect) also hands the new handle to
-        # a chunk's continuation, which is scheduled before this batch is collected.
+        # NOTE: safe before the forward ran (readers launch later on the same stream), and a
+        # chunk's continuation, scheduled before this batch is collected, needs the new handle.
         for req in batch.prefill_reqs:
             self.cache_prefix(req)
 
     def schedule_next_batch(self) -> tuple[Batch | None, Admissions]:
-        """The configured policy's batch and the admission decisions behind it."""
         config = self.config
         state = SchedulerState(
             self.prefill.queue, list(self.decode.running), config.max_extend_tokens, self._admit
@@ -218,7 +190,6 @@ class Scheduler:
         return policy(config.policy)(state)
 
     def _admit(self, token_budget: int) -> tuple[list[Req], Admissions]:
-        """Admission over the queue with this token budget (`PrefillAdder`'s five checks)."""
         watch = self.watch
         adder = PrefillAdder(
             token_budget=token_budget,
@@ -239,7 +210,7 @@ class Scheduler:
             )
 
     def collect(self, record: StepRecord) -> StepRecord:
-        """Wait for a launched batch's tokens; append them, finish, free what nothing uses."""
+        """Wait for a launched batch's tokens; append them, finish requests, free them."""
         watch, probe, batch, stages = self.watch, self.probe, record.batch, record.stages
         stages.ranges = watch is not None and watch.profiling
         index, launch = record.step, record.launch
@@ -248,9 +219,7 @@ class Scheduler:
             stages.enter("wait")
             self.engine.wait(launch)
             if probe is not None and probe.at_end:
-                # NOTE: a step that sampled nothing (a prompt's chunk) has no tokens to wait
-                # for; its record's device time would wait for it instead, and that wait be
-                # counted as recording
+                # NOTE: read here, else a step that sampled nothing waits in the record stage
                 record.device_ms = launch.timer.elapsed_ms()
             waited = self.clock.now() - start
             stages.enter("collect")
@@ -259,7 +228,7 @@ class Scheduler:
                 watch.sample_end(index, batch, raw, start)
             tokens, ends = self._append_tokens(batch, raw)
             finishes = []
-            for req, reason in ends:  # all ended before any hook runs (Ctrl-C in one)
+            for req, reason in ends:  # NOTE: all end before any hook runs (Ctrl-C in one)
                 req.finish_reason = reason
                 self._ended(req)
                 finishes.append((req.uid, reason))
@@ -279,12 +248,7 @@ class Scheduler:
     def _append_tokens(
         self, batch: Batch, raw: list[int]
     ) -> tuple[list[int | None], list[tuple[Req, str]]]:
-        """Each sampled request's token appended on the host; those that end with it are
-        returned with their finish reason, which the caller sets as it ends them (so a failure
-        in between leaves no request with a reason that has not ended). A request that
-        finished in the batch before (overlap) is past its end here: its token is dropped
-        (None). Only the requests that may end here are looked at one by one: those whose
-        token is an EOS token, or is their last (known from the ledger)."""
+        """Append each sampled token (None past a request's end); return those that end."""
         reqs, eos_ids = batch.sampled_reqs, self.eos_ids
         tokens: list[int | None] = raw
         past_end = [i for i, r in enumerate(reqs) if r.finish_reason is not None]
@@ -308,9 +272,7 @@ class Scheduler:
         return tokens, ends
 
     def _free_finished(self, batch: Batch) -> None:
-        # NOTE: a finished request in the batch launched after this one still uses its slot and
-        # pages; that batch's collect frees them. All rows, not only the sampled ones: an
-        # aborted chunk is freed here too.
+        # NOTE: a request in the batch in flight still uses its pages; that collect frees it.
         ended = [r for r in batch.reqs if r.finish_reason is not None and not r.released]
         if not ended:
             return
@@ -321,8 +283,7 @@ class Scheduler:
 
     @property
     def free_slots(self) -> int:
-        """Request slots free under `max_running_reqs` (which `reconfigure` may lower below the
-        table's rows)."""
+        """Request slots free under `max_running_reqs` (`reconfigure` may lower it)."""
         table = self.table
         in_use = table.max_running_reqs - table.available_size
         return min(table.available_size, self.config.max_running_reqs - in_use)
@@ -338,34 +299,25 @@ class Scheduler:
             cache.total_size,
         )
 
-    # -- KV pages and the prefix cache ------------------------------------------------------
     def _evicted(self, requested: int, freed: int) -> None:
         self.watch.cache_evict(self.step_index, requested, freed)
 
     def cache_prefix(self, req: Req) -> None:
-        """Share the full pages of a prompt computed so far, while its request keeps running."""
         inserted, kept = self.cache.share_prompt(req, self.table)
         if inserted and self.watch is not None:
             self.watch.cache_insert(self.step_index, req.uid, inserted, kept)
 
     def free_req(self, req: Req) -> None:
-        """Give back a request's slot and pages (its full pages to the prefix cache)."""
         inserted, kept = self.cache.free_req(req, self.table)
         if inserted and self.watch is not None:
             self.watch.cache_insert(self.step_index, req.uid, inserted, kept)
 
-    # -- requests that end early: an abort, or a step that failed ---------------------------
     def _ended(self, req: Req) -> None:
-        """A request has its finish reason: out of the running set, into `finished`."""
         self.decode.running.pop(req, None)
         self.finished[req.uid] = req
 
     def _fail_batch(self, batch: Batch, exc: BaseException, stage: str) -> BaseException:
-        """A step is all or nothing: every request of the batch that had not ended ends with
-        finish_reason "error", and what it holds is freed now, or once the batch in flight
-        that still computes for it is collected. Returns the exception for the caller: a
-        StepError naming the requests and the stage that failed, or a KeyboardInterrupt (and
-        the like) as it was."""
+        """End the batch's live requests with "error"; return the exception to raise."""
         message = f"{type(exc).__name__}: {exc}"
         in_flight = {r.uid: r for r in self.in_flight.batch.reqs} if self.in_flight else {}
         failed = []
@@ -376,15 +328,13 @@ class Scheduler:
                 failed.append(req)
             other = in_flight.get(req.uid)
             if req.released or other is req:
-                continue  # a batch in flight still computes for it: freed when collected
+                continue
             if other is None:
                 self.free_req(req)
                 continue
-            # NOTE: a prompt's chunks are separate objects over one row, and the later one
-            # holds every page of the earlier. Freeing now is safe: the chunk in flight writes
-            # its pages before any batch launched later runs (one stream).
+            # NOTE: a prompt's chunks share one row; the later holds every page of the earlier.
             other.finish_reason, other.error = req.finish_reason, req.error
-            self.decode.running.pop(other, None)  # a prompt's last chunk joined it at launch
+            self.decode.running.pop(other, None)
             keep, drop = (req, other) if req.alloc_len >= other.alloc_len else (other, req)
             self.free_req(keep)
             drop.released = True
@@ -394,17 +344,13 @@ class Scheduler:
             now = self.clock.now()
             for req in failed:
                 self.probe.request_finish(self.step_index, req, between_steps=True, seconds=now)
-        if not isinstance(exc, Exception):  # KeyboardInterrupt and the like: as they were
+        if not isinstance(exc, Exception):
             return exc
         return StepError(stage, [r.uid for r in failed], message)
 
     def abort(self, uid: int) -> Req:
-        """Stop a request wherever it is: waiting, part-way through its prompt, or decoding.
-
-        It ends with finish_reason "abort" and the tokens it has. Its slot and KV pages are freed
-        now, or, when a launched batch still computes for it (overlap), when that batch is
-        collected: nothing a batch in flight writes to is handed out again before it is done.
-        """
+        """End a request wherever it is with finish_reason "abort"; its slot and pages are freed
+        now, or when the batch in flight that still computes for it is collected."""
         if uid in self.finished:
             raise ValueError(
                 f"request {uid} has already finished ({self.finished[uid].finish_reason})"
@@ -414,11 +360,10 @@ class Scheduler:
         if pending is not None:
             self.prefill.queue.remove(pending)
             req = pending.chunked
-            if req is None:  # never admitted: it holds nothing
+            if req is None:
                 ids = list(pending.token_ids)
                 req = Req(uid, ids, len(ids), -1, 0, pending.sampling, CacheHandle())
         else:
-            # running, or its last token in flight (then it is no longer in the running set)
             live = (r for r in [*self.decode.running, *in_flight] if r.finish_reason is None)
             req = next((r for r in live if r.uid == uid), None)
             if req is None:
@@ -432,7 +377,6 @@ class Scheduler:
             self.probe.request_finish(self.step_index, req, between_steps=True, seconds=now)
         return req
 
-    # -- lifecycle and checks ---------------------------------------------------------------
     def abort_all(self) -> None:
         """Drop every request, free what they hold, and empty the prefix cache."""
         self.flush()
@@ -449,11 +393,9 @@ class Scheduler:
             self.probe.restart()
 
     def check_integrity(self) -> None:
-        """KV pool accounting: every page free, cached, or used by exactly one request that
-        holds it (running, part-way through its prompt, or in the batch in flight); any time
-        between steps, with overlap too."""
+        """Assert every KV page is free, cached, or used by exactly one live request."""
         holders = {id(r): r for r in self.live_reqs}
-        if self.in_flight is not None:  # ended requests wait there for the batch to complete
+        if self.in_flight is not None:
             holders |= {id(r): r for r in self.in_flight.batch.reqs if not r.released}
         check_integrity(self.cache, self.table, list(holders.values()))
         self.engine.check_ranks()

@@ -1,13 +1,7 @@
-"""An engine's first steps cost more than the same steps later: its first forward touches every
-weight for the first time (read from the file the weights are mapped from, on the CPU: 0.3 s
-for SmolLM2 here, against a 0.1 s step), and on a GPU each kernel family loads on first use.
-Whatever ran first in a comparison would carry that in its time to first token. So an engine
-takes every path a run's steps can take once, on a scheduler of its own that nobody watches,
-before anything is measured: a prompt in one step and in chunks, decoding, a mixed step (chunks
-beside decodes), greedy and random sampling (with and without top-k / top-p, which a GPU samples
-with different kernels), and on a GPU a prompt step larger than the captured CUDA graphs (the
-graphs themselves ran when they were captured). Every request is freed after; the KV pool's
-integrity is checked.
+"""Warm-up: run every path a step can take once before anything is measured.
+
+First use pages in mapped weights and loads kernels, which would otherwise land in whichever
+run is measured first.
 """
 
 from __future__ import annotations
@@ -20,8 +14,8 @@ from ..engine.engine import Engine
 from .record import StepRecord
 from .scheduler import Scheduler
 
-_CHUNK = 16  # the warm-up's token budget: prompts of a few chunks stay cheap on any model
-_MAX_STEPS = 64  # a pass that has not ended by then (a pool too small for it) stops there
+_CHUNK = 16
+_MAX_STEPS = 64  # a pass not ended by then (a pool too small for it) stops there
 
 
 class WarmUp(NamedTuple):
@@ -29,13 +23,11 @@ class WarmUp(NamedTuple):
 
     ms: float
     steps: int
-    # the paths its steps took: their phases ("prefill", "decode", "mixed"), "chunk" (a
-    # prompt's part), the sampling ("greedy", "random", "top-k/top-p") and "graph" / "eager"
-    paths: frozenset[str]
+    paths: frozenset[str]  # phases, "chunk", the sampling kind, and "graph" / "eager"
 
 
 def warm_up(engine: Engine) -> WarmUp:
-    """Run the warm-up passes (see the module) on `engine`."""
+    """Run the warm-up passes on `engine`."""
     started, steps, paths = time.perf_counter(), 0, set()
     for config, requests in _passes(engine):
         scheduler = Scheduler(engine, config=config)
@@ -47,13 +39,13 @@ def warm_up(engine: Engine) -> WarmUp:
                 break
             steps += 1
             paths |= _paths(record)
-        scheduler.abort_all()  # what a pass cut short held, and the prefix cache's pages
+        scheduler.abort_all()
         scheduler.check_integrity()
     return WarmUp((time.perf_counter() - started) * 1e3, steps, frozenset(paths))
 
 
 def _paths(record: StepRecord) -> set[str]:
-    batch = record.batch  # (nobody watches: the record is not completed)
+    batch = record.batch
     paths = {batch.phase, "graph" if record.cuda_graph else "eager"}
     paths |= {"chunk" for req in batch.reqs if isinstance(req, ChunkedReq)}
     for req in batch.sampled_reqs:
@@ -64,7 +56,6 @@ def _paths(record: StepRecord) -> set[str]:
 
 
 def _passes(engine: Engine) -> list[tuple]:
-    """(scheduler config, requests) of each pass, sized to the engine's context and KV pool."""
     config = engine.config
     room = min(engine.max_seq_len, engine.num_pages * config.page_size) - 2 * config.page_size
     greedy = SamplingParams(max_tokens=2, ignore_eos=True)
@@ -72,7 +63,7 @@ def _passes(engine: Engine) -> list[tuple]:
     top = SamplingParams(
         max_tokens=2, temperature=0.8, top_k=20, top_p=0.9, seed=2, ignore_eos=True
     )
-    chunked = _prompt(engine, min(_CHUNK + 4, room // 2 - 3), 1)  # a chunk, then the rest
+    chunked = _prompt(engine, min(_CHUNK + 4, room // 2 - 3), 1)
     short = _prompt(engine, min(5, room // 2 - 3), 2)
     if len(short) < 1:
         return []
@@ -85,8 +76,7 @@ def _passes(engine: Engine) -> list[tuple]:
     graphs = engine.prefill_graphs
     largest = config.cuda_graph_max_tokens + 1
     if graphs is not None and largest + 2 <= room:
-        # a prompt step beyond the captured shapes runs eagerly, its kernels loaded on first
-        # use (any budget can be set later by `reconfigure`)
+        # NOTE: a prompt step beyond the captured graphs runs eagerly, on kernels not yet loaded
         eager = SamplingParams(max_tokens=1, ignore_eos=True)
         passes.append(
             (config.with_(max_extend_tokens=largest), [(_prompt(engine, largest, 3), eager)])
@@ -95,7 +85,6 @@ def _passes(engine: Engine) -> list[tuple]:
 
 
 def _prompt(engine: Engine, length: int, seed: int) -> list[int]:
-    """`length` token ids spread over the vocabulary, away from its first (special) ids."""
     vocab = engine.model_config.vocab_size
     span = max(1, vocab - 100)
     return [100 % vocab + (seed * 7919 + i * 104729) % span for i in range(max(length, 0))]

@@ -227,8 +227,8 @@ def _sse(data: dict) -> str:
 
 
 class _Events:
-    """One stream's chunks, the same JSON as `_chunk` gives but from a template: `json.dumps` of a
-    whole dict per chunk of hundreds of streams costs the HTTP process much of its time."""
+    """One stream's chunks, as `_chunk` gives them but from a template (a `json.dumps` per chunk
+    is costly with many streams)."""
 
     def __init__(self, output: Output) -> None:
         parsed = output.parsed

@@ -62,7 +62,7 @@ def serve(conn, limits: Limits) -> None:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         # NOTE: the event loop reads the engine's messages itself: a reader thread would wait for
-        # the interpreter lock while the loop writes hundreds of streams, delaying every token
+        # the interpreter lock while the loop writes many streams, delaying every token
         loop = asyncio.get_running_loop()
         loop.add_reader(conn.fileno(), _read, conn, service, loop, lambda: server)
         send(("ready", sock.getsockname()[1]))

@@ -1,9 +1,8 @@
 """The engine's side of a server: a thread that steps the engine while requests come from the
 HTTP process (`front.py`), and one message a step back to it.
 
-Whoever steps the scheduler holds `EngineLoop.lock` (this thread, or a notebook stepping a paused
-engine by `step_once`) and first reads the HTTP process's requests; idle, the thread reads them
-at once, so a client that leaves frees its KV even while paused. The engine never waits for one.
+Whoever steps the scheduler holds `EngineLoop.lock` and first reads the HTTP process's requests;
+while paused the thread still reads them, so a client that leaves frees its KV at once.
 """
 
 from __future__ import annotations
@@ -23,9 +22,7 @@ log = logging.getLogger("workbench.serve")
 
 @dataclass
 class Host:
-    """What the loop steps: an `LLM`, and how one step is taken (a `Workbench` records it)."""
-
-    llm: Any  # workbench.LLM: scheduler, hooks, probe
+    llm: Any  # workbench.LLM
     step: Callable[[], Any]  # one step; None when there was nothing to do
     idle: Callable[[], bool]  # nothing waiting, running or due to arrive
     keep_finished: bool = False  # leave finished requests for `outputs()` (a Workbench)
@@ -34,7 +31,7 @@ class Host:
 class EngineLoop:
     def __init__(self, host: Host) -> None:
         self.host = host
-        self.conn = None  # the connection to the HTTP process (both ways), set by `start`
+        self.conn = None  # to the HTTP process, set by `start`
         self.lock = threading.RLock()  # held while the scheduler is touched
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -42,20 +39,19 @@ class EngineLoop:
         self._uid_of: dict[int, int] = {}
         self.paused = False
         self._stopping = False
-        self.failures = 0  # steps that raised (their requests ended with an error)
+        self.failures = 0
         self.queue_len = 0
         self._sent_queue_len = -1
         # what the step gave the HTTP process's requests, sent after it
         self._tokens: dict[int, list[int]] = {}
         self._ends: list[tuple] = []  # (rid, reason, usage, error)
-        self._cached: list[tuple[int, int]] = []  # (rid, prompt tokens found cached)
+        self._cached: list[tuple[int, int]] = []
         self._refused: dict[str, int] = {}
         self._step_s: list[float] = []
         self._handles: list = []
         self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
 
     def wake(self) -> None:
-        """Something changed in this process (an add from a notebook, resume, stop): look now."""
         with contextlib.suppress(OSError):
             self._wake_w.send(b"!")
 
@@ -85,7 +81,7 @@ class EngineLoop:
     def pause(self) -> None:
         """Stop stepping after the step in progress (returns once it has ended)."""
         self.paused = True
-        with self.lock:  # the step in progress holds it
+        with self.lock:  # waits for the step in progress
             pass
 
     def resume(self) -> None:
@@ -97,10 +93,10 @@ class EngineLoop:
         # thread would wait for the interpreter lock while steps run, delaying every request
         while not self._stopping:
             if self.paused or self.host.idle():
-                self._wait(0.05)  # (requests due at a time arrive meanwhile)
+                self._wait(0.05)
                 if self._stopping:
                     return
-            if self.paused:  # read what came (an abort frees at once), take no step
+            if self.paused:
                 with self.lock:
                     self.drain()
                     self.flush()
@@ -108,7 +104,6 @@ class EngineLoop:
                 self.step_once()
 
     def _wait(self, timeout: float) -> None:
-        """Until the HTTP process sends something, this process wakes the thread, or `timeout`."""
         sources = [self._wake_r] if self.conn is None else [self.conn, self._wake_r]
         ready = mp_connection.wait(sources, timeout)
         if self._wake_r in ready:
@@ -120,8 +115,8 @@ class EngineLoop:
         return self.conn is not None and self.conn.poll()
 
     def step_once(self, raising: bool = False):
-        """One step, the HTTP process's messages read first; its result (None: nothing to do). A
-        step that raises has ended its requests with an error; `raising` (by hand) re-raises."""
+        """One step, the HTTP process's messages read first; None: nothing to do. A step that
+        raises ends its requests with an error, and re-raises when `raising`."""
         started = time.perf_counter()
         with self.lock:
             try:
@@ -145,7 +140,7 @@ class EngineLoop:
         while self._readable():
             try:
                 message = self.conn.recv()
-            except (EOFError, OSError):  # the HTTP process is gone: nothing more will come
+            except (EOFError, OSError):
                 log.warning("the HTTP process is gone; the engine serves what it has")
                 self.conn = None
                 break
@@ -185,7 +180,7 @@ class EngineLoop:
         scheduler = self.host.llm.scheduler
         finished = scheduler.finished.get(event.uid)
         error = finished.error if finished is not None else None
-        if not self.host.keep_finished:  # nobody else collects it
+        if not self.host.keep_finished:
             scheduler.finished.pop(event.uid, None)
         self._ends.append((rid, event.reason, usage, error))
 

@@ -1,7 +1,5 @@
-"""One HTTP request's output as it comes out of the engine: its tokens, turned into text a step at
-a time, cut at a stop string, and how it ended. The event loop appends the engine's tokens
-(`push`, `end`) and wakes the response, which reads what is new (`take`); text that could still
-start a stop string is held back until the next tokens say it does not."""
+"""One HTTP request's output: the engine's tokens (`push`, `end`) turned into text for the
+response (`take`), cut at a stop string. Text that could still start a stop string is held back."""
 
 from __future__ import annotations
 
@@ -14,8 +12,6 @@ if TYPE_CHECKING:
 
 
 class Delta(NamedTuple):
-    """What a response sends next: new text, the new tokens, and the finish once ended."""
-
     text: str
     token_ids: list[int]
     finish_reason: str | None  # None: more to come
@@ -29,12 +25,12 @@ class Output:
     ) -> None:
         self.parsed = parsed
         self.interval = interval  # tokens that wake the response (`stream_interval`)
-        self.arrived = arrived  # time.perf_counter() when the server received it
+        self.arrived = arrived  # time.perf_counter()
         self.created = int(time.time())
-        self.id = ""  # "cmpl-..." / "chatcmpl-...", set by the service
-        self.rid = -1  # the service's number for it, which the engine's messages name
+        self.id = ""  # set by the service
+        self.rid = -1  # set by the service; the engine's messages name it
         self.cancelled = False  # the client left, or a stop string ended it: abort it
-        self.stopped = False  # a stop string ended it (before the engine did)
+        self.stopped = False  # a stop string ended it before the engine did
         self.cached_tokens = 0
         self.tokens: list[int] = []
         self._taken = 0
@@ -53,7 +49,7 @@ class Output:
         self.tokens.extend(tokens)
         self.first_token_at = self.first_token_at if self.first_token_at is not None else at
         self.last_token_at = at
-        if self.unsent >= self.interval:  # (a response that would send nothing sleeps on)
+        if self.unsent >= self.interval:
             self._wake.set()
 
     def end(self, reason: str, usage: dict, error: str | None = None) -> None:
@@ -67,7 +63,6 @@ class Output:
 
     @property
     def unsent(self) -> int:
-        """Tokens come and not taken yet."""
         return len(self.tokens) - self._taken
 
     async def wait(self) -> None:
@@ -75,17 +70,16 @@ class Output:
         self._wake.clear()
 
     def take(self) -> Delta:
-        """The text and tokens that are new since the last call; a stop string found ends the
-        output there (the stop string itself is not sent, as OpenAI's API does)."""
+        """The text and tokens new since the last call, ending before a stop string."""
         new = self.tokens[self._taken :]
         self._taken = len(self.tokens)
-        if not self.parsed.stop:  # (most requests: nothing to hold back)
+        if not self.parsed.stop:
             return Delta(self._decoder.add(new), new, self.finish_reason)
         self._sent_ids.extend(new)
         self._text += self._decoder.add(new)
         finish = self.finish_reason
         cut = _first_stop(self._text, self.parsed.stop)
-        if cut is not None:  # a stop string: the text ends before it, the request with it
+        if cut is not None:
             self._text, finish = self._text[:cut], "stop"
             if self.finish_reason is None:
                 self.finish_reason, self.stopped = "stop", True

@@ -4,7 +4,7 @@
 ``/v1/chat/completions`` into a `Parsed` request. Every problem is an `ApiError` (HTTP 400,
 OpenAI's error body) naming the field, the value and what is allowed. Fields that ask for what
 this engine does not do (`n` > 1, `logprobs`, tools, penalties: `_HARMLESS`) are refused, and
-unknown ones too, as OpenAI's API does; the README lists what is honoured.
+unknown ones too, as OpenAI's API does; docs/serving.md ("The API") lists what is honoured.
 """
 
 from __future__ import annotations

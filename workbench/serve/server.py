@@ -103,8 +103,7 @@ class Server:
         self.loop.resume()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """End it: requests in flight end with finish_reason "abort", the thread and the HTTP
-        process stop, the port is free again. The engine stays (a notebook goes on stepping it)."""
+        """End it: requests in flight end with finish_reason "abort"; the engine stays."""
         if not self.serving:
             return
         self.serving = False

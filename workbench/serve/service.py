@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..core import SamplingParams, check_fits, encode_prompt
+from ..core import SamplingParams, check_request, encode_prompt
 from .metrics import Metrics
 from .output import Output
 from .protocol import ApiError, Parsed
@@ -60,7 +60,7 @@ class Service:
 
     def check_request(self, ids: list[int], sampling: SamplingParams) -> None:
         limits = self.limits
-        check_fits(ids, sampling, 0, limits.max_seq_len, limits.page_size, limits.kv_capacity)
+        check_request(ids, sampling, 0, limits.max_seq_len, limits.page_size, limits.kv_capacity)
 
     def room_for(self, ids: list[int]) -> int:
         """The most tokens a request of this prompt may ask for: the context, and the KV pool."""
@@ -88,8 +88,7 @@ class Service:
         rid = output.rid = next(self._ids)
         self.outputs[rid] = output
         self._unseen += 1
-        # NOTE: sent together with the others that came in the same turn of the event loop:
-        # one message, not hundreds, when many clients start at once
+        # NOTE: one message per turn of the event loop, not one per client
         if not self._adds:
             asyncio.get_running_loop().call_soon(self._send_adds)
         self._adds.append((rid, parsed.token_ids, parsed.sampling, received))

@@ -1,20 +1,14 @@
 """The twin: the real scheduler, prefix cache and page table on predicted step times.
 
-    costs = fit_step_costs([load_run("a.parquet"), load_run("b.parquet")])  # recorded runs
-    twin = Workbench("dummy:qwen3-0.6b", step_costs=costs, max_extend_tokens=512)
-    twin.add_request(...); twin.run()    # steps, records, tables, views: as a real run's
-    validate_twin(real_runs, twin_runs)  # its error, beside the real runs' own noise
-
-`costs.py` fits what a step costs from its composition (`features.py`), and `coverage.py`
-says where those costs are guessing; `engine.py` is an
-engine with the recorded engine's tables and no model; `probe.py` and `timeline.py` put the
-predicted times on a virtual clock; `validate.py` compares twin runs with real ones;
-`replay.py` turns a saved run back into requests.
+costs = fit_step_costs([load_run("a.parquet"), load_run("b.parquet")])  # recorded runs
+twin = Workbench("dummy:qwen3-0.6b", step_costs=costs, max_extend_tokens=512)
+twin.add_request(...); twin.run()    # steps, records, tables, views: as a real run's
+validate_twin(real_runs, twin_runs)  # its error, beside the real runs' own noise
 """
 
+from .accuracy import validate_twin, validation_summary
 from .costs import StepCosts, fit_step_costs, load_step_costs
 from .replay import replay_requests
-from .validate import validate_twin, validation_summary
 
 __all__ = [
     "StepCosts",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import EngineConfig, default_page_size
-from ..history.roofline import StepCost, spec_named
+from ..history.roofline import Roofline, spec_named
 from .costs import StepCosts
 from .engine import TwinEngine
 from .probe import TwinClock, TwinProbe
@@ -40,9 +40,9 @@ def twin_settings(costs: StepCosts, model: str, options: dict[str, Any]) -> dict
             )
     recorded_type = "cuda" if str(meta["device"]).startswith("cuda") else "cpu"
     overlap, page_size = options.get("overlap"), options.get("page_size")
-    if page_size is None:  # the recorded runs' pages, else the recorded device's default
+    if page_size is None:
         page_size = meta.get("page_size") or default_page_size(recorded_type)
-    graphs = {  # the recorded engine's graphs, unless given
+    graphs = {
         name: meta[name]
         for name in ("cuda_graph_max_bs", "cuda_graph_max_tokens")
         if options.get(name) is None and meta.get(name) is not None
@@ -58,8 +58,7 @@ def twin_settings(costs: StepCosts, model: str, options: dict[str, Any]) -> dict
 
 
 def twin_meta(costs: StepCosts, engine: TwinEngine) -> dict[str, Any]:
-    """What a twin's run says of itself beside its settings: simulated, of which recorded
-    device, on which costs."""
+    """What a twin's run says of itself beside its settings."""
     recorded = costs.meta
     return {
         "simulated": True,
@@ -72,13 +71,12 @@ def twin_meta(costs: StepCosts, engine: TwinEngine) -> dict[str, Any]:
 
 
 def build_twin(config: EngineConfig, costs: StepCosts, record: str, profile_steps):
-    """The twin's engine, probe and clock, on one timeline; the probe knows the recorded
-    device's roofline."""
+    """The twin's engine, probe and clock, on one timeline."""
     timeline = Timeline()
     engine = TwinEngine(config, costs, timeline)
     probe = TwinProbe(timeline, costs, record, profile_steps=profile_steps)
     spec = spec_named(str(costs.meta["device_name"]))
-    probe.cost = StepCost.for_model(
+    probe.roofline = Roofline.for_model(
         engine.model_config, engine.dtype.itemsize, spec and spec.times(engine.num_devices)
     )
     return engine, probe, TwinClock(timeline)

@@ -1,17 +1,9 @@
 """Step costs: what one step of a model costs on a device, fitted from recorded runs.
 
-`fit_step_costs(runs)` reads the steps tables of runs of one model on one device and fits, per
-path (`features.PATHS`), the device time and each host stage's time as a sum of non-negative
-costs per feature (`features.py`: a constant per kind of step, per request, per thousand tokens, per
-million prompt attention pairs, per thousand KV tokens read, ...), plus the host's time between
-two scheduler steps. A CUDA graph's device time has a part of its own besides: each captured
-shape runs kernels chosen for its size (a decode graph of one request took 1.62 ms on the H200
-where the fit over all sizes said 1.54), so each shape the runs replayed often enough keeps the
-median ratio of its steps' device time to the fit's (`shapes`); a decode graph they did not
-replay takes the factor of the nearest size they did, a prompt graph the fit alone. It says
-what it learnt (`summary()`, or print it) and how far each phase's steps are from it;
-`save(path)` and `load_step_costs(path)` keep it as JSON. A twin (`Workbench(model,
-step_costs=costs)`) runs on it.
+Per path (`features.PATHS`), the device time and each host stage's time are sums of non-negative
+costs per feature (`features.py`), plus the host's time between two steps. Each captured graph
+shape runs kernels chosen for its size, so a shape replayed often enough also keeps its own factor
+on the fit (`StepCosts.shapes`).
 """
 
 from __future__ import annotations
@@ -25,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..clocks import HOST_STAGES
-from .coverage import MIN_SHAPE_STEPS, shape_factor, uncalibrated
+from .coverage import MIN_SHAPE_STEPS, uncalibrated
 from .features import (
     DEVICE_FEATURES,
     HOST_FEATURES,
@@ -75,8 +67,7 @@ class StepCosts:
     shape_steps: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def predict(self, f: Mapping[str, float]) -> tuple[float, tuple[float, ...]]:
-        """A step's device ms and host ms per stage (`HOST_STAGES` order) from its features
-        (`features.batch_features`)."""
+        """A step's device ms and host ms per stage from its `features.batch_features`."""
         device, host = self._times(f["path"], f)
         return float(device), host
 
@@ -93,9 +84,7 @@ class StepCosts:
         return device, host
 
     def _times(self, path: str, f) -> tuple:
-        """Device ms (at least the host's enqueueing: its forward and sample stages) and host ms
-        per stage, of one step's features or of arrays of them; a path the runs never took
-        uses another's costs (a prompt step's, those of the other path of prompt steps)."""
+        # NOTE: a step's device time is never shorter than the host's enqueueing of it
         fit = next((p for p in (path, *_STANDS_IN[path]) if p in self.device), None)
         fit = fit or next(iter(self.device))
         host = tuple(self.host[fit][s](f) for s in HOST_STAGES)
@@ -103,8 +92,6 @@ class StepCosts:
         return np.maximum(device, host[_FORWARD] + host[_SAMPLE]), host
 
     def _shape_factor(self, path: str, f):
-        """The captured shape's factor on the fit (`coverage.shape_factor`; 1 off the graph
-        paths), of one step or of arrays of them."""
         factors = self.shapes.get(path)
         if not factors:
             return 1.0
@@ -114,14 +101,11 @@ class StepCosts:
         return np.array([shape_factor(path, factors, k) for k in keys])
 
     def uncalibrated(self, steps) -> np.ndarray:
-        """Per step of a steps table: what the calibration runs did not cover in its
-        composition, "" where they did (`coverage.uncalibrated`)."""
+        """Per step of a steps table: what calibration did not cover, "" where it did."""
         return uncalibrated(steps, self.device, self.ranges, self.shape_steps)
 
-    # -- what it says ---------------------------------------------------------------------
     def summary(self) -> str:
-        """What the costs say, per path a small table: a row for the device and one per host
-        stage, a column per unit of the step's composition, each cell the ms one unit costs."""
+        """What the costs say: per path, the ms one unit of each feature costs."""
         m = self.meta
         lines = _wrapped(
             f"step costs of {m['model']} on {m['device_name']} ({m['dtype']}, tp {m['tp_size']}), "
@@ -162,7 +146,6 @@ class StepCosts:
     def __repr__(self) -> str:
         return self.summary()
 
-    # -- saved and loaded -----------------------------------------------------------------
     def to_dict(self) -> dict:
         def linear(f: Linear) -> dict:
             return dict(zip(f.features, f.coef))
@@ -193,7 +176,6 @@ class StepCosts:
             host={p: {s: linear(d) for s, d in st.items()} for p, st in data["host"].items()},
             between_ms=float(data["between_ms"]),
             errors=list(data["errors"]),
-            # (older: none of these three)
             shapes={p: dict(d) for p, d in data.get("shapes", {}).items()},
             ranges={
                 p: {n: (float(r[0]), float(r[1])) for n, r in d.items()}
@@ -208,15 +190,26 @@ class StepCosts:
         return path
 
 
+def shape_factor(path: str, factors: Mapping[str, float], key: str) -> float:
+    """The device-time factor of captured shape `key` among a path's `factors`: its own; for a
+    decode graph without one, the nearest size's in powers of two; else 1."""
+    if key in factors:
+        return factors[key]
+    if path != "graph":
+        return 1.0
+    # NOTE: the kernels chosen for a decode size change little from one size to the next
+    size = np.log2(int(key))
+    return factors[min(factors, key=lambda k: abs(np.log2(int(k)) - size))]
+
+
 def load_step_costs(path: str | Path) -> StepCosts:
     """Step costs saved with `StepCosts.save`."""
     return StepCosts.from_dict(json.loads(Path(path).read_text()))
 
 
 def fit_step_costs(runs) -> StepCosts:
-    """Fit step costs on recorded runs of one model on one device: a history (live, or loaded
-    with `load_run`), a list of them, or a mapping name -> history. Runs of another model,
-    device, dtype or tensor-parallel size are refused."""
+    """Fit step costs on recorded runs of one model, device, dtype and tensor-parallel size: a
+    history (live, or from `load_run`), a list of them, or a mapping name -> history."""
     named = named_runs(runs)
     setup = check_same_setup(named, SETUP)
     steps = steps_of(named)
@@ -244,31 +237,24 @@ def fit_step_costs(runs) -> StepCosts:
         "max_running_reqs": first.get("max_running_reqs"),
         "cuda_graph": bool(first.get("cuda_graph", False)),
         "cuda_graph_max_bs": first.get("cuda_graph_max_bs", 256),
-        # (runs recorded before prefill graphs: none)
         "cuda_graph_max_tokens": first.get("cuda_graph_max_tokens", 0),
         "runs": list(named),
         "steps": int(len(steps)),
     }
+    between = _between_ms(named)
     costs = StepCosts(
-        meta, device, host, _between_ms(named), shapes=shapes, ranges=ranges,
-        shape_steps=shape_steps,
-    )  # fmt: skip
+        meta, device, host, between, shapes=shapes, ranges=ranges, shape_steps=shape_steps
+    )
     return replace(costs, errors=_errors(costs, steps))
 
 
 def _fit_path(features, steps, path: str) -> tuple[Linear, dict[str, Linear]]:
-    """The device time and each host stage's time (absolute errors) of one path's steps.
-
-    A step's device time is the longer of the device's work and the host's enqueueing of it
-    (its forward and sample stages: the timer runs from the first kernel's launch to the
-    last's end, and an eager forward of small batches launches its kernels slower than the
-    device runs them). The device's work is fitted on relative errors (a decode step of 2 ms
-    counts as much as a prefill of 200), on the steps whose device time is well beyond their
-    enqueueing (the others show the host's time, not the device's), or all when too few."""
     names = DEVICE_FEATURES[path]
     a = features[list(names)].to_numpy()
     y = steps.device_ms.to_numpy(dtype=float)
     enqueue = (steps.host_forward_ms + steps.host_sample_ms).to_numpy(dtype=float)
+    # NOTE: fitted on relative errors, on the steps whose timer shows the device's work rather
+    # than the host's enqueueing of it
     bound = y > 1.2 * np.nan_to_num(enqueue)
     if bound.sum() < 4 * len(names):
         bound[:] = True
@@ -284,8 +270,7 @@ def _fit_path(features, steps, path: str) -> tuple[Linear, dict[str, Linear]]:
 
 
 def _shape_factors(features, steps, path: str, fit: Linear) -> dict[str, float]:
-    """Per captured shape replayed at least `MIN_SHAPE_STEPS` times: the median ratio of its
-    steps' device time to the fit's, in the order of the shapes' sizes."""
+    """Per shape replayed often enough: the median of its steps' real device time / the fit's."""
     fitted = fit({c: features[c].to_numpy() for c in fit.features})
     ratio = steps.device_ms.to_numpy(dtype=float) / np.maximum(fitted, 1e-9)
     keys = np.array(shape_keys(path, features.rows.to_numpy(), features.tokens.to_numpy()))
@@ -298,9 +283,7 @@ def _shape_factors(features, steps, path: str, fit: Linear) -> dict[str, float]:
 
 
 def _between_ms(named: dict) -> float:
-    """The median host time from the end of one scheduler step (its record built) to the
-    launch of the next, over steps after which work was left (not an engine idle until the
-    next arrival)."""
+    """The median host time from one step's record to the next's launch, the engine busy."""
     gaps = []
     for history in named.values():
         s = history.steps.sort_values("launched_at")
@@ -314,7 +297,6 @@ def _between_ms(named: dict) -> float:
 
 
 def _errors(costs: StepCosts, steps) -> list[dict]:
-    """Per phase: the steps' relative errors against the costs fitted on them."""
     device, host = costs.predict_steps(steps)
     real_device = steps.device_ms.to_numpy(dtype=float)
     real_host = steps.host_ms.to_numpy(dtype=float)
@@ -337,8 +319,6 @@ def _errors(costs: StepCosts, steps) -> list[dict]:
     return out
 
 
-# -- how the costs print -------------------------------------------------------------------
-# each feature's column in the printed costs: the unit one cost is per (`features.UNITS`), short
 _COLUMNS = {
     "1": "step",
     "prompt": "prompt step",
@@ -351,7 +331,6 @@ _COLUMNS = {
     "prefill_pairs": "1M pairs",
     "decode_context": "1k KV read",
 }
-# what each column counts, said once under the tables (those of "step" need no words)
 _COLUMN_MEANS = {
     "prompt": "prompt step = prefill or mixed",
     "decode": "decode step = decode only",
@@ -376,8 +355,7 @@ _STAGE_MEANS = (
 
 
 def _cost_table(rows: Mapping[str, Linear]) -> list[str]:
-    """Rows of costs as a table: a column per feature any of them has (blank where a row has
-    no such term, 0 where the fit found it costs nothing), headed by its unit."""
+    # NOTE: blank where a row has no such term, 0 where the fit found it costs nothing
     names = [n for n in _COLUMNS if any(n in f.features for f in rows.values())]
     cells = {
         label: [f"{dict(zip(f.features, f.coef))[n]:.4g}" if n in f.features else "" for n in names]
@@ -396,14 +374,11 @@ def _cost_table(rows: Mapping[str, Linear]) -> list[str]:
 
 
 def _legend(used: set[str]) -> list[str]:
-    """What the tables' columns and rows count, wrapped."""
     said = "; ".join(_COLUMN_MEANS[n] for n in _COLUMNS if n in used and n in _COLUMN_MEANS)
     return _wrapped(f"columns: {said}" if said else "") + _wrapped(_STAGE_MEANS)
 
 
 def _wrapped(text: str) -> list[str]:
-    """A line of the printed costs, wrapped at 100 characters (its indent kept, and two more on
-    the lines it continues on)."""
     import textwrap
 
     indent = " " * (len(text) - len(text.lstrip()))

@@ -1,15 +1,6 @@
-"""The twin's engine: the real request table, page table and KV accounting of the recorded
-engine, and no model. Its `forward` predicts the step's time on the `Timeline` instead of
-running it, and its `sample` gives every sampled request a token.
-
-What it keeps of the engine it stands for (`Engine`): the model's config (context length, EOS
-ids, KV bytes), the KV pool's size (`num_pages`: given, or as many KV tokens as the recorded
-engine had), the request slots, and which steps run padded as CUDA graphs: the decode steps of a
-GPU engine up to `cuda_graph_max_bs`, and its prefill and mixed steps up to
-`cuda_graph_max_tokens` when the recorded runs had such graphs (runs of an engine that ran those
-steps eagerly fitted costs of eager prompt steps only: the twin then runs them eagerly too),
-padded to the same shapes. Every request gets a token that is never EOS, so it runs to its
-`max_tokens`.
+"""The twin's engine: the recorded engine's request table, page table, KV pool and graph
+shapes, and no model. `forward` puts the step's predicted time on the `Timeline`; `sample`
+gives every sampled request a token that is never EOS, so each runs to its `max_tokens`.
 """
 
 from __future__ import annotations
@@ -52,7 +43,7 @@ class TwinEngine:
         dummy_slot = self.num_pages * config.page_size
         self.table.write_row(self.table.dummy_row, 0, np.full(width, dummy_slot, np.int32))
         self.table.sync_device()
-        # a GPU engine runs decode steps padded to its graphs' sizes
+        # NOTE: prompt steps run as graphs only when the recorded runs fitted such costs
         self._sizes, self._shapes = None, []
         if str(meta["device"]).startswith("cuda"):
             self._sizes = capture_sizes(min(config.cuda_graph_max_bs, config.max_running_reqs))
@@ -63,10 +54,7 @@ class TwinEngine:
         self._token = next(t for t in range(100, model_cfg.vocab_size) if t not in _eos(model_cfg))
 
     def prepare(self, batch: Batch) -> Launch:
-        """How the real engine would run the batch: padded to a decode graph's size or a prompt
-        graph's shape (as `GraphRunner.shape` and `PrefillGraphRunner.shape` choose), or
-        eagerly. Nothing to write: no forward runs (the page table is written, as for a real
-        one)."""
+        """The batch padded as the real engine's graph runners would pad it, or eager."""
         launch = Launch(batch, None, None, None)
         _, cached, device_len = batch.ledger
         tokens = int((device_len - cached).sum())
@@ -84,7 +72,6 @@ class TwinEngine:
         return launch
 
     def forward(self, launch: Launch) -> None:
-        """The step on the timeline: its predicted host and device times."""
         batch = launch.batch
         graph = launch.shape is not None and self.captures_graphs
         features = batch_features(batch, launch.padded_rows, launch.padded_tokens, graph)
@@ -95,7 +82,6 @@ class TwinEngine:
         launch.timer, launch.done = SimTimer(device_ms), predicted.done
 
     def sample(self, launch: Launch, logits: None) -> None:
-        """A token for each sampled request, never EOS."""
         launch.tokens = np.full(len(launch.batch.sampled_reqs), self._token, dtype=np.int32)
 
     def wait(self, launch: Launch) -> None:
@@ -125,7 +111,6 @@ class SimTimer:
 
 
 def _recorded_pages(meta: dict, page_size: int) -> int:
-    """As many KV tokens as the recorded engine had, in pages of `page_size`."""
     if not meta.get("num_pages") or not meta.get("page_size"):
         raise ValueError("the step costs do not say the recorded KV pool's size: give num_pages")
     return max(1, math.floor(meta["num_pages"] * meta["page_size"] / page_size))

@@ -1,19 +1,8 @@
-"""What a step's cost is fitted on: its composition, the same whether read from a recorded
-steps table or from a batch the twin is about to run.
+"""What a step's cost is fitted on: its composition (`UNITS`), the same whether read from a
+recorded steps table or from a batch the twin is about to run.
 
-A step runs one of three paths. A CUDA-graph decode step ("graph") replays one captured graph of
-its padded size; a prefill or mixed step of a captured shape ("prompt_graph") replays one of
-its padded tokens and requests; every other step ("eager": on the CPU, too large to capture, or
-of an engine without such graphs) launches the layers one by one. Per step:
-
-- `rows`: the requests as run (a graph pads them); `tokens`: the tokens computed (thousands,
-  padding included), and `tokens_over`: those beyond `KNEE` (the matmuls stop being bound by
-  reading the weights and start being bound by FLOPs: a roofline's corner);
-- `prefill_pairs`: the causal (query, key) pairs of the prompt tokens (millions);
-- `decode_context`: the KV tokens the decoding requests' attention read (thousands);
-- `sampled`: the requests that got a token; `prefill_rows`: those computing prompt tokens;
-- `prompt`, `decode`: 1 for a step that computes prompt tokens (prefill or mixed: the same
-  kernels, the prefill path's) and for one that only decodes (a constant per kind).
+A step runs one of three paths: a decode step replaying a captured CUDA graph ("graph"), a
+prefill or mixed step replaying one ("prompt_graph"), or layers launched one by one ("eager").
 """
 
 from __future__ import annotations
@@ -27,9 +16,8 @@ if TYPE_CHECKING:
 
     from ..core import Batch
 
-KNEE = 512  # tokens
+KNEE = 512  # tokens: where matmuls turn from bound by reading weights to bound by FLOPs
 PATHS = ("graph", "prompt_graph", "eager")
-# the features of each path's device time, and of each host stage's time (both paths)
 DEVICE_FEATURES = {
     "graph": ("1", "rows", "decode_context"),
     "prompt_graph": (
@@ -50,19 +38,18 @@ DEVICE_FEATURES = {
         "sampled",
     ),
 }
-# each host stage on what its work grows with (no more: the host's time is noisy, and a
-# feature that only soaks up its noise in the runs fitted extrapolates that noise elsewhere)
+# NOTE: each host stage on what its work grows with, no more: a feature that only soaks up the
+# host's noise extrapolates that noise
 HOST_FEATURES = {
-    "schedule": ("1", "prefill_rows"),  # admission: a decision per admitted prompt
-    "prepare": ("1", "rows", "tokens"),  # pages, positions, input ids
-    "plan": ("1", "rows"),  # attention metadata per request
-    "forward": ("1", "tokens"),  # launching the layers (a graph: one replay)
+    "schedule": ("1", "prefill_rows"),
+    "prepare": ("1", "rows", "tokens"),
+    "plan": ("1", "rows"),
+    "forward": ("1", "tokens"),
     "sample": ("1", "sampled"),
-    "share": ("1", "prefill_rows", "tokens"),  # prompts' pages to the prefix cache
-    "collect": ("1", "sampled"),  # a token per request
+    "share": ("1", "prefill_rows", "tokens"),
+    "collect": ("1", "sampled"),
     "record": ("1", "rows"),
 }
-# how each feature is counted (what one unit of its coefficient is per)
 UNITS = {
     "1": "step",
     "prompt": "prefill or mixed step",
@@ -114,8 +101,7 @@ def step_features(steps: pd.DataFrame) -> pd.DataFrame:
 def batch_features(
     batch: Batch, padded_size: int, padded_tokens: int, graph: bool
 ) -> dict[str, float]:
-    """The features of a batch about to run (its ledger as launched) as `step_features` gives
-    them for the step it becomes, and its `path`; `graph`: it replays a captured graph."""
+    """A batch about to run, as `step_features` gives the step it becomes, with its `path`."""
     _, cached, device_len = batch.ledger
     nd = batch.num_decode
     extend = device_len[nd:] - cached[nd:]
@@ -138,8 +124,7 @@ def batch_features(
 
 
 def shape_keys(path: str, rows, tokens):
-    """The captured shape of a graph step (one, or arrays of them) from its features: its
-    padded requests ("8"), and for a prompt graph its padded tokens too ("8x128")."""
+    """A graph step's captured shape (or arrays of them): "8" requests, or "8x128" tokens."""
     if np.ndim(rows) == 0:
         return f"{int(rows)}" if path == "graph" else f"{int(rows)}x{round(tokens * 1e3)}"
     return [shape_keys(path, r, t) for r, t in zip(rows, tokens)]

@@ -1,10 +1,6 @@
-"""Non-negative least squares: every cost a step's features add is zero or more.
-
-A step's time is a sum of costs, each a feature times what one unit of it costs: a negative
-coefficient would say that computing more makes a step faster, and would extrapolate to negative
-times outside the calibrated range. Lawson and Hanson's active-set method, on a handful of
-features; then once more without the steps whose error is far beyond the others' (a garbage
-collection, a page fault, another process on the host: not what the step's composition costs).
+"""Non-negative least squares: a negative cost would say that computing more makes a step
+faster, and would extrapolate to negative times. Lawson-Hanson, then refitted without outliers
+(a garbage collection, a page fault: not what the step's composition costs).
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
             if (z[passive] > 0).all():
                 x = z
                 break
-            # step back to where the first coefficient reaches zero, and let it go
+            # NOTE: step back to where the first coefficient reaches zero, and let it go
             shrinking = passive & (z <= 0)
             alpha = np.min(x[shrinking] / (x[shrinking] - z[shrinking]))
             x = x + alpha * (z - x)

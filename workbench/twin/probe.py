@@ -1,10 +1,5 @@
-"""The twin's probe: the real one (hooks, records, history) on the twin's clock.
-
-Everything the instrumentation does is unchanged, only the clock it reads is the `Timeline`'s
-(`TwinClock`), the host's collect and record stages and the loop between steps move it by their
-predicted times, and each record carries the predicted host stages (not the twin's own Python's)
-and says it was simulated. No profiler runs: there are no kernels.
-"""
+"""The twin's probe: the real one (hooks, records, history) on the twin's clock, each record
+carrying the predicted host stages."""
 
 from __future__ import annotations
 
@@ -16,8 +11,7 @@ from .timeline import Timeline
 
 
 class TwinClock(RunClock):
-    """The run's clock of a twin: the timeline's virtual seconds (a pause changes nothing: no
-    time passes between two calls)."""
+    """The run's clock of a twin: the timeline's virtual seconds."""
 
     def __init__(self, timeline: Timeline) -> None:
         super().__init__()
@@ -47,7 +41,6 @@ class TwinProbe(Probe):
         super().__init__(record, **options)
 
     def listen(self) -> None:
-        """Every step's start, inside and end: each moves the timeline."""
         self.inside = self.at_end = True
 
     def before_step(self, index: int) -> None:
@@ -68,6 +61,6 @@ class TwinProbe(Probe):
         probe = TwinProbe(
             self.timeline, self.costs, record, hooks=self.hooks, profile_steps=profile_steps
         )
-        probe.cost, probe.meta = self.cost, self.meta
+        probe.roofline, probe.meta = self.roofline, self.meta
         probe.restart()
         return probe

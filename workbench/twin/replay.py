@@ -1,5 +1,4 @@
-"""A saved run's requests, to run again (on a twin, or a real engine): each prompt of its
-recorded length, each output of its recorded length, each arrival at its recorded time."""
+"""A saved run's requests, to run again: each of its recorded lengths and arrival time."""
 
 from __future__ import annotations
 
@@ -9,11 +8,8 @@ from ..core import SamplingParams
 
 
 def replay_requests(run, seed: int = 0, vocab: int = 10000) -> list[tuple]:
-    """``(prompt ids, sampling, arrival seconds)`` per request of `run` (a history), for
-    ``wb.compare(settings, replay_requests(run), arrival="time")``. A run keeps its prompts'
-    lengths, not their tokens: each prompt is random ids below `vocab` (seeded), so prompts
-    that shared a prefix in the run do not share it here. Each request produces as many tokens
-    as it did (EOS ignored), so a twin's request ends where the real one did."""
+    """``(prompt ids, sampling, arrival seconds)`` per request of `run` (a history); prompts are
+    seeded random ids (a run keeps no tokens), so prefixes it shared are not shared here."""
     rng = random.Random(seed)
     requests = []
     for r in run.requests.itertuples():

@@ -12,8 +12,7 @@ from .sweep import sweep_chart
 
 
 def _render_offline() -> None:
-    """Draw with a local copy of Vega (Altair's default loads it from a CDN), unless the user chose
-    a renderer; without anywidget, charts carry the bundle inline in their HTML."""
+    # NOTE: Altair's default renderer loads Vega from a CDN; a user's own choice is kept
     import altair as alt
 
     if alt.renderers.active != "default":

@@ -46,9 +46,8 @@ class Causes(NamedTuple):
 
 
 def run_causes(history) -> Causes:
-    """The figures of `Causes`. A request refused at a step waited that step's wall time for the
-    refusal's reason; host-bound steps and device busy are `workbench.timing`'s, as in every
-    view."""
+    """The figures of `Causes`; a request refused at a step waited that step's wall time for the
+    refusal's reason."""
     steps = history.steps
     on_cpu = device_on_host(history)
     timing = run_timing(steps, on_cpu)

@@ -1,8 +1,7 @@
 """Altair charts: pure functions from a run history to a chart, and their registry.
 
-A history is anything with the tables `steps`, `ledger`, `requests`, `admissions`, `events` and
-`pages`. Long runs are aggregated before they reach Altair: a browser wants few marks. `CHARTS`
-lists every chart in the order the views show them; adding one is its function and one line.
+Long runs are aggregated before they reach Altair: a browser wants few marks. `CHARTS` lists
+every chart in the order the views show them; adding one is its function and one line.
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ CHARTS = (
         rank_skew,
         "highlight_step",
         shown=has_rank_skew,
-    ),  # fmt: skip
+    ),
     Chart(
         "slo_misses",
         "Why requests missed the SLO",
@@ -77,6 +76,6 @@ CHARTS = (
         None,
         "highlight_uid",
         shown=has_slo,
-    ),  # fmt: skip
+    ),
 )
 BY_NAME = {chart.name: chart for chart in CHARTS}

@@ -57,18 +57,10 @@ def request_latencies(history) -> pd.DataFrame:
 def compare_table(
     runs: Mapping[str, object], full: bool = False, slo: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
-    """One row per setting, the columns of `SHORT`: output tokens/s; TTFT, ITL and TPOT at p50
-    and p99 (ITL over the gaps of all requests); mean TTFT in steps; steps by phase; the mean
-    step's wall time, device busy, host-bound steps (`workbench.timing`) and seconds queued.
-
-    A value of `runs` is a history or its repeats (a sequence, or a history with `repeats` from
-    `Workbench.compare(..., repeats=N)`): figures are then means over them. A "<figure> ±"
-    column gives each figure's noise (`viz.noise`; NaN: not known); a difference smaller than
-    two settings' spreads together is noise.
-
-    `full=True`: every figure, with p90s, the roofline and ms per step of each kernel family
-    where recorded; figures no run has are left out. `slo` (ms limits, `history.slo`) adds
-    goodput, attainment and each limit's pass rate. `compare_summary` says it in sentences."""
+    """One row per setting, the columns of `SHORT` (`full=True`: every figure some run has), and
+    a "<figure> ±" column of each figure's noise (`viz.noise`). A value of `runs` is a history or
+    its repeats (a sequence, or a history with `repeats`): figures are then means over them.
+    `slo` (ms limits, `history.slo`) adds goodput, attainment and each limit's pass rate."""
     slo = None if slo is None else check_slo(slo)
     rows, spreads, slo_columns = {}, {}, {}
     for label, value in runs.items():
@@ -196,7 +188,6 @@ def _row(history) -> dict:
     )
     breakdown = breakdown_table(history)
     if not breakdown.empty:
-        # over the steps profiled (a window may have left others out)
         per_step = breakdown.groupby("family").ms.sum() / breakdown.step.nunique()
         row.update({f"{family} ms/step": round(float(ms), 3) for family, ms in per_step.items()})
     return row

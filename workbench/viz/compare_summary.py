@@ -41,9 +41,8 @@ class Verdict(NamedTuple):
 
 def compare_summary(runs: Mapping[str, object]) -> Summary:
     """Sentences from the runs' records: for throughput, TTFT, ITL and TPOT, the best and worst
-    setting where they differ by more than their spreads together (`compare_table`'s "±"
-    columns), with what differs in their records; else that they tie within that noise. Then
-    each setting's host-bound steps. With one run, the run described."""
+    setting where they differ by more than their noise, and why; else a tie. With one run, the
+    run described."""
     firsts = {label: repeats_of(value)[0] for label, value in runs.items()}
     causes = {label: run_causes(history) for label, history in firsts.items()}
     if len(runs) < 2:

@@ -78,7 +78,6 @@ class Dashboard(w.VBox):
         self.refresh()
 
     def _engine_buttons(self) -> w.HBox:
-        """Step / Step x N / Run / Reset / Again, for a live workbench."""
         self.count = w.BoundedIntText(value=10, min=1, max=100_000, layout=w.Layout(width="80px"))
         for name, handler in (
             ("Step", lambda _: self._drive(1)),

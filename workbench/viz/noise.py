@@ -1,10 +1,8 @@
 """How far a run's figures would move if it ran again: the noise beside `compare_table`'s figures.
 
 A setting's spread is the larger of its repeats' range and a bootstrap of each run (the range of
-few repeats can be small by chance): latencies draw the requests again, step times draw each
-step from the steps of its shape (a prefill and a decode differ by work, not noise). A bootstrap
-cannot see the machine (requests decoding together share their gaps), so a setting run once has
-at least its `step_jitter`, and runs of one setting under two names set a floor on every spread.
+few repeats can be small by chance). A bootstrap cannot see the machine, so a setting run once
+has at least its `step_jitter`, and runs of one setting under two names set a floor on spreads.
 """
 
 from __future__ import annotations
@@ -119,8 +117,7 @@ def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
 
 
 def _work_ms(steps: pd.DataFrame) -> np.ndarray:
-    """Each step's work, the device's and the host's own: unlike its span, its own even where the
-    host runs the next step's forward at launch (the CPU with overlap)."""
+    # NOTE: not the span: with overlap on the CPU, a step's span holds the next one's forward
     host = steps.host_work_ms.to_numpy(dtype=float)
     return steps.device_ms.to_numpy(dtype=float) + np.nan_to_num(host)
 

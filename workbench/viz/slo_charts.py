@@ -53,6 +53,6 @@ def slo_misses(history, slo: Mapping[str, float] | None = None, highlight_uid: i
                 alt.Tooltip("ms:Q", format=".1f"),
                 alt.Tooltip("delay_ms:Q", format=".1f"),
             ],
-        )  # fmt: skip
+        )
         .properties(width=WIDTH, height=rows_height(len(shown)), title=title)
     )

@@ -179,13 +179,20 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
         lane=np.where(hook, "hooks · " + events.track, events.track + " · " + events.category),
     )
     lanes = sorted(events.lane.unique(), key=lambda lane: (not lane.startswith("hooks"), lane))
-    base = alt.Chart(events).mark_bar().encode(
-        y=alt.Y("lane:N", title=None, sort=lanes),
-        x=alt.X("start_ms:Q", title="ms since the step began",
-                axis=alt.Axis(labelOverlap=True, tickCount=8)),
-        x2="end_ms:Q",
-        tooltip=["name:N", "category:N", "family:N", "duration_us:Q"],
-    )  # fmt: skip
+    base = (
+        alt.Chart(events)
+        .mark_bar()
+        .encode(
+            y=alt.Y("lane:N", title=None, sort=lanes),
+            x=alt.X(
+                "start_ms:Q",
+                title="ms since the step began",
+                axis=alt.Axis(labelOverlap=True, tickCount=8),
+            ),
+            x2="end_ms:Q",
+            tooltip=["name:N", "category:N", "family:N", "duration_us:Q"],
+        )
+    )
     # NOTE: the hooks' legend above the chart: two legends side by side (the dashboard puts
     # legends below, in a row) would make the chart twice as wide
     above = alt.Legend(orient="top", direction="horizontal", columns=3)

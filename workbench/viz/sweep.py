@@ -20,10 +20,9 @@ def sweep_chart(
     color: str = "policy",
     column: str | None = None,
 ):
-    """Latency figures (`history.latency.FIGURES`) against a setting of the runs (`x`, from
-    their meta: the chunk size by default, on a log2 axis), one colour per `color` setting, one
-    row of panels per figure and one column per `column` setting: a twin's runs as lines, real
-    runs as points on the same axes."""
+    """Latency figures (`history.latency.FIGURES`) against a setting of the runs' meta (`x`, on
+    a log2 axis), a row of panels per figure, a colour per `color` setting and a column per
+    `column` setting."""
     alt = altair()
     data = _rows(runs, x, figures, color, column)
     ticks = sorted({int(v) if float(v).is_integer() else float(v) for v in data[x].dropna()})
@@ -85,8 +84,6 @@ def _rows(
 
 
 def _y(alt, figure: str, values: np.ndarray):
-    """A panel's y fitted to its values with a little room at both ends, on a log scale where
-    they span `LOG_SPAN` times or more (its title says so)."""
     if not len(values):
         return alt.Y("value:Q", title=figure, scale=alt.Scale(zero=False))
     low, high = float(values.min()), float(values.max())

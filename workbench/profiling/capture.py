@@ -8,8 +8,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-MIN_CPU_OP_NS = 10_000  # host operators shorter than this are not kept (kernels and ranges are)
-# NOTE: kept however short: the ranks' clocks are aligned on them, so every rank must keep all
+MIN_CPU_OP_NS = 10_000  # shorter host operators are dropped (kernels and ranges are kept)
+# NOTE: kept however short: the ranks' clocks are aligned on them
 ALL_REDUCES = frozenset({"gloo:all_reduce", "nccl:all_reduce"})
 _BOOKKEEPING = {
     "aten::as_strided",
@@ -36,25 +36,23 @@ _BOOKKEEPING = {
 
 
 class Capture(NamedTuple):
-    """A stopped session's events, and when each host event it recorded began, kept or not."""
+    """A stopped session's events, and the start of every host event it recorded, kept or not."""
 
     events: list[Event]
     host_us: np.ndarray
 
 
 class StepEvents(list):
-    """A profiled step's events, filled when its session is read, and `profiler_ms`: the host time
-    the profiler added, its host events in the step times `event_cost_us`."""
+    """A profiled step's events, and `profiler_ms`: the host time the profiler added to it."""
 
     profiler_ms: float = 0.0
 
 
 class Event(NamedTuple):
-    """One profiler event on the run's clock: a host range or operator has a correlation id
-    (`corr`); a kernel or runtime call links to the one that launched it (`link`). 0: none."""
+    """One profiler event on the run's clock; a kernel's `link` is its launcher's `corr`."""
 
     name: str
-    category: str  # "hook" (a range of ours: a hook point's, a rank's step), "kernel", "cpu_op"
+    category: str  # "hook" (a range of ours), "kernel", "cpu_op"
     track: str  # "cpu:<thread>" or "gpu:<device>:<stream>"
     start_us: float
     duration_us: float
@@ -70,11 +68,9 @@ def assign_to_steps(
     marks: list[tuple[float, int, str]],
     range_marks: Mapping[str, str] | None = None,
 ) -> dict[int, list[tuple]]:
-    """Each event's step. `marks`: (seconds, step, "launch" or "collect") where a step's launch
-    (step -1: nothing to run) or collect began. A hook range in `range_marks` (name -> kind) goes
-    to the last mark of its kind before it, within the clocks' skew; another host event to the last
-    mark before it; a kernel or runtime call to its launcher's step (else by time). Returns step ->
-    the events' first five fields, in order."""
+    """Step -> its events' first five fields. `marks`: (seconds, step, "launch" | "collect"); a
+    host event goes to the last mark before it (of its kind, for `range_marks`), a kernel to its
+    launcher's step."""
     if not events:
         return {}
     names, categories, _, starts, durations, corrs, links = zip(*events)
@@ -84,19 +80,18 @@ def assign_to_steps(
     kind = np.array(
         [codes.get(n, 0) if c == "hook" else 0 for n, c in zip(names, categories)],
         dtype=np.int8,
-    )  # 0: any mark, 1: launch marks, 2: collect marks
+    )
     step = np.full(len(events), _NONE, dtype=np.int64)
     host = link == 0
     for code, which, skew in ((0, None, 0.0), (1, "launch", SKEW_US), (2, "collect", SKEW_US)):
         chosen = host & (kind == code)
         kept = [m for m in marks if which is None or m[2] == which]
         step[chosen] = _last_before(kept, mid[chosen] + skew)
-    # a linked event: the step of the host event whose correlation id it names
     known = host & (corr != 0) & (step != _NONE)
     order = np.argsort(corr[known], kind="stable")
     keys, values = corr[known][order], step[known][order]
     linked = np.flatnonzero(~host)
-    at = np.searchsorted(keys, link[linked], side="right") - 1  # the last of equal ids
+    at = np.searchsorted(keys, link[linked], side="right") - 1
     found = at >= 0
     found[found] = keys[at[found]] == link[linked][found]
     step[linked[found]] = values[at[found]]
@@ -110,28 +105,27 @@ def assign_to_steps(
 
 
 _MARK_CODES = {"launch": 1, "collect": 2}
-_NONE = -(2**62)  # no step (before the first mark)
+_NONE = -(2**62)
 
 
 def _last_before(marks: list[tuple[float, int, str]], t: np.ndarray) -> np.ndarray:
     marks = sorted(marks)
     times = np.array([m[0] for m in marks], dtype=np.float64) * 1e6
-    steps = np.array([m[1] for m in marks] + [_NONE], dtype=np.int64)  # [-1]: none
+    steps = np.array([m[1] for m in marks] + [_NONE], dtype=np.int64)
     return steps[np.searchsorted(times, t, side="right") - 1]
 
 
 def host_events_by_step(host_us: np.ndarray, marks: list[tuple[float, int, str]]) -> dict[int, int]:
-    """How many of a session's host events (`Capture.host_us`) each step's host work recorded."""
+    """How many of a session's host events fell in each step."""
     if not len(host_us) or not marks:
         return {}
     steps, counts = np.unique(_last_before(marks, host_us), return_counts=True)
     return {s: n for s, n in zip(steps.tolist(), counts.tolist()) if s != _NONE}
 
 
-# kineto's activity kinds, cheaper to ask than device_type(), which other kinds are asked
 _DEVICE_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
 _HOST_KINDS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"})
-_LAUNCHES = frozenset({"cuda_runtime", "cuda_driver"})  # CUDA API calls: never ours, never reduces
+_LAUNCHES = frozenset({"cuda_runtime", "cuda_driver"})
 
 
 def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset()) -> Capture:
@@ -140,9 +134,8 @@ def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset())
     tracks: dict[tuple, str] = {}
     out, host = [], []
     append, counted = out.append, host.append
-    # each accessor is a call into C++: events that are dropped are read as little as possible
+    # NOTE: each accessor is a call into C++, so dropped events are read as little as possible
     events = results.events()
-    # torch 2.11's events have no activity_type(): each is then asked its device type
     kinds = bool(events) and hasattr(events[0], "activity_type")
     for e in events:
         kind = e.activity_type() if kinds else ""
@@ -151,8 +144,7 @@ def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset())
             if duration <= 0:
                 continue
             name = e.name()
-            # a hook range also shows on the device (kineto's annotation): its host twin is kept
-            if name in hooks:
+            if name in hooks:  # its host twin is kept
                 continue
             where = (e.device_index(), e.device_resource_id())
             track = tracks.get(where) or tracks.setdefault(where, "gpu:{}:{}".format(*where))
@@ -176,8 +168,7 @@ def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset())
         thread = e.start_thread_id()
         track = tracks.get(thread) or tracks.setdefault(thread, f"cpu:{thread}")
         link = e.linked_correlation_id()
-        # NOTE: a CUDA runtime call (cudaLaunchKernel) links to a range or operator; its own
-        # correlation id is CUPTI's, from another sequence that can collide with theirs
+        # NOTE: a runtime call's own correlation id is CUPTI's, which can collide with ours
         corr = 0 if link else e.correlation_id()
         append(Event(name, category, track, start, duration / 1e3, corr, link))
     return Capture(out, np.array(host, dtype=np.float64))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .slo import print_slo
+from .goodput import print_slo
 
 
 def print_result(r: dict) -> None:
@@ -60,9 +60,11 @@ def _print_time_split(r: dict) -> None:
     )
     print(f"time by phase: {phases}")
     buckets = ", ".join(f"{k} {n} steps {t:.2f} s" for k, (n, t) in r["decode_by_batch"].items())
-    print(f"decode by batch size: {buckets}; garbage collections during the run: "
-          f"{r['gc_collections']}, {r['gc_full_collections']} of them full, "
-          f"{r['gc_seconds']:.2f} s")  # fmt: skip
+    print(
+        f"decode by batch size: {buckets}; garbage collections during the run: "
+        f"{r['gc_collections']}, {r['gc_full_collections']} of them full, "
+        f"{r['gc_seconds']:.2f} s"
+    )
 
 
 def _print_decode_step(r: dict) -> None:

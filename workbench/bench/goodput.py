@@ -50,7 +50,7 @@ def slo_result(history, slo: dict[str, float]) -> dict:
                 "requests": row.requests,
             }
             for row in by_cause.itertuples(index=False)
-        },  # fmt: skip
+        },
     }
 
 
@@ -65,8 +65,10 @@ def print_slo(r: dict) -> None:
     )
     if not r["missed"]:
         return
-    print(f"misses by cause ({r['missed']} requests missed, {r['missed_delay_ms']:,.0f} ms of "
-          "delay in all: the span each missed limit measures):")  # fmt: skip
+    print(
+        f"misses by cause ({r['missed']} requests missed, {r['missed_delay_ms']:,.0f} ms of "
+        "delay in all: the span each missed limit measures):"
+    )
     for cause, c in r["misses_by_cause"].items():
         print(
             f"  {cause:<28} {c['ms']:>10,.1f} ms  {c['share']:5.1f}%  in {c['requests']} requests"

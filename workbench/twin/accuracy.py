@@ -1,17 +1,5 @@
 """The twin's own error: its runs against real runs of the same settings, beside the real runs'
-run-to-run noise (two runs of one setting differ too: a twin cannot be asked to be closer).
-
-`validate_twin(real_runs, twin_runs)` gives one row per setting and figure: the real value (the
-mean of the setting's real runs), the twin's, the relative error, and the noise (the spread of
-the real runs, as a share of their mean). A setting's real runs are named like its twin run, or
-like it with " #1", " #2", ... after it. The last two figures of each setting are the median
-per-step device-time error of the step costs on the real runs' own steps: over every step, and
-over the steps with prompt tokens alone (prefill and mixed: few beside the decode steps, so the
-first hides how far off they are; on a GPU their time is the host's launching, which changes
-from run to run). Every row also says how much of the twin's run was outside what the step costs
-were calibrated on (`uncalibrated_pct`: the share of its steps that `StepCosts.uncalibrated`
-names a reason for), so a large error can be told from a guess.
-"""
+run-to-run noise (a twin cannot be asked to be closer than two real runs are to each other)."""
 
 from __future__ import annotations
 
@@ -30,11 +18,10 @@ _NUMBERS = re.compile(r"(\d+)")
 
 
 def validate_twin(real_runs, twin_runs, costs: StepCosts | None = None):
-    """A table (pandas): setting, figure, real, predicted, error_pct, noise_pct,
-    uncalibrated_pct; its settings in natural order (`setting_order`: chunk 512 before chunk
-    2048), an ordered categorical that pivots and groupbys keep. `costs`: the step costs for the
-    per-step error and the calibration's coverage (None: those the twin runs say they ran
-    on)."""
+    """A table (pandas) per setting and figure: real (the mean of the real runs named like the
+    twin run, " #N" aside), predicted, error_pct, noise_pct (the real runs' spread) and
+    uncalibrated_pct, plus the step costs' per-step device-time error on the real steps.
+    `costs`: None for those the twin runs say they ran on."""
     import pandas as pd
 
     real = _by_setting(named_runs(real_runs))
@@ -110,7 +97,6 @@ def _row(name: str, figure: str, values: np.ndarray, predicted: float) -> dict:
 
 
 def _by_setting(named: dict) -> dict[str, list]:
-    """Real runs grouped by setting: their names without a trailing " #N"."""
     groups: dict[str, list] = {}
     for name, history in named.items():
         groups.setdefault(_REPEAT.sub("", name), []).append(history)
@@ -125,8 +111,6 @@ def _costs_of(twin, name: str) -> StepCosts:
 
 
 def _step_errors(costs: StepCosts, history) -> tuple[float, float]:
-    """The median relative error (%) of the costs' device time on the run's measured steps:
-    over all of them, and over those with prompt tokens (NaN when there are none)."""
     steps = history.steps
     device, _ = costs.predict_steps(steps)
     real = steps.device_ms.to_numpy(dtype=float)
