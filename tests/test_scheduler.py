@@ -133,3 +133,18 @@ def test_each_batch_launches_with_its_requests_own_lengths(overlap, monkeypatch)
         pass
     llm.check_integrity()
     assert any(seen) and not all(seen)  # both ways were taken
+
+
+def test_eos_ids_set_on_a_built_scheduler_end_requests():
+    """`scheduler.eos_ids` is read at every collect: a token made EOS after the scheduler was
+    built ends the requests that emit it."""
+
+    llm = LLM("tiny-qwen3")
+    prompt = [5, 6, 7, 8, 9]
+    probe = llm.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True))[0]["token_ids"]
+    eos = probe[3]
+    llm.scheduler.eos_ids = {eos}
+    out = llm.generate([prompt], SamplingParams(max_tokens=8))[0]
+    assert out["token_ids"] == probe[: probe.index(eos) + 1]
+    assert out["finish_reason"] == "stop"
+    llm.check_integrity()

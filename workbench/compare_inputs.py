@@ -8,12 +8,18 @@ from typing import Any
 from . import validate as V
 from .core import SamplingParams
 from .llm import LLM
+from .traces import Trace
 
 
-def checked_requests(llm: LLM, requests: Sequence[tuple], arrival: str = "step") -> list[tuple]:
-    """``(prompt, sampling[, arrival])`` tuples as ``(token_ids, sampling, arrival_step,
+def checked_requests(
+    llm: LLM, requests: Sequence[tuple] | Trace, arrival: str = "step"
+) -> list[tuple]:
+    """``(prompt, sampling[, arrival])`` tuples, or a trace's requests (`Trace.to_requests`:
+    arriving at their times, whatever `arrival` says), as ``(token_ids, sampling, arrival_step,
     arrival_time)``; raises on the first bad one."""
     by_time = V.choice("arrival", arrival, ("step", "time")) == "time"
+    if isinstance(requests, Trace):
+        requests, by_time = requests.to_requests(llm.engine.model_config.vocab_size), True
     checked = []
     for i, request in enumerate(requests):
         if not isinstance(request, tuple) or len(request) not in (2, 3):

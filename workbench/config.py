@@ -16,6 +16,9 @@ CacheKind = Literal["naive", "radix"]
 
 CACHE_KINDS = tuple(CACHES)
 TP_BACKENDS = ("nccl", "gloo")
+# how an MoE model's experts are computed: `layers.moe.MOE_BACKENDS` (a test keeps the two
+# lists equal) and "auto": "triton" on a GPU when Triton is installed, else "torch"
+MOE_BACKEND_CHOICES = ("auto", "torch", "triton")
 MAX_GRAPH_TOKENS = 16384  # a prefill graph's inputs fit one staging segment (`device.py`)
 RECORD_LEVELS = ("off", "light", "full")  # what each step keeps (instrument/probe.py)
 # what `LLM.reconfigure` can change without reloading weights, the KV pool or CUDA graphs
@@ -80,6 +83,7 @@ class EngineConfig:
     # "nccl", or "gloo" (ranks may share one GPU, without CUDA graphs); None: by device
     tp_backend: str | None = None
     warmup: bool = True  # take every path once at build so no measured step pays a first use
+    moe_backend: str = "auto"  # a mixture of experts' expert computation: MOE_BACKEND_CHOICES
 
     def __post_init__(self) -> None:
         from . import validate as V
@@ -120,6 +124,7 @@ class EngineConfig:
             share_threshold=V.integer("share_threshold", self.share_threshold, 0),
             tp_size=V.integer("tp_size", self.tp_size, 1, 64),
             warmup=V.boolean("warmup", self.warmup),
+            moe_backend=V.choice("moe_backend", self.moe_backend, MOE_BACKEND_CHOICES),
         )
         if self.tp_backend is not None:
             checked["tp_backend"] = V.choice("tp_backend", self.tp_backend, TP_BACKENDS)
@@ -133,6 +138,11 @@ class EngineConfig:
             raise ValueError(
                 f"tp_backend='nccl' needs a CUDA device, device is {self.torch_device}; "
                 "allowed on the cpu: 'gloo'"
+            )
+        if self.moe_backend == "triton" and self.torch_device.type != "cuda":
+            raise ValueError(
+                f"moe_backend='triton' needs a CUDA device, device is {self.torch_device}; "
+                "allowed on the cpu: 'torch' or 'auto'"
             )
         self.torch_dtype  # noqa: B018 (checks the dtype)
 
@@ -192,6 +202,15 @@ class EngineConfig:
     @property
     def fused_rope_enabled(self) -> bool:
         return self._triton_kernel(self.fused_rope)
+
+    @property
+    def moe_backend_used(self) -> str:
+        """The MoE backend `moe_backend` names, "auto" resolved: "triton" on a GPU when Triton
+        and the kernel's module are installed, else "torch"."""
+        if self.moe_backend != "auto":
+            return self.moe_backend
+        kernel = importlib.util.find_spec("workbench.kernels.fused_moe") is not None
+        return "triton" if kernel and self._triton_kernel(None) else "torch"
 
     def _triton_kernel(self, choice: bool | None) -> bool:
         if self.torch_device.type != "cuda":

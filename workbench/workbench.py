@@ -29,6 +29,7 @@ from .runs import RunHistory
 from .scheduler.record import StepRecord, StepRecords
 from .serve import MAX_QUEUED_REQUESTS, Host, Server
 from .serve.views import ViewThread
+from .traces import Trace
 
 
 class Workbench:
@@ -97,6 +98,9 @@ class Workbench:
                 raise ValueError("give arrival_step or arrival_time, not both")
         ids = self.llm.encode(prompt)
         self.llm.check_request(ids, sampling)
+        return self._queue(ids, sampling, arrival_step, arrival_time)
+
+    def _queue(self, ids, sampling, arrival_step, arrival_time) -> int:
         step = max(arrival_step or 0, self.step_index)
         self._submitted.append((ids, sampling, step, arrival_time))
         if arrival_time is not None and arrival_time > self.scheduler.clock.now():
@@ -108,6 +112,24 @@ class Workbench:
             uid = self.scheduler.new_uid()
             self._arrivals.add(Due(arrival_step, uid, ids, sampling), by_time=False)
         return uid
+
+    def add_trace(
+        self, trace: Trace, sampling: SamplingParams | None = None, seed: int = 0
+    ) -> list[int]:
+        """Queue every request of `trace` (`workbench.traces.load`), each arriving at its second
+        on the run's clock (which starts at 0 on a new or reset workbench). Prompts as
+        `trace.to_requests` makes them (this model's vocabulary, `seed`); `sampling` (greedy by
+        default) runs each request to its recorded output length. Every request is checked
+        before any is queued; returns their uids, in trace order."""
+        if not isinstance(trace, Trace):
+            raise TypeError(f"add_trace takes a Trace (workbench.traces.load), got {trace!r}")
+        self.llm.check_open()
+        requests = trace.to_requests(self.llm.engine.model_config.vocab_size, seed, sampling)
+        checked = checked_requests(self.llm, requests, arrival="time")
+        with self._engine_held():
+            uids = [self._queue(ids, sp, None, seconds) for ids, sp, _, seconds in checked]
+        self._notify(final=False)
+        return uids
 
     def abort(self, uid: int) -> dict:
         """Stop a request wherever it is; returns its output so far (finish_reason "abort")."""
@@ -302,7 +324,7 @@ class Workbench:
     def compare(
         self,
         settings: Mapping[str, Mapping[str, Any]],
-        requests: Sequence[tuple] | None = None,
+        requests: Sequence[tuple] | Trace | None = None,
         progress: bool = True,
         arrival: str = "step",
         repeats: int = 1,
@@ -310,8 +332,9 @@ class Workbench:
         """Run the same requests under each named setting; the runs by name, for `viz.compare_*`.
 
         `settings`: name -> `reconfigure` arguments; `requests`: ``(prompt, sampling[, arrival])``
-        tuples (by default those added since the last reset). `repeats` runs the settings in
-        rounds, so that a slow spell falls on all alike."""
+        tuples, or a `Trace` (its requests arrive at their times), by default those added since
+        the last reset. `repeats` runs the settings in rounds, so that a slow spell falls on all
+        alike."""
         repeats = V.integer("repeats", repeats, 1)
         self.llm.check_not_serving("compare")
         if requests is None:

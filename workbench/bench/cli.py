@@ -9,6 +9,7 @@ import torch
 from ..flags import add_engine_arguments, add_schedule_arguments
 from ..instrument.window import FIELDS, StepExpression
 from .bound import DEVICES
+from .dataset import DATASETS
 from .goodput import parse_slo
 
 
@@ -39,7 +40,24 @@ def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
         "--dataset-name",
         type=_dataset,
         default="random",
-        help="the prompts: 'random' (random token ids, the only one built in)",
+        metavar="NAME",
+        help="the requests: 'random' (random token ids, lengths from --input-len), or a "
+        "production trace arriving at its times: 'azure-conv', 'azure-code' (Azure 2023), "
+        "'mooncake', 'mooncake-synthetic' (Mooncake FAST'25; prefixes shared as recorded), from "
+        "the slice that ships or --dataset-path; 'trace': a plain CSV or JSON lines file",
+    )
+    p.add_argument(
+        "--dataset-path",
+        metavar="FILE",
+        help="a whole trace file of --dataset-name's kind (default: the slice in data/traces/)",
+    )
+    p.add_argument(
+        "--trace-block-size",
+        type=int,
+        default=512,
+        metavar="N",
+        help="with a trace: tokens per prefix block (the traces' 512 by default); fewer scale "
+        "every length by N/512, e.g. 16 for a tiny model on a CPU",
     )
     p.add_argument(
         "--num-requests",
@@ -47,7 +65,7 @@ def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
         dest="num_requests",
         type=int,
         default=256 if gpu else 16,
-        help="requests in the workload (256 on a GPU, 16 on a CPU)",
+        help="requests in the workload, a trace's first N (256 on a GPU, 16 on a CPU)",
     )
     _length_arguments(p, gpu)
     p.add_argument("--seed", type=int, default=0, help="workload and sampling seed")
@@ -56,7 +74,8 @@ def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
         "--request-rate",
         type=float,
         default=None,
-        help="requests/s arriving as a Poisson process (default: all at once); adds latencies",
+        help="requests/s arriving as a Poisson process (default: all at once), or a trace's "
+        "arrivals rescaled to this rate (default: its own; inf: all at once); adds latencies",
     )
 
 
@@ -90,6 +109,12 @@ def _length_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device-spec", default="h200", choices=sorted(DEVICES), help="for the roofline"
+    )
+    p.add_argument(
+        "--step-costs",
+        metavar="FILE",
+        help="run the twin of the engine these step costs were fitted on (StepCosts.save): no "
+        "weights, each step's time predicted on a virtual clock, in which the figures are",
     )
     p.add_argument(
         "--option",
@@ -189,10 +214,11 @@ def _step_expression(text: str) -> StepExpression:
 
 
 def _dataset(name: str) -> str:
-    if name != "random":
+    if name != "random" and name not in DATASETS:
         raise argparse.ArgumentTypeError(
-            f"{name!r} is not built in: only 'random' (prompts of random token ids, lengths from "
-            "--input-len / --random-input-len); for your own prompts use LLM.generate"
+            f"{name!r} is not built in: 'random' (prompts of random token ids, lengths from "
+            f"--input-len / --random-input-len) or a trace, one of {', '.join(DATASETS)}; for "
+            "your own prompts use LLM.generate"
         )
     return name
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +39,7 @@ class Timing:
     first_token: float
     finish: float
     output_tokens: int
+    cached_tokens: int = 0  # prompt tokens the prefix cache held at its admission
 
     @property
     def ttft(self) -> float:
@@ -59,7 +59,8 @@ def serve(
 ) -> list[Timing]:
     """Add each request when its arrival time has come, step until every one has finished.
 
-    A token counts as delivered when the step that collected it returns (the host has it)."""
+    Times are the run's clock's (a twin's is virtual). A token counts as delivered when the step
+    that collected it returns (the host has it)."""
     for i, (ids, sp) in enumerate(zip(prompts, params)):
         llm.check_request(ids, sp, i)  # every request is valid before the clock starts
     sched = llm.scheduler
@@ -68,10 +69,12 @@ def serve(
     first: dict[int, float] = {}
     finish: dict[int, float] = {}
     count = [0] * len(prompts)
-    start = time.perf_counter()
+    clock = sched.clock
+    clock.resume()
+    start = clock.now()
     due = 0
     while len(finish) < len(prompts):
-        now = time.perf_counter() - start
+        now = clock.now() - start
         while due < len(order) and arrivals[order[due]] <= now:
             i = order[due]
             index_of[sched.add_request(list(prompts[i]), params[i])] = i
@@ -79,10 +82,10 @@ def serve(
         record = sched.step()
         if record is None:
             if due < len(order):
-                time.sleep(max(0.0, arrivals[order[due]] - (time.perf_counter() - start)))
+                clock.wait_until(start + arrivals[order[due]])  # (a twin's clock jumps there)
                 continue
             break
-        t = time.perf_counter() - start
+        t = clock.now() - start
         sampled = record.batch.sampled_reqs if record.batch is not None else None
         uids = [r.uid for r in sampled] if sampled is not None else _sampled_uids(record)
         for uid, token in zip(uids, record.tokens):
@@ -99,9 +102,13 @@ def serve(
     if record is not None and on_step is not None:
         on_step(record)
     sched.probe.flush()  # record="full": the session ends (its events are read when looked at)
-    for uid in index_of:
-        sched.finished.pop(uid, None)
-    return [Timing(arrivals[i], first[i], finish[i], count[i]) for i in range(len(prompts))]
+    cached = [0] * len(prompts)
+    for uid, i in index_of.items():
+        req = sched.finished.pop(uid, None)
+        cached[i] = req.cached_tokens if req is not None else 0
+    return [
+        Timing(arrivals[i], first[i], finish[i], count[i], cached[i]) for i in range(len(prompts))
+    ]
 
 
 def _sampled_uids(record: StepRecord) -> list[int]:

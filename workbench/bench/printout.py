@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from .dataset import reuse_line, trace_line
 from .goodput import print_slo
 
 
 def print_result(r: dict) -> None:
     """The settings, the throughput, where the time went, the decode step and the latencies."""
     print(_settings_line(r))
+    if "trace" in r:
+        print(trace_line(r["trace"]))
     print(
         f"requests {r['num_requests']}, input {r['input_len'][0]}-{r['input_len'][1]}, "
         f"output {r['output_len'][0]}-{r['output_len'][1]}, {r['steps']} steps"
@@ -22,10 +25,14 @@ def print_result(r: dict) -> None:
         print(f"profiled {r['profiled_steps']} of {r['steps']} steps ({r['profile_steps']})")
     _print_time_split(r)
     _print_decode_step(r)
+    if "prefix_reuse" in r:
+        print(reuse_line(r["prefix_reuse"]))
     if "ttft_ms_p50" in r:
         nan = float("nan")
+        rate = r["request_rate"]
+        arriving = f"request rate {rate}/s" if rate is not None else "at the trace's times"
         print(
-            f"request rate {r['request_rate']}/s: TTFT p50 {r['ttft_ms_p50']:.1f} ms, "
+            f"{arriving}: TTFT p50 {r['ttft_ms_p50']:.1f} ms, "
             f"p90 {r['ttft_ms_p90']:.1f} ms, p99 {r['ttft_ms_p99']:.1f} ms | TPOT p50 "
             f"{r.get('tpot_ms_p50', nan):.2f} ms, p90 {r.get('tpot_ms_p90', nan):.2f} ms"
         )
@@ -72,8 +79,8 @@ def _print_decode_step(r: dict) -> None:
         f"decode step at batch {r['decode_batch']} ({r['decode_step_kv_tokens']} KV tokens): "
         f"{r['decode_step_ms']:.2f} ms"
     )
-    if r["device"] == "cpu":  # the roofline models a GPU (--device-spec)
-        print(f"{step} (no roofline on the cpu)")
+    if r["roofline_tokens_per_s"] is None:  # the roofline models a GPU's run (--device-spec)
+        print(f"{step} (no roofline {'on the cpu' if r['device'] == 'cpu' else 'for a twin'})")
     else:
         print(
             f"roofline bound {r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "

@@ -4,7 +4,6 @@ decoding), and the decode step at the largest batch against its roofline bound."
 from __future__ import annotations
 
 import statistics
-import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from .bound import DeviceSpec, decode_step_bound
@@ -27,7 +26,7 @@ class HostTime(NamedTuple):
 class StepTime(NamedTuple):
     """One step of the timed run, as the bench's step callback saw it."""
 
-    end: float  # time.perf_counter() when the step returned
+    end: float  # the run's clock when the step returned (seconds)
     phase: str
     batch_size: int
     kv_tokens: int  # KV tokens the step read, over all its rows
@@ -39,9 +38,9 @@ class StepTime(NamedTuple):
     graph: bool = False
 
 
-def step_time(record: StepRecord) -> StepTime:
-    """What the run keeps of a step: plain numbers, read without completing the record (no
-    per-request pass) unless it has prompt tokens."""
+def step_time(record: StepRecord, end: float) -> StepTime:
+    """What the run keeps of a step that returned at `end`: plain numbers, read without
+    completing the record (no per-request pass) unless it has prompt tokens."""
     ms = record.stage_ms()
     collect_ms = ms["collect"] + ms["record"]
     host = HostTime(sum(ms.values()) - collect_ms, record.wait_ms, collect_ms)
@@ -49,7 +48,7 @@ def step_time(record: StepRecord) -> StepTime:
         kv_tokens = int(record.batch.ledger[2].sum())
     else:
         kv_tokens = sum(r.cached_len for r in record.rows)
-    step = StepTime(time.perf_counter(), record.phase, record.size, kv_tokens, host)
+    step = StepTime(end, record.phase, record.size, kv_tokens, host)
     if record.phase == "decode":
         return step
     record.complete()  # (collected: its device time needs no wait)

@@ -19,6 +19,7 @@ from ..core import SamplingParams
 from ..flags import llm_options
 from ..llm import LLM
 from .bound import DEVICES, workload_bound
+from .dataset import bench_workload, reuse_result
 from .goodput import slo_result
 from .host import host_splits, split_table
 from .online import latency_summary, poisson_arrivals, serve
@@ -32,12 +33,14 @@ def run_bench(args: argparse.Namespace) -> dict:
     its settings and figures, the fields `--json` prints."""
     check_save(args)
     llm = build_llm(args)
-    work = random_workload(args.num_requests, args.input_len, args.output_len, args.seed)
+    work, trace = bench_workload(llm, args)
     warm_up(llm, args)
     run = timed_run(llm, work, args)
     llm.check_integrity()
     saved = save_run(llm, args) if args.save else None
     result = {**summary(llm, args, work, run), **({"saved": str(saved)} if saved else {})}
+    if trace is not None:
+        result |= {"trace": trace.summary(), "prefix_reuse": reuse_result(trace, run.cached)}
     if args.slo and args.record != "off":  # (a sweep of record=off,...: none to read)
         result["slo"] = slo_result(llm.history, args.slo)
     if args.profile:
@@ -59,7 +62,14 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 
 def build_llm(args: argparse.Namespace) -> LLM:
-    return LLM(args.model, **llm_options(args))
+    """The engine the flags describe; with --step-costs, its twin."""
+    if args.step_costs is None:
+        return LLM(args.model, **llm_options(args))
+    from ..twin import load_step_costs
+
+    if args.profile:
+        raise ValueError("--profile times the host's work: a twin (--step-costs) only predicts it")
+    return LLM(args.model, step_costs=load_step_costs(args.step_costs), **llm_options(args))
 
 
 def warm_up(llm: LLM, args: argparse.Namespace) -> None:
@@ -69,15 +79,16 @@ def warm_up(llm: LLM, args: argparse.Namespace) -> None:
 
 
 class TimedRun(NamedTuple):
-    """What the timed generate measured."""
+    """What the timed generate measured, on the run's clock (a twin's is virtual)."""
 
-    start: float  # time.perf_counter() at its start: where the first step's time begins
+    start: float  # the clock at its start: where the first step's time begins
     seconds: float
     output_tokens: int
     steps: list[StepTime]
     collections: GcWatch  # stopped: its counts are final
-    latency: dict  # TTFT, TPOT and end-to-end percentiles with --request-rate; else empty
+    latency: dict  # TTFT, TPOT and end-to-end percentiles of arriving requests; else empty
     read_seconds: float  # --record full: reading the profiler's events after the run
+    cached: list[int]  # each request's prompt tokens found in the prefix cache at admission
 
 
 def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
@@ -88,6 +99,7 @@ def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
         for n in work.output_lens
     ]
     steps: list[StepTime] = []
+    clock = llm.scheduler.clock
     # on a terminal: requests finished and tokens so far (tqdm redraws a few times a second)
     quiet = not sys.stderr.isatty()
     bar = tqdm(total=len(work.prompts), unit="req", desc="bench", leave=False, disable=quiet)
@@ -95,7 +107,7 @@ def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
 
     def on_step(record) -> None:
         nonlocal tokens
-        steps.append(step_time(record))
+        steps.append(step_time(record, clock.now()))
         if not bar.disable:
             tokens += sum(t is not None for t in record.tokens)
             bar.set_postfix(tokens=tokens, refresh=False)
@@ -105,34 +117,41 @@ def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
     gc.collect()
     collections = GcWatch()
     sync()
-    start = time.perf_counter()
+    start = clock.now()
     try:
-        output_tokens, latency = _generate(llm, work.prompts, params, args, on_step)
+        output_tokens, latency, cached = _generate(llm, work, params, args, on_step)
     finally:
         bar.close()
     sync()
-    seconds = time.perf_counter() - start
+    seconds = clock.now() - start
     collections.stop()
     # NOTE: the profiler's events are read when first looked at, after the run (timed apart)
     read = time.perf_counter()
     llm.history.fill_in()
     read_seconds = time.perf_counter() - read
-    return TimedRun(start, seconds, output_tokens, steps, collections, latency, read_seconds)
+    return TimedRun(
+        start, seconds, output_tokens, steps, collections, latency, read_seconds, cached
+    )
 
 
 def _generate(
     llm: LLM,
-    prompts: list[list[int]],
+    work: Workload,
     params: list[SamplingParams],
     args: argparse.Namespace,
     on_step: Callable,
-) -> tuple[int, dict]:
-    if args.request_rate is None:
-        outputs = llm.generate(prompts, params, on_step=on_step)
-        return sum(o["completion_tokens"] for o in outputs), {}
-    arrivals = poisson_arrivals(len(prompts), args.request_rate, args.seed)
-    timings = serve(llm, prompts, params, arrivals, on_step=on_step)
-    return sum(t.output_tokens for t in timings), latency_summary(timings)
+) -> tuple[int, dict, list[int]]:
+    """Output tokens, latencies (when requests arrive over time) and cached tokens per request."""
+    arrivals = work.arrivals  # a trace's (already at --request-rate)
+    if arrivals is None and args.request_rate is None:
+        outputs = llm.generate(work.prompts, params, on_step=on_step)
+        cached = [o["cached_tokens"] for o in outputs]
+        return sum(o["completion_tokens"] for o in outputs), {}, cached
+    if arrivals is None:
+        arrivals = poisson_arrivals(len(work.prompts), args.request_rate, args.seed)
+    timings = serve(llm, work.prompts, params, arrivals, on_step=on_step)
+    cached = [t.cached_tokens for t in timings]
+    return sum(t.output_tokens for t in timings), latency_summary(timings), cached
 
 
 def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -> dict:
@@ -145,7 +164,7 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
     prompt = prompt_steps(run.steps)
     gpu = llm.engine.device.type == "cuda"  # (the roofline models a GPU: none on the CPU)
     return dict(
-        **settings(llm, args),
+        **settings(llm, args, work),
         output_tokens=run.output_tokens,
         seconds=round(run.seconds, 3),
         events_read_seconds=round(run.read_seconds, 3) if args.record == "full" else None,
@@ -178,12 +197,17 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
     )
 
 
-def settings(llm: LLM, args: argparse.Namespace) -> dict:
+def settings(llm: LLM, args: argparse.Namespace, work: Workload) -> dict:
     """What ran: the model, the device, and the settings as the engine resolved them."""
     engine = llm.engine
+    if llm.step_costs is not None:
+        device = f"a twin of {engine.simulates}"
+    else:
+        device = torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu"
+    lens, traced = work.prompt_lens, work.arrivals is not None
     return dict(
         model=args.model,
-        device=torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
+        device=device,
         dtype=str(engine.dtype).removeprefix("torch."),
         overlap=llm.scheduler.overlap,
         tp_size=engine.tp.size,
@@ -198,9 +222,10 @@ def settings(llm: LLM, args: argparse.Namespace) -> dict:
         cache=args.cache,
         policy=engine.config.policy,
         record=args.record,
-        num_requests=args.num_requests,
-        input_len=args.input_len,
-        output_len=args.output_len,
+        dataset=args.dataset_name,
+        num_requests=len(work.prompts),
+        input_len=[min(lens), max(lens)] if traced else args.input_len,
+        output_len=[min(work.output_lens), max(work.output_lens)] if traced else args.output_len,
     )
 
 

@@ -1,4 +1,5 @@
-"""Benchmark workloads: random token-id prompts with uniform lengths, reproducible by seed."""
+"""Benchmark workloads: random token-id prompts with uniform lengths, reproducible by seed, or a
+trace's requests (`dataset.py`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 class Workload:
     prompts: list[list[int]]
     output_lens: list[int]
+    arrivals: list[float] | None = None  # a trace's, in seconds; None: as --request-rate says
 
     @property
     def prompt_lens(self) -> list[int]:

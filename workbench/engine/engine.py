@@ -70,8 +70,14 @@ class Engine:
             self.tp,
         )
         self.model.use_fused_kernels(config.fused_kernels_enabled, config.fused_rope_enabled)
+        self.model.use_moe_backend(config.moe_backend_used)
         self._build_memory(config, model_cfg)
         self.ctx = ForwardContext(self.backend)
+        # the decoder layers whose MoE blocks count their experts' tokens in `ctx.routing`
+        self.moe_layers: tuple[int, ...] = tuple(model_cfg.moe_layers) if model_cfg.is_moe else ()
+        if self.moe_layers:  # NOTE: before the graphs are captured: they add into this buffer
+            shape = (len(self.moe_layers), model_cfg.num_experts)
+            self.ctx.routing = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self.sampler = Sampler(
             model_cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling_enabled
         )
@@ -176,7 +182,7 @@ class Engine:
         if prompt_ids is None and batch.num_decode < batch.size:
             prompt_ids = prompt_tokens(batch)
         runner, shape = self._runner_for(batch)
-        launch = Launch(batch, runner, shape, prompt_ids, self.tp.size)
+        launch = Launch(batch, runner, shape, prompt_ids, self.tp.size, moe_layers=self.moe_layers)
         sampled = batch.sampled_mask()
         reqs, lens = batch.sampled_reqs, batch.ledger[2][sampled]
         if runner is None:
@@ -217,6 +223,8 @@ class Engine:
             timer = launch.timer = DeviceTimer(self.device)
             if timer.cuda:
                 self.backend.launched(timer)  # the plan's copies are behind its start
+            if self.ctx.routing is not None:  # counted anew by each forward (a graph's too)
+                self.ctx.routing.zero_()
             if runner is not None:
                 return runner.replay(batch, launch.shape)
             with torch.inference_mode(), self.ctx.running(batch) as ctx:
@@ -243,11 +251,25 @@ class Engine:
                 host.copy_(tokens, non_blocking=True)
                 tokens = host
                 launch.done = launch.timer.stopped
-            launch.timer.stop()  # behind the tokens' copy to the host
+            if self.ctx.routing is not None:
+                launch.routing = self._routing_to_host(self.ctx.routing)
+            launch.timer.stop()  # behind the tokens' (and the routing's) copy to the host
             launch.tokens = tokens
         except Exception:
             self._check_ranks_alive()
             raise
+
+    def _routing_to_host(self, routing: torch.Tensor) -> torch.Tensor:
+        """The step's expert counts, copied (enqueued, on a GPU) to a host tensor of its own."""
+        # NOTE: done whatever the record level (the engine does not know it): one copy of
+        # MoE layers x experts int32 (24 KiB for 48 x 128) per step, on a GPU into pinned memory
+        # from torch's caching host allocator, which takes the block back once the copy is done
+        # and the record let it go. Not a ring like the tokens': a record completed late (its
+        # `rows` read long after its step) must still find its own counts.
+        if routing.device.type != "cuda":
+            return routing.clone()
+        host = torch.empty(routing.shape, dtype=routing.dtype, pin_memory=True)
+        return host.copy_(routing, non_blocking=True)
 
     def _check_ranks_alive(self) -> None:
         if self.ranks is not None:
@@ -298,3 +320,16 @@ class Launch:
     timer: DeviceTimer | None = None
     tokens: torch.Tensor | None = None  # int32 [sampled requests] on the host
     done: torch.cuda.Event | None = None  # after their copy (None: nothing to wait for)
+    moe_layers: tuple[int, ...] = ()  # the decoder layers with an MoE block (none: dense)
+    # int32 [MoE layers, experts] on the host, after `sample`: tokens each expert received
+    # (a graph's padding not counted); None for a dense model. Read it with `host_routing`.
+    routing: torch.Tensor | None = None
+
+    def host_routing(self) -> np.ndarray | None:
+        """The step's expert counts (int32 [MoE layers, experts]) once on the host; None for a
+        dense model. Waits for the step's end, which is behind their copy."""
+        if self.routing is None:
+            return None
+        if self.timer is not None:
+            self.timer.elapsed_ms()  # NOTE: synchronizes with the timer's stop, after the copy
+        return self.routing.numpy()

@@ -67,7 +67,10 @@ class GraphRunner:
         # NOTE: the host wrote these entries in its own table only; padded rows write dummy_slot
         self.table.page_table[rows, positions] = x["slots"]
         self.wrappers.graph_indices(rows, x["indptr"])
-        logits = self.model(input_ids, positions, self.ctx, self.sample_idx[:bs])
+        sample_idx = self.sample_idx[:bs]
+        logits = counted_forward(
+            self.model, self.ctx, x["counted"], input_ids, positions, sample_idx
+        )
         if not self.sample:
             return logits, None
         from ..kernels.sampling import race_sample
@@ -134,6 +137,7 @@ class GraphRunner:
         x["out_loc"][:size], x["out_loc"][size:] = slots, self.dummy_slot
         x["slots"][:size], x["slots"][size:] = slots, self.dummy_slot
         x["following"][:size], x["following"][size:] = device_len, 1
+        x["counted"][:size], x["counted"][size:] = 1, 0
         temperatures, keys = race if race is not None else (0.0, 0)
         x["temperatures"][:size], x["temperatures"][size:] = temperatures, 0.0
         x["keys"][:size], x["keys"][size:] = keys, 0
@@ -170,6 +174,24 @@ def capture(run: Callable[[], T], pool, stream: torch.cuda.Stream, tp_size: int)
     with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=mode):
         outputs = run()
     return graph, outputs
+
+
+def counted_forward(
+    model: torch.nn.Module,
+    ctx: ForwardContext,
+    counted: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    sample_idx: torch.Tensor,
+) -> torch.Tensor:
+    """The model's forward, its MoE routing counting only the tokens whose `counted` is 1 (a
+    static buffer the graph reads at each replay): a padded graph's dummy tokens choose experts
+    too, but are not the batch's (`ForwardContext.route`)."""
+    ctx.counted = counted
+    try:
+        return model(input_ids, positions, ctx, sample_idx)
+    finally:
+        ctx.counted = None
 
 
 def send_staged(ring: Staging, host: np.ndarray, staged: torch.Tensor) -> None:
@@ -213,6 +235,7 @@ class Staged(Layout):
         ("indptr", np.int32, 1),
         ("last_page_len", np.int32, 0),
         ("kv_lens", np.int32, 0),  # read on the host only, by the planner
+        ("counted", np.int32, 0),  # 1: a row of the batch, 0: padding (its routing not counted)
     )
 
     def __init__(self, bs: int) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from ..core import Batch
 from ..device import staging
-from .graph import Layout, capture, send_staged
+from .graph import Layout, capture, counted_forward, send_staged
 from .inputs import ranges
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ def prefill_fields(tokens: int, rows: int) -> list[tuple[str, type, int]]:
         ("kv_indptr", np.int32, rows + 1),
         ("last_page_len", np.int32, rows),
         ("kv_lens", np.int32, rows),  # read on the host only, by the planner
+        ("counted", np.int32, tokens),  # 1: a token of the batch, 0: padding (not routed)
     ]
 
 
@@ -151,7 +152,9 @@ class PrefillGraphRunner:
         self.table.page_table[token_rows, positions] = x["slots"]
         self.wrappers.graph_indices(x["rows"], x["kv_indptr"])
         input_ids = self.table.token_pool[token_rows, positions]
-        logits = self.model(input_ids, positions, self.ctx, x["sample_idx"])
+        logits = counted_forward(
+            self.model, self.ctx, x["counted"], input_ids, positions, x["sample_idx"]
+        )
         self.logits[: shape[1]].copy_(logits)
 
     def prepare(self, batch: Batch, shape: tuple[int, int], race: None = None) -> None:
@@ -164,6 +167,7 @@ class PrefillGraphRunner:
         token_rows[:total], token_rows[total:] = np.repeat(table_rows, extend), self.table.dummy_row
         x["positions"][:total], x["positions"][total:] = ranges(cached, device_len), 0
         slots = self.table.page_table_host[token_rows[:total], x["positions"][:total]]
+        x["counted"][:total], x["counted"][total:] = 1, 0
         x["out_loc"][:total], x["out_loc"][total:] = slots, self.dummy_slot
         x["slots"][:total], x["slots"][total:] = slots, self.dummy_slot
         x["rows"][:n], x["rows"][n:] = table_rows, self.table.dummy_row

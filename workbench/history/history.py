@@ -7,7 +7,9 @@ Tables (one DataFrame each):
 - ``admissions``: one row per admission decision (admitted, or the reason it waited);
 - ``events``: one row per profiler event (record="full");
 - ``pages``: what each batch's page-table rows gained, as runs of consecutive KV slots
-  (record="full"); ``pages_at(step)`` gives a step's rows whole.
+  (record="full"); ``pages_at(step)`` gives a step's rows whole;
+- ``routing``: an MoE model's, the tokens each expert of each MoE layer received per step
+  (nonzero counts only; empty for a dense model, and in runs saved before it existed).
 
 Each table's columns are the fields of its row type in `tables.py`.
 """
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..timing import add_timing_columns, device_on_host
 from . import runfile
 from .pages import pages_at
+from .routing import RoutingColumns
 from .tables import TableRows
 
 if TYPE_CHECKING:
@@ -30,7 +33,7 @@ if TYPE_CHECKING:
     from ..scheduler.record import StepRecord
     from .roofline import Roofline
 
-TABLES = ("steps", "ledger", "requests", "admissions", "events", "pages")
+TABLES = ("steps", "ledger", "requests", "admissions", "events", "pages", "routing")
 
 
 class _Tables:
@@ -60,6 +63,13 @@ class _Tables:
     @property
     def pages(self) -> pd.DataFrame:
         return self.tables()["pages"]
+
+    @property
+    def routing(self) -> pd.DataFrame:
+        tables = self.tables()
+        if "routing" in tables:
+            return tables["routing"]
+        return RoutingColumns().frame()  # a run saved before routing was recorded
 
     def pages_at(self, step: int) -> pd.DataFrame:
         """The page-table rows of step `step`'s batch, whole, as runs of consecutive KV slots."""

@@ -1,6 +1,10 @@
 """Roofline: what a step must at least cost on a device. A forward reads every streamed weight
 once and each request's KV, writes its new tokens' KV, and does two FLOPs per weight per token
-plus the attention products; it takes no less than max(bytes / bandwidth, FLOPs / peak)."""
+plus the attention products; it takes no less than max(bytes / bandwidth, FLOPs / peak).
+
+An MoE model's step reads its dense weights (attention, dense MLPs, router, norms, the LM head)
+and, in each MoE layer, only the experts its tokens were routed to: the step's routing says
+which (`routing.py`); each token computes its top-k experts, not all of them."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ..models.config import ModelConfig
@@ -38,6 +43,13 @@ def streamed_weights(model_cfg: ModelConfig) -> int:
     """Parameters one forward reads in full (the embedding is only gathered, unless tied)."""
     embed = model_cfg.vocab_size * model_cfg.hidden_size
     return model_cfg.num_params() - (0 if model_cfg.tie_word_embeddings else embed)
+
+
+def expert_weights(model_cfg: ModelConfig) -> int:
+    """Parameters of every expert of every MoE layer (0: a dense model)."""
+    if not model_cfg.is_moe:
+        return 0
+    return len(model_cfg.moe_layers) * model_cfg.num_experts * model_cfg.expert_params()
 
 
 def attention_flops_per_pair(model_cfg: ModelConfig) -> int:
@@ -95,23 +107,38 @@ class StepBound(NamedTuple):
 class Roofline:
     """The roofline of any step of one model on one device; padding rows are not counted."""
 
-    weight_bytes: int  # the streamed weights, read once per step
+    weight_bytes: int  # the streamed weights read once per step (an MoE's: all but its experts)
     kv_bytes_per_token: int
-    flops_per_token: int
+    flops_per_token: int  # of those weights
     flops_per_pair: int
     device: DeviceSpec | None  # None (a CPU, an unknown GPU): no time bound
+    expert_params: int = 0  # one expert of one MoE layer (0: a dense model)
+    expert_bytes: int = 0  # its weights' bytes
+    moe_layers: int = 0
+    experts: int = 0  # per MoE layer
+    top_k: int = 0  # experts per token
 
     @classmethod
     def for_model(
         cls, model_cfg: ModelConfig, dtype_bytes: int, device: DeviceSpec | None = None
     ) -> Roofline:
-        weights = streamed_weights(model_cfg)
+        dense = streamed_weights(model_cfg) - expert_weights(model_cfg)
+        moe = {}
+        if model_cfg.is_moe:
+            moe = dict(
+                expert_params=model_cfg.expert_params(),
+                expert_bytes=model_cfg.expert_params() * dtype_bytes,
+                moe_layers=len(model_cfg.moe_layers),
+                experts=model_cfg.num_experts,
+                top_k=model_cfg.num_experts_per_tok,
+            )
         return cls(
-            weight_bytes=weights * dtype_bytes,
+            weight_bytes=dense * dtype_bytes,
             kv_bytes_per_token=model_cfg.kv_bytes_per_token(dtype_bytes),
-            flops_per_token=2 * weights,
+            flops_per_token=2 * dense,
             flops_per_pair=attention_flops_per_pair(model_cfg),
             device=device,
+            **moe,
         )
 
     @classmethod
@@ -125,7 +152,9 @@ class Roofline:
         spec = device_spec(device)
         return cls.for_model(model_config, dtype.itemsize, spec and spec.times(num_devices))
 
-    def of_step(self, rows: Iterable[LedgerRow]) -> StepBound:
+    def of_step(self, rows: Iterable[LedgerRow], routing: np.ndarray | None = None) -> StepBound:
+        """The step of ledger `rows`; an MoE model's reads the experts its `routing` (int32 [MoE
+        layers, experts], `StepRecord.routing`) touched, or all of them when it is not known."""
         kv_tokens = pairs = tokens = 0
         for r in rows:
             # NOTE: lengths are after the step: the last `extend_len` of `cached_len` are new
@@ -135,6 +164,15 @@ class Roofline:
             tokens += new
         nbytes = self.weight_bytes + kv_tokens * self.kv_bytes_per_token
         flops = tokens * self.flops_per_token + pairs * self.flops_per_pair
+        if self.expert_params:
+            # experts touched and (token, expert) pairs, summed over the MoE layers
+            if routing is None:
+                touched = self.moe_layers * self.experts
+                routed = self.moe_layers * tokens * self.top_k
+            else:
+                touched, routed = int((routing > 0).sum()), int(routing.sum())
+            nbytes += touched * self.expert_bytes
+            flops += routed * 2 * self.expert_params
         spec = self.device
         if spec is None:
             return StepBound(float(nbytes), float(flops), math.nan)

@@ -11,6 +11,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .routing import ROUTING_DTYPES
+
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
@@ -157,6 +159,8 @@ def read_json(path: str | Path) -> tuple[dict[str, pd.DataFrame], dict]:
         name: pd.read_json(io.StringIO(json.dumps(table)), orient="table", precise_float=True)
         for name, table in doc.items()
     }
+    if "routing" in frames:  # NOTE: JSON's schema says "integer"; its columns are narrower
+        frames["routing"] = frames["routing"].astype(ROUTING_DTYPES)
     return frames, meta
 
 

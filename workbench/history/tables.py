@@ -13,6 +13,7 @@ from .frames import add_rank_columns, rounded, text_as_string
 from .rank_skew import add_skew_columns
 from .request_table import requests_table
 from .roofline import NO_BOUND
+from .routing import RoutingColumns, expert_imbalance, experts_touched
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,10 +67,14 @@ class StepRow(NamedTuple):
     # `timing.py`: the host's own work and whether it outlasted the device's
     host_work_ms: float
     host_bound: bool
-    bytes_read: float  # weights once, the KV contexts read, the new tokens' KV written
+    bytes_read: float  # weights once (an MoE's: the experts touched), KV read and written
     flops: float
     bound_ms: float  # the roofline's time for the step; NaN without a device spec
     achieved_gbps: float  # bytes_read / device_ms; NaN where device_ms is 0
+    # an MoE model's routing (`routing.py`), NaN for a dense model: the mean over MoE layers of
+    # the experts given at least one token, and of the most tokens an expert got over the mean
+    experts_touched: float
+    expert_imbalance: float
     simulated: bool  # timed by a twin's step costs (`workbench.twin`), not measured
     profiled: bool  # record="full": the profiler recorded it
     profiler_ms: float  # host time the profiler added, by its estimate
@@ -140,6 +145,7 @@ class TableRows:
         self.admissions: dict[str, list] = {c: [] for c in AdmissionRow._fields}  # by column
         self.events: list[tuple] = []
         self.pages: list[tuple] = []
+        self.routing = RoutingColumns()
         self.rank_ms: dict[int, list[float]] = {}  # step -> ranks 1..'s device ms
         self.rank_clock_ms: dict[int, list[float]] = {}  # step -> ranks 1..'s clock offsets
 
@@ -168,6 +174,8 @@ class TableRows:
             self.events.extend(head + event for event in events)
         if rec.page_rows:
             self._add_pages(rec, rows)
+        if rec.routing is not None:
+            self.routing.add(rec.step, rec.moe_layers, rec.routing)
 
     def _add_ledger(self, rec: StepRecord, rows) -> dict[str, int]:
         by_kind = {"prefill": 0, "chunk": 0, "decode": 0}
@@ -199,7 +207,7 @@ class TableRows:
         return by_kind
 
     def _add_step(self, rec: StepRecord, rows, by_kind: dict, decided, reasons: set) -> None:
-        bound = NO_BOUND if self.roofline is None else self.roofline.of_step(rows)
+        bound = NO_BOUND if self.roofline is None else self.roofline.of_step(rows, rec.routing)
         device_ms = rec.device_ms
         split = rec.host_stage_ms or (math.nan,) * len(HOST_STAGES)
         step = StepRow(
@@ -240,6 +248,8 @@ class TableRows:
             flops=bound.flops,
             bound_ms=bound.bound_ms,
             achieved_gbps=bound.bytes_read / device_ms / 1e6 if device_ms > 0 else math.nan,
+            experts_touched=experts_touched(rec.routing),
+            expert_imbalance=expert_imbalance(rec.routing),
             simulated=rec.simulated,
             profiled=rec.events is not None,
             profiler_ms=getattr(rec.events, "profiler_ms", math.nan),
@@ -275,6 +285,7 @@ class TableRows:
             ),
             "events": pd.DataFrame(self.events, columns=EventRow._fields),
             "pages": pd.DataFrame(self.pages, columns=PageRow._fields),
+            "routing": self.routing.frame(),
         }
         add_rank_columns(frames["steps"], self.rank_ms)
         add_rank_columns(frames["steps"], self.rank_clock_ms, "clock_offset_ms_rank")

@@ -98,6 +98,14 @@ class SampleEnd:
 
 
 @dataclass(frozen=True, slots=True)
+class MoeRoute:
+    step: int
+    layers: tuple[int, ...]  # the decoder layers with an MoE block, in `counts`' order
+    # per MoE layer, the tokens each expert received (a CUDA graph's padding not counted)
+    counts: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RequestFinish:
     step: int
     uid: int

@@ -3,9 +3,9 @@
 The names are the profiler's range names; a hook gets a frozen event of CPU values (`events.py`).
 A hook that raises does not stop its step: `HookError` is raised at the step's end.
 Order in a step: cache.match, admit / reject, schedule.end, cache.evict, batch.prepared,
-forward.begin, forward.end, cache.insert (shared prompts), sample.end, request.finish,
-cache.insert (finished requests), step.end. With overlap, step N+1's launch half runs before
-step N's collect half (from sample.end).
+forward.begin, forward.end, cache.insert (shared prompts), sample.end, moe.route (an MoE
+model's), request.finish, cache.insert (finished requests), step.end. With overlap, step N+1's
+launch half runs before step N's collect half (from sample.end).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ HOOK_POINTS = (
     "forward.begin",
     "forward.end",  # launched, not finished
     "sample.end",
+    "moe.route",  # an MoE model's: the tokens each expert received, per MoE layer
     "request.finish",
     "step.end",  # the event is the StepRecord
 )

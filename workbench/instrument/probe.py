@@ -226,6 +226,11 @@ class Probe(Observer):
             uids = tuple(r.uid for r in batch.sampled_reqs)
             self.hooks.emit("sample.end", ev.SampleEnd(step, uids, tuple(tokens)))
 
+    def moe_route(self, step: int, launch: Launch) -> None:
+        if "moe.route" in self.hooks:
+            counts = tuple(map(tuple, launch.host_routing().tolist()))
+            self.hooks.emit("moe.route", ev.MoeRoute(step, launch.moe_layers, counts))
+
     def request_finish(
         self, step: int, req: Req, between_steps: bool = False, seconds: float = 0.0
     ) -> None:

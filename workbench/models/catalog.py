@@ -72,6 +72,41 @@ TINY_CONFIGS: dict[str, dict] = {
         tie_word_embeddings=False,
         rope_theta=1000000.0,
     ),
+    # mixtures of experts: 8 experts, 2 per token, routing spread over all of them; layer 1
+    # keeps a dense MLP (mlp_only_layers), so both kinds of layer run
+    "tiny-qwen3-moe": dict(
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=False,
+        rope_theta=1000000.0,
+    ),
+    "tiny-mixtral": dict(
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        hidden_size=64,
+        intermediate_size=48,  # each expert's
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+        rope_theta=1000000.0,
+        sliding_window=None,
+    ),
 }
 
 

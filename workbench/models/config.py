@@ -6,7 +6,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+)
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,14 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     # the config's "workbench_init": "normal" (seeded random) or "induction" (models/induction.py)
     dummy_init: str = "normal"
+    # mixture of experts (Qwen3-MoE, Mixtral): a dense model keeps these defaults
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's gate / up width
+    norm_topk_prob: bool = False  # the top-k router weights renormalised to sum to 1
+    moe_layers: tuple[int, ...] = ()  # the decoder layers whose MLP is a sparse MoE block
+    # keys each query attends back to (None: all); the decoder runs only None or the whole context
+    sliding_window: int | None = None
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
@@ -60,9 +74,10 @@ class ModelConfig:
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             eos_token_ids=eos_ids,
             dummy_init=raw.get("workbench_init", "normal"),
+            **_moe_fields(arch, raw),
         )
 
     @classmethod
@@ -77,13 +92,32 @@ class ModelConfig:
                 model_cfg = cls(**{**model_cfg.__dict__, "eos_token_ids": ids})
         return model_cfg
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and bool(self.moe_layers)
+
+    @property
+    def dense_layer_count(self) -> int:
+        """Decoder layers with a dense MLP of `intermediate_size` (every layer of a dense model)."""
+        return self.num_layers - len(self.moe_layers)
+
+    def expert_params(self) -> int:
+        """The parameters of one expert of one MoE layer (gate, up and down)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
     def num_params(self) -> int:
+        """Every parameter, every expert included (not only those a token activates)."""
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        qkv = h * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        qkv = (h + (1 if self.qkv_bias else 0)) * qkv_rows  # weight, and bias when it has one
         o = self.num_heads * self.head_dim * h
-        per_layer = qkv + o + 3 * h * i + 2 * h
+        qk_norm = 2 * self.head_dim if self.qk_norm else 0
+        per_layer = qkv + o + qk_norm + 2 * h  # and the two norms
+        mlps = self.dense_layer_count * 3 * h * i
+        # each MoE layer: its experts and its router
+        experts = len(self.moe_layers) * self.num_experts * (self.expert_params() + h)
         head = 0 if self.tie_word_embeddings else v * h
-        return self.num_layers * per_layer + v * h + head + h
+        return self.num_layers * per_layer + mlps + experts + v * h + head + h
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
@@ -91,6 +125,51 @@ class ModelConfig:
     @property
     def tp_sizes(self) -> list[int]:
         """The tensor-parallel sizes this model splits into evenly: each divides the query
-        heads, the KV heads and the MLP (a rank never holds part of a head or a GQA group)."""
-        counts = (self.num_heads, self.num_kv_heads, self.intermediate_size)
+        heads, the KV heads, the dense MLP and each expert's intermediate size (a rank never
+        holds part of a head or a GQA group)."""
+        counts = [self.num_heads, self.num_kv_heads]
+        if self.dense_layer_count:
+            counts.append(self.intermediate_size)
+        if self.is_moe:
+            counts.append(self.moe_intermediate_size)
         return [d for d in range(1, self.num_kv_heads + 1) if all(n % d == 0 for n in counts)]
+
+
+def _moe_fields(arch: str, raw: dict) -> dict:
+    """The MoE fields of a Qwen3-MoE or Mixtral config, with Hugging Face's defaults."""
+    layers = raw["num_hidden_layers"]
+    # NOTE: transformers 5 writes either family's expert count as num_local_experts
+    experts = raw.get("num_experts", raw.get("num_local_experts"))
+    if arch == "MixtralForCausalLM":  # every layer sparse; the router always renormalises
+        fields = dict(
+            num_experts=8 if experts is None else experts,
+            num_experts_per_tok=raw.get("num_experts_per_tok", 2),
+            moe_intermediate_size=raw["intermediate_size"],
+            norm_topk_prob=True,
+            moe_layers=tuple(range(layers)),
+            sliding_window=raw.get("sliding_window"),
+        )
+    elif arch == "Qwen3MoeForCausalLM":
+        experts = 128 if experts is None else experts
+        step = raw.get("decoder_sparse_step", 1)
+        dense = set(raw.get("mlp_only_layers") or ())
+        sparse = experts > 0 and step > 0
+        fields = dict(
+            num_experts=experts,
+            num_experts_per_tok=raw.get("num_experts_per_tok", 8),
+            moe_intermediate_size=raw.get("moe_intermediate_size", 768),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+            # as Hugging Face builds them: a layer not in mlp_only_layers, every step-th
+            moe_layers=tuple(
+                i for i in range(layers) if sparse and i not in dense and (i + 1) % step == 0
+            ),
+            sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window") else None,
+        )
+    else:
+        return {}
+    if fields["moe_layers"] and not 0 < fields["num_experts_per_tok"] <= fields["num_experts"]:
+        raise ValueError(
+            f"num_experts_per_tok={fields['num_experts_per_tok']} must be in "
+            f"[1, num_experts={fields['num_experts']}]"
+        )
+    return fields

@@ -1,4 +1,6 @@
-"""One decoder for Llama (SmolLM2), Qwen2 (attention bias) and Qwen3 (q/k norm).
+"""One decoder for Llama (SmolLM2), Qwen2 (attention bias), Qwen3 (q/k norm) and the mixtures of
+experts Qwen3-MoE (Qwen3's attention, sparse MoE blocks in `moe_layers`, dense MLPs elsewhere)
+and Mixtral (Llama's attention, every layer an MoE block).
 
 The forward takes a flat batch: every token of every request on one axis, with its absolute
 position; attention reads each request's earlier tokens from the KV pool through the context."""
@@ -14,6 +16,7 @@ from ..distributed import SINGLE, TPGroup
 from ..layers.attention import AttentionLayer
 from ..layers.embedding import LMHead, VocabParallelEmbedding
 from ..layers.mlp import GatedMLP
+from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rotary import Rotary
 from .config import ModelConfig
@@ -26,10 +29,22 @@ def check_tp_size(model_cfg: ModelConfig, tp_size: int) -> None:
     """Refuse a TP size that would split a head, a GQA group or the MLP unevenly."""
     allowed, m = model_cfg.tp_sizes, model_cfg
     if tp_size not in allowed:
+        experts = f", moe_intermediate_size={m.moe_intermediate_size}" if m.is_moe else ""
         raise ValueError(
             f"tp_size={tp_size} does not divide the model's heads: num_heads={m.num_heads}, "
-            f"num_kv_heads={m.num_kv_heads}, intermediate_size={m.intermediate_size}; "
+            f"num_kv_heads={m.num_kv_heads}, intermediate_size={m.intermediate_size}{experts}; "
             f"allowed tp_size values: {allowed}"
+        )
+
+
+def check_context(model_cfg: ModelConfig, max_positions: int) -> None:
+    """Refuse a sliding window shorter than the context: attention here reads every earlier key."""
+    window = model_cfg.sliding_window
+    if window is not None and window < max_positions:
+        raise ValueError(
+            f"{model_cfg.architecture} has sliding_window={window}, shorter than the context "
+            f"of {max_positions} tokens; sliding-window attention is not supported: pass "
+            f"max_seq_len={window} or less (each token then sees its whole context)"
         )
 
 
@@ -49,7 +64,19 @@ class DecoderLayer(nn.Module):
             tp=tp,
         )
         self.post_attention_layernorm = RMSNorm(model_cfg.hidden_size, model_cfg.rms_norm_eps)
-        self.mlp = GatedMLP(model_cfg.hidden_size, model_cfg.intermediate_size, tp=tp)
+        self.mlp: GatedMLP | SparseMoE
+        if layer_id in model_cfg.moe_layers:
+            self.mlp = SparseMoE(
+                model_cfg.moe_layers.index(layer_id),
+                model_cfg.hidden_size,
+                model_cfg.num_experts,
+                model_cfg.num_experts_per_tok,
+                model_cfg.moe_intermediate_size,
+                renormalize=model_cfg.norm_topk_prob,
+                tp=tp,
+            )
+        else:
+            self.mlp = GatedMLP(model_cfg.hidden_size, model_cfg.intermediate_size, tp=tp)
 
     def forward(
         self,
@@ -66,6 +93,8 @@ class DecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, positions, ctx)
         x, residual = self.post_attention_layernorm(x, residual)
+        if isinstance(self.mlp, SparseMoE):
+            return self.mlp(x, ctx), residual
         return self.mlp(x), residual
 
 
@@ -73,6 +102,7 @@ class Decoder(nn.Module):
     def __init__(self, model_cfg: ModelConfig, max_positions: int, tp: TPGroup = SINGLE) -> None:
         super().__init__()
         check_tp_size(model_cfg, tp.size)
+        check_context(model_cfg, max_positions)
         self.model_cfg, self.tp = model_cfg, tp
         rotary = Rotary(
             model_cfg.head_dim, max_positions, model_cfg.rope_theta, model_cfg.rope_scaling
@@ -113,6 +143,13 @@ class Decoder(nn.Module):
                 module.fused = on
             if hasattr(module, "fused_rope"):
                 module.fused_rope = rope
+
+    def use_moe_backend(self, name: str) -> None:
+        """Compute the experts of every MoE block with backend `name` (`layers.moe.MOE_BACKENDS`:
+        "torch" anywhere, "triton" on a GPU); a dense model ignores it."""
+        for module in self.modules():
+            if isinstance(module, SparseMoE):
+                module.use_backend(name)
 
     @torch.no_grad()
     def load_param(self, name: str, full: torch.Tensor, part: int | None = None) -> None:

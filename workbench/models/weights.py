@@ -23,6 +23,31 @@ _MERGED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+# one expert's tensor (Qwen3-MoE's names, Mixtral's) -> our stacked parameter and, for w13, which
+# half: expert e's gate is w13's part 2e, its up part 2e + 1, its down w2's part e
+_EXPERT = {
+    "gate_proj": ("w13", 0),
+    "w1": ("w13", 0),
+    "up_proj": ("w13", 1),
+    "w3": ("w13", 1),
+    "down_proj": ("w2", None),
+    "w2": ("w2", None),
+}
+_EXPERT_NAMES = {  # the way back, per architecture: (gate, up, down)
+    "Qwen3MoeForCausalLM": (
+        "mlp.experts.{e}.gate_proj",
+        "mlp.experts.{e}.up_proj",
+        "mlp.experts.{e}.down_proj",
+    ),
+    "MixtralForCausalLM": (
+        "block_sparse_moe.experts.{e}.w1",
+        "block_sparse_moe.experts.{e}.w3",
+        "block_sparse_moe.experts.{e}.w2",
+    ),
+}
+# transformers 5's in-memory names (all experts in one tensor), which its save_pretrained
+# writes back per expert; a checkpoint may hold either
+_FUSED = {"experts.gate_up_proj": "w13", "experts.down_proj": "w2"}
 
 
 @contextlib.contextmanager
@@ -73,27 +98,63 @@ def _slices(model: Decoder, param: str, index: int) -> tuple[int, int]:
 def _target(
     model: Decoder, params: dict[str, torch.Tensor], hf_name: str
 ) -> tuple[str, int | None] | None:
-    """Our parameter name (and part, for merged projections) for a Hugging Face name."""
+    """Our parameter name (and part, for merged projections and single experts) for a Hugging
+    Face name."""
     name = hf_name.removeprefix("model.")
     if name == "lm_head.weight" and model.model_cfg.tie_word_embeddings:
         return None  # the embedding is the head
-    m = re.match(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+)_proj\.(weight|bias)$", name)
-    part = None
-    if m and f"{m[3]}_proj" in _MERGED:
-        merged, part = _MERGED[f"{m[3]}_proj"]
-        name = f"layers.{m[1]}.{m[2]}.{merged}.{m[4]}"
-    if name not in params:
-        raise KeyError(
+    name, part = _our_name(re.sub(r"^(layers\.\d+)\.block_sparse_moe\.", r"\1.mlp.", name))
+    if name not in params or not (part is None or part < _part_count(params[name], name)):
+        raise ValueError(
             f"checkpoint tensor {hf_name!r} has no place in {model.model_cfg.architecture}"
         )
     return name, part
 
 
+def _our_name(name: str) -> tuple[str, int | None]:
+    m = re.match(r"layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.(weight|bias)$", name)
+    if m and m[3] in _MERGED:
+        merged, part = _MERGED[m[3]]
+        return f"layers.{m[1]}.{m[2]}.{merged}.{m[4]}", part
+    m = re.match(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)\.weight$", name)
+    if m and m[3] in _EXPERT:
+        (stacked, half), expert = _EXPERT[m[3]], int(m[2])
+        return f"layers.{m[1]}.mlp.{stacked}", expert if half is None else 2 * expert + half
+    m = re.match(r"layers\.(\d+)\.mlp\.(experts\.\w+)$", name)
+    if m and m[2] in _FUSED:
+        return f"layers.{m[1]}.mlp.{_FUSED[m[2]]}", None
+    return name, None
+
+
+def _part_count(param: torch.Tensor, name: str) -> int:
+    """How many checkpoint tensors fill this parameter (0: one, under its own name)."""
+    module, _, attr = name.rpartition(".")
+    kind = attr if attr in ("w13", "w2") else module.rpartition(".")[2]
+    experts = param.shape[0]
+    return {"qkv_proj": 3, "gate_up_proj": 2, "w13": 2 * experts, "w2": experts}.get(kind, 0)
+
+
+def _expected_shape(model: Decoder, full: torch.Size, name: str, part: int | None) -> list[int]:
+    """The shape a checkpoint tensor for `name` (its part `part`) must have."""
+    if part is None:
+        return list(full)
+    module, _, attr = name.rpartition(".")
+    if attr == "w13":  # one expert's gate or up
+        return [full[1] // 2, full[2]]
+    if attr == "w2":  # one expert's down
+        return list(full[1:])
+    lo, hi = _slices(model, module.rpartition(".")[2], part)
+    return [hi - lo, *full[1:]]
+
+
 def load_safetensors(model: Decoder, path: Path) -> None:
+    """Fill the model from every safetensors file in `path`; a tensor with no place here, of the
+    wrong shape, or one the model needs and no file has, is refused, named."""
     from safetensors import safe_open
 
     filled: set[str] = set()
     params = dict(model.named_parameters())
+    full = full_shapes(model.model_cfg)
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
             for hf_name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
@@ -101,24 +162,45 @@ def load_safetensors(model: Decoder, path: Path) -> None:
                 if target is None:
                     continue
                 name, part = target
+                shape = list(f.get_slice(hf_name).get_shape())
+                want = _expected_shape(model, full[name], name, part)
+                if shape != want:
+                    raise ValueError(
+                        f"checkpoint tensor {hf_name!r} in {file.name} has shape {shape}; "
+                        f"{model.model_cfg.architecture} expects {want}"
+                    )
                 model.load_param(name, f.get_tensor(hf_name), part)
-                filled.add(name if part is None else f"{name}[{part}]")
-    expected = _expected_fills(model)
-    missing = expected - filled
+                count = _part_count(params[name], name)
+                if part is None and count:  # a merged parameter given whole: every part
+                    filled |= {f"{name}[{i}]" for i in range(count)}
+                else:
+                    filled.add(name if part is None else f"{name}[{part}]")
+    missing = [key for key in _expected_fills(params) if key not in filled]
     if missing:
-        raise ValueError(f"checkpoint in {path} lacks {sorted(missing)[:5]} ...")
+        named = [_describe(model, full, key) for key in missing[:5]]
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ValueError(f"checkpoint in {path} lacks {', '.join(named)}{more}")
 
 
-def _expected_fills(model: Decoder) -> set[str]:
-    out = set()
-    for n, _ in model.named_parameters():
-        last = n.rsplit(".", 2)[-2]
-        if last in ("qkv_proj", "gate_up_proj"):
-            count = 3 if last == "qkv_proj" else 2
-            out |= {f"{n}[{i}]" for i in range(count)}
-        else:
-            out.add(n)
+def _expected_fills(params: dict[str, torch.Tensor]) -> list[str]:
+    out = []
+    for n, param in params.items():
+        count = _part_count(param, n)
+        out += [f"{n}[{i}]" for i in range(count)] if count else [n]
     return out
+
+
+def _describe(model: Decoder, full: dict[str, torch.Size], key: str) -> str:
+    """A missing tensor, by its Hugging Face name where it is one expert's, and its shape."""
+    name, _, part = key.partition("[")
+    index = int(part[:-1]) if part else None
+    shape = _expected_shape(model, full[name], name, index)
+    m = re.match(r"layers\.(\d+)\.mlp\.(w13|w2)$", name)
+    names = _EXPERT_NAMES.get(model.model_cfg.architecture)
+    if m is None or index is None or names is None:
+        return f"{key} {shape}"
+    expert, which = divmod(index, 2) if m[2] == "w13" else (index, 2)
+    return f"'model.layers.{m[1]}.{names[which].format(e=expert)}.weight' {shape}"
 
 
 @torch.no_grad()
@@ -140,7 +222,9 @@ def init_dummy(model: Decoder, seed: int) -> None:
 
 
 def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
-    """Our weights under Hugging Face names (merged projections split again); one rank only."""
+    """Our weights under Hugging Face's in-memory names (merged projections split again, experts
+    as transformers 5 keeps them: `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`, router
+    `mlp.gate.weight`, for Mixtral too), for `load_state_dict`; one rank only."""
     if model.tp.size > 1:
         raise ValueError(
             f"to_hf_state_dict needs the whole model; this one is rank {model.tp.rank} of "
@@ -151,6 +235,10 @@ def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
         if name.startswith("lm_head."):
             if not model.model_cfg.tie_word_embeddings:
                 out["lm_head.weight"] = param.detach()
+            continue
+        if m := re.match(r"(layers\.\d+\.mlp)\.(w13|w2)$", name):
+            fused = "gate_up_proj" if m[2] == "w13" else "down_proj"
+            out[f"model.{m[1]}.experts.{fused}"] = param.detach()
             continue
         m = re.match(
             r"layers\.(\d+)\.(self_attn|mlp)\.(qkv_proj|gate_up_proj)\.(weight|bias)$", name

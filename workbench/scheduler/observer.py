@@ -72,6 +72,9 @@ class Observer:
     def sample_end(self, step: int, batch: Batch, tokens: list[int], started: float) -> None:
         """ "sample.end": the batch's tokens are on the host."""
 
+    def moe_route(self, step: int, launch: Launch) -> None:
+        """ "moe.route": an MoE model's step is done; `launch.host_routing()` is its routing."""
+
     def request_finish(
         self, step: int, req: Req, between_steps: bool = False, seconds: float = 0.0
     ) -> None:

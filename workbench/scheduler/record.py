@@ -16,6 +16,8 @@ from ..core import Admission, Admissions, ReqView
 from ..timing import host_work_ms, is_host_bound
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..core import Batch
     from ..engine.engine import Launch
 
@@ -90,6 +92,10 @@ class StepRecord:
     simulated: bool = False  # timed by a twin's step costs, not measured
     device_on_host: bool = False
     padded_tokens: int = 0  # tokens as run, padding included (0: not known)
+    # an MoE model's routing: per MoE layer (the decoder layers `moe_layers`), the tokens each
+    # expert received, a graph's padding not counted (int32 [MoE layers, experts]; None: dense)
+    routing: np.ndarray | None = field(default=None, repr=False)
+    moe_layers: tuple[int, ...] = ()
     # filled when the history is read: ranks 1..'s device_ms, events and clock offsets (ms)
     rank_device_ms: list[float] | None = field(default=None, repr=False)
     # record="full": table row -> (since, slot runs gained this step); see `History.pages_at`
@@ -125,6 +131,7 @@ class StepRecord:
             launched_at=launched_at,
             tp_size=launch.tp_size,
             device_on_host=not getattr(launch.timer, "cuda", True),
+            moe_layers=launch.moe_layers,
             batch=batch,
             launch=launch,
             stages=stages,
@@ -165,6 +172,8 @@ class StepRecord:
         self._behind_reason = admitted.behind_reason
         if self.launch is not None and self.launch.timer is not None:
             self.device_ms = self.launch.timer.elapsed_ms()
+        if self.launch is not None and self.launch.routing is not None:
+            self.routing = self.launch.host_routing().copy()  # NOTE: off the pinned buffer
         if self.stages is not None and not self.simulated:
             self.stages.enter(None)
             self.host_stage_ms = self.stages.host_ms()

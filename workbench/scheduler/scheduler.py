@@ -57,14 +57,23 @@ class Scheduler:
         )
         self.prefill = PrefillManager()
         self.decode = DecodeManager(config.page_size)
-        self.eos_ids = frozenset(engine.model_config.eos_token_ids)
-        self._eos_array = np.array(sorted(self.eos_ids), dtype=np.int64)
+        self.eos_ids = engine.model_config.eos_token_ids
         self.finished: dict[int, Req] = {}  # uid -> request, until the caller collects it
         self.in_flight: StepRecord | None = None  # overlap: launched, not collected yet
         self.previous: Batch | None = None
         self.watch: Observer | None = None  # the probe, while it hears of a step's inside
         self.step_index = 0
         self._next_uid = 0
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """The tokens that end a request (unless it ignores EOS); settable."""
+        return self._eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids) -> None:
+        self._eos_ids = frozenset(ids)
+        self._eos_array = np.array(sorted(self._eos_ids), dtype=np.int64)
 
     def new_uid(self) -> int:
         uid, self._next_uid = self._next_uid, self._next_uid + 1
@@ -135,8 +144,10 @@ class Scheduler:
     def launch(self) -> StepRecord | None:
         """Schedule a batch, allocate its pages, and enqueue its forward and sampling."""
         watch, index = self.watch, self.step_index
-        stages = StageClock(ranges=watch is not None and watch.profiling)
+        # NOTE: the step starts before its first profiler range opens: events go to the step
+        # whose start precedes them
         started = self.clock.now()
+        stages = StageClock(ranges=watch is not None and watch.profiling)
         batch, admissions = self.schedule_next_batch()
         if watch is not None:
             watch.schedule_end(index, batch, admissions, started, self.occupancy)
@@ -226,6 +237,8 @@ class Scheduler:
             raw = launch.tokens.tolist()
             if watch is not None:
                 watch.sample_end(index, batch, raw, start)
+                if launch.routing is not None:
+                    watch.moe_route(index, launch)
             tokens, ends = self._append_tokens(batch, raw)
             finishes = []
             for req, reason in ends:  # NOTE: all end before any hook runs (Ctrl-C in one)

@@ -19,11 +19,12 @@ import numpy as np
 from ..clocks import HOST_STAGES
 from .coverage import MIN_SHAPE_STEPS, uncalibrated
 from .features import (
-    DEVICE_FEATURES,
     HOST_FEATURES,
     KNEE,
     PATHS,
     UNITS,
+    device_features,
+    is_moe,
     shape_keys,
     step_features,
 )
@@ -216,14 +217,15 @@ def fit_step_costs(runs) -> StepCosts:
     if len(steps) < 8:
         raise ValueError(f"step costs need at least 8 recorded steps, the runs have {len(steps)}")
     features = step_features(steps)
+    moe = is_moe(steps)
     device, host, shapes, ranges, shape_steps = {}, {}, {}, {}, {}
     for path in PATHS:
         rows = (features.path == path).to_numpy()
-        if rows.sum() < len(DEVICE_FEATURES[path]):
+        if rows.sum() < len(device_features(path, moe)):
             continue
         f = features[rows]
-        device[path], host[path] = _fit_path(f, steps[rows], path)
-        names = [n for n in DEVICE_FEATURES[path] if n not in _CONSTANT]
+        device[path], host[path] = _fit_path(f, steps[rows], device_features(path, moe))
+        names = [n for n in device_features(path, moe) if n not in _CONSTANT]
         ranges[path] = {n: (float(f[n].min()), float(f[n].max())) for n in names}
         if path != "eager":
             shapes[path] = _shape_factors(f, steps[rows], path, device[path])
@@ -248,8 +250,7 @@ def fit_step_costs(runs) -> StepCosts:
     return replace(costs, errors=_errors(costs, steps))
 
 
-def _fit_path(features, steps, path: str) -> tuple[Linear, dict[str, Linear]]:
-    names = DEVICE_FEATURES[path]
+def _fit_path(features, steps, names: tuple[str, ...]) -> tuple[Linear, dict[str, Linear]]:
     a = features[list(names)].to_numpy()
     y = steps.device_ms.to_numpy(dtype=float)
     enqueue = (steps.host_forward_ms + steps.host_sample_ms).to_numpy(dtype=float)
@@ -330,6 +331,7 @@ _COLUMNS = {
     "tokens_over": f"1k tok>{KNEE}",
     "prefill_pairs": "1M pairs",
     "decode_context": "1k KV read",
+    "experts": "experts",
 }
 _COLUMN_MEANS = {
     "prompt": "prompt step = prefill or mixed",
@@ -341,6 +343,7 @@ _COLUMN_MEANS = {
     "tokens_over": f"1k tok>{KNEE} = beyond the step's first {KNEE}",
     "prefill_pairs": "1M pairs = causal (query, key) pairs of prompt tokens",
     "decode_context": "1k KV read = KV tokens the decoding requests' attention read",
+    "experts": "experts = an MoE model's experts touched per MoE layer (mean over them)",
 }
 _PATH_MEANS = {
     "graph": "a decode step replayed as a CUDA graph",

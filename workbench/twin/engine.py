@@ -1,6 +1,7 @@
 """The twin's engine: the recorded engine's request table, page table, KV pool and graph
-shapes, and no model. `forward` puts the step's predicted time on the `Timeline`; `sample`
-gives every sampled request a token that is never EOS, so each runs to its `max_tokens`.
+shapes, and no model. `forward` puts the step's predicted time on the `Timeline` (an MoE
+model's step routed as `routing.py` estimates); `sample` gives every sampled request a token
+that is never EOS, so each runs to its `max_tokens`.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from ..distributed import SINGLE
 from ..engine.engine import Launch
 from ..engine.graph import capture_sizes
 from ..engine.prefill_graph import graph_shapes, shape_for
+from ..history.routing import experts_touched
 from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
 from .costs import StepCosts
 from .features import batch_features
+from .routing import uniform_routing
 from .timeline import Timeline
 
 
@@ -52,10 +55,11 @@ class TwinEngine:
                 self._shapes = graph_shapes(config.cuda_graph_max_tokens, rows, width)
         self.captures_graphs = self._sizes is not None and config.cuda_graph
         self._token = next(t for t in range(100, model_cfg.vocab_size) if t not in _eos(model_cfg))
+        self.moe_layers: tuple[int, ...] = tuple(model_cfg.moe_layers) if model_cfg.is_moe else ()
 
     def prepare(self, batch: Batch) -> Launch:
         """The batch padded as the real engine's graph runners would pad it, or eager."""
-        launch = Launch(batch, None, None, None)
+        launch = Launch(batch, None, None, None, moe_layers=self.moe_layers)
         _, cached, device_len = batch.ledger
         tokens = int((device_len - cached).sum())
         launch.padded_rows, launch.padded_tokens = batch.size, tokens
@@ -74,11 +78,21 @@ class TwinEngine:
     def forward(self, launch: Launch) -> None:
         batch = launch.batch
         graph = launch.shape is not None and self.captures_graphs
-        features = batch_features(batch, launch.padded_rows, launch.padded_tokens, graph)
+        launch.index, self.launches = self.launches, self.launches + 1
+        experts = 0.0
+        if self.moe_layers:  # NOTE: an estimate from the step's tokens alone (`routing.py`)
+            cfg = self.model_config
+            _, cached, device_len = batch.ledger
+            tokens = int((device_len - cached).sum())
+            counts = uniform_routing(
+                tokens, len(self.moe_layers), cfg.num_experts, cfg.num_experts_per_tok, launch.index
+            )
+            launch.routing = torch.from_numpy(counts)
+            experts = experts_touched(counts)
+        features = batch_features(batch, launch.padded_rows, launch.padded_tokens, graph, experts)
         device_ms, host_ms = self.costs.predict(features)
         predicted = self.timeline.launch(device_ms, host_ms)
         self.timeline.pending[id(batch)] = predicted  # the probe reads it at collect, record
-        launch.index, self.launches = self.launches, self.launches + 1
         launch.timer, launch.done = SimTimer(device_ms), predicted.done
 
     def sample(self, launch: Launch, logits: None) -> None:

@@ -3,6 +3,8 @@ recorded steps table or from a batch the twin is about to run.
 
 A step runs one of three paths: a decode step replaying a captured CUDA graph ("graph"), a
 prefill or mixed step replaying one ("prompt_graph"), or layers launched one by one ("eager").
+An MoE model's device time also grows with the experts its step touched (`MOE_FEATURE`: the
+steps table's `experts_touched`), on every path.
 """
 
 from __future__ import annotations
@@ -38,6 +40,19 @@ DEVICE_FEATURES = {
         "sampled",
     ),
 }
+MOE_FEATURE = "experts"  # of an MoE model's steps only: dense runs' fits do not have it
+
+
+def device_features(path: str, moe: bool) -> tuple[str, ...]:
+    """The features a path's device time is fitted on, for a dense or an MoE model."""
+    return DEVICE_FEATURES[path] + ((MOE_FEATURE,) if moe else ())
+
+
+def is_moe(steps: pd.DataFrame) -> bool:
+    """Whether a steps table is an MoE model's (it counts the experts its steps touched)."""
+    return "experts_touched" in steps and bool(steps.experts_touched.notna().any())
+
+
 # NOTE: each host stage on what its work grows with, no more: a feature that only soaks up the
 # host's noise extrapolates that noise
 HOST_FEATURES = {
@@ -61,6 +76,7 @@ UNITS = {
     "decode_context": "1k KV tokens read",
     "sampled": "sampled request",
     "prefill_rows": "prompt request",
+    "experts": "expert touched per MoE layer",
 }
 
 
@@ -92,16 +108,24 @@ def step_features(steps: pd.DataFrame) -> pd.DataFrame:
             "decode_context": steps.decode_context.to_numpy(dtype=float) / 1e3,
             "sampled": steps.sampled.to_numpy(dtype=float),
             "prefill_rows": (steps.batch_size - steps.decode_tokens).to_numpy(dtype=float),
+            "experts": _experts(steps),
         },
         index=steps.index,
     )
     return frame
 
 
+def _experts(steps: pd.DataFrame) -> np.ndarray:
+    if "experts_touched" not in steps:  # recorded before routing was
+        return np.zeros(len(steps))
+    return np.nan_to_num(steps.experts_touched.to_numpy(dtype=float))
+
+
 def batch_features(
-    batch: Batch, padded_size: int, padded_tokens: int, graph: bool
+    batch: Batch, padded_size: int, padded_tokens: int, graph: bool, experts: float = 0.0
 ) -> dict[str, float]:
-    """A batch about to run, as `step_features` gives the step it becomes, with its `path`."""
+    """A batch about to run, as `step_features` gives the step it becomes, with its `path`;
+    `experts`: an MoE model's experts touched per MoE layer (0: dense)."""
     _, cached, device_len = batch.ledger
     nd = batch.num_decode
     extend = device_len[nd:] - cached[nd:]
@@ -119,6 +143,7 @@ def batch_features(
         "decode_context": int(device_len[:nd].sum()) / 1e3,
         "sampled": float(len(batch.sampled_reqs)),
         "prefill_rows": float(batch.size - nd),
+        "experts": experts,
         "path": ("graph" if phase == "decode" else "prompt_graph") if graph else "eager",
     }
 

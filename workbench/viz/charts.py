@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .moe_charts import expert_load, experts_touched, has_routing
 from .rank_charts import has_rank_skew, rank_skew
 from .request_charts import admissions, ledger_bars, ledger_lines, page_table
 from .slo_charts import has_slo, slo_misses
@@ -59,6 +60,21 @@ CHARTS = (
     Chart("step_times", "Host and device time per step", step_times, "highlight_step", wide=True),
     Chart("step_breakdown", "Where the time went", step_breakdown, "highlight_step"),
     Chart("kernel_timeline", "Timeline of step {step}", kernel_timeline, "step", per_step=True),
+    Chart(
+        "experts_touched",
+        "Experts touched per step",
+        experts_touched,
+        "highlight_step",
+        shown=has_routing,
+    ),
+    Chart(
+        "expert_load",
+        "Tokens per expert at step {step}",
+        expert_load,
+        "step",
+        per_step=True,
+        shown=has_routing,
+    ),
     Chart("ledger_lines", "Lengths over steps", ledger_lines, "highlight_step", "highlight_uid"),
     Chart("admissions", "Admissions", admissions, None, "highlight_uid"),
     Chart("rank_times", "Device time of each rank", rank_times, "highlight_step", shown=has_ranks),

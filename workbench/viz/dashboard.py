@@ -271,6 +271,7 @@ class Dashboard(w.VBox):
             f"{_count(int(row.batch_size), 'request')} · {_count(int(row.num_tokens), 'token')} · "
             f"queue {int(row.queue_len)} · running {int(row.running)} · "
             f"KV free {int(row.kv_free)}/{int(row.kv_total)}{waiting} · "
+            f"{_experts(row)}"
             f"{_times(row, device_on_host(self.history))}"
             f"{_host_bound(row, self.history.steps)}"
             + (" · <i>simulated: predicted times</i>" if row.get("simulated", False) else "")
@@ -313,6 +314,14 @@ def _times(row, on_host: bool) -> str:
         return said
     device = "forward and sampling (CPU)" if on_host else "device"
     return said + f": {device} {row.device_ms:.1f}, host's own work {row.host_work_ms:.1f}"
+
+
+def _experts(row) -> str:
+    """An MoE model's step: "experts touched 7.5 per MoE layer · " (`history/routing.py`)."""
+    touched = row.get("experts_touched")
+    if touched is None or pd.isna(touched):
+        return ""
+    return f"experts touched {touched:.1f} per MoE layer · "
 
 
 def _host_bound(row, steps) -> str:

@@ -21,7 +21,7 @@ def summary(history) -> dict:
     itl = inter_token_latencies(steps, history.ledger)
     seconds = run_seconds(requests)  # the first arrival to the last finish
     tokens = int(requests.completion_tokens.sum())
-    return {
+    facts = {
         "steps": len(steps),
         "prefill steps": int((steps.phase == "prefill").sum()),
         "decode steps": int((steps.phase == "decode").sum()),
@@ -38,6 +38,12 @@ def summary(history) -> dict:
         "largest batch": int(steps.batch_size.max()) if len(steps) else 0,
         "peak KV in use (tokens)": int(steps.kv_in_use.max()) if len(steps) else 0,
     }
+    if "experts_touched" in steps and steps.experts_touched.notna().any():  # an MoE model
+        decode = steps[steps.phase == "decode"]
+        facts["experts touched per MoE layer (mean of decode steps)"] = (
+            round(float(decode.experts_touched.mean()), 2) if len(decode) else None
+        )
+    return facts
 
 
 def focus_step(history) -> int:

@@ -1,0 +1,13 @@
+"""Production request traces, replayed: `load` a trace (Azure's, Mooncake's, or a plain CSV or
+JSON lines of arrival seconds and lengths), run it (`Workbench.add_trace`, `compare(settings,
+requests=trace)`, `bench --dataset-name mooncake`), and set the run's prefix-cache hits beside
+the trace's own ideal (`prefix_reuse`)."""
+
+from .formats import FORMATS
+from .ideal import Reuse
+from .load import NAMES, load
+from .request import TraceRequest
+from .reuse import prefix_reuse
+from .trace import Trace
+
+__all__ = ["FORMATS", "NAMES", "Reuse", "Trace", "TraceRequest", "load", "prefix_reuse"]
