@@ -83,3 +83,15 @@ def test_a_run_under_vllm_names_and_errors_in_the_bench_usage(tmp_path):
     assert bad.returncode == 2
     assert "workbench bench: error: unrecognized arguments: --bogus" in bad.stderr
     assert bad.stderr.startswith("usage: workbench bench")
+
+
+def test_moe_backend_flag_reaches_the_engine():
+    from workbench import LLM
+    from workbench.flags import llm_options
+
+    args = parse("--model", "tiny-qwen3-moe", "--moe-backend", "torch")
+    assert llm_options(args)["moe_backend"] == "torch"
+    llm = LLM(args.model, **llm_options(args))
+    assert llm.config.moe_backend == "torch"
+    with pytest.raises(SystemExit):
+        parse("--moe-backend", "cutlass")

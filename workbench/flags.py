@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import ast
 
-from .config import CACHE_KINDS, RECORD_LEVELS, TP_BACKENDS
+from .config import CACHE_KINDS, MOE_BACKEND_CHOICES, RECORD_LEVELS, TP_BACKENDS
 from .policies import POLICIES
 
 # flags whose value is the `LLM` keyword of the same name, in the commands that have them
@@ -20,6 +20,7 @@ LLM_FLAGS = (
     "overlap",
     "cuda_graph",
     "fused_kernels",
+    "moe_backend",
     "record",
     "profile_steps",
     "max_profiled_steps",
@@ -114,6 +115,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, record: str = "off") -> Non
         action=argparse.BooleanOptionalAction,
         default=None,
         help="FlashInfer's fused norm, rope and SiLU kernels (default: where installed)",
+    )
+    p.add_argument(
+        "--moe-backend",
+        default="auto",
+        choices=MOE_BACKEND_CHOICES,
+        help="a mixture of experts' expert computation (default auto: the fused Triton kernel "
+        "on a GPU, torch elsewhere)",
     )
     p.add_argument("--record", default=record, choices=RECORD_LEVELS, help="step records kept")
     p.add_argument(
