@@ -94,8 +94,10 @@ def test_comparisons_and_the_summary_show_itl_percentiles(staggered):
     assert row["p50 ITL (ms)"] <= row["p90 ITL (ms)"] <= row["p99 ITL (ms)"]
     ttft_ms = history.requests.ttft_s * 1e3
     assert row["p50 TTFT (ms)"] == round(float(ttft_ms.median()), 2)
+    assert row["p95 TTFT (ms)"] == round(float(ttft_ms.quantile(0.95)), 2)
+    assert {"p95 TTFT (ms) ±", "p95 ITL (ms) ±"} <= set(table.columns)  # with their noise
     assert row["p90 TPOT (ms)"] == round(float(history.requests.tpot_s.quantile(0.9)) * 1e3, 2)
-    new = [f"p{q} {name} (ms)" for name in ("TTFT", "TPOT", "ITL") for q in (50, 90, 99)]
+    new = [f"p{q} {name} (ms)" for name in ("TTFT", "TPOT", "ITL") for q in (50, 90, 95, 99)]
     kept = ["mean TTFT (steps)", "p90 TTFT (steps)", "mean steps per output token"]
     assert set(new + kept + ["mean step wall (ms)", "median TPOT (ms)"]) <= set(table.columns)
     assert summary(history)["median ITL (ms)"] == round(float(pd.Series(gaps).median()) * 1e3, 2)

@@ -11,8 +11,9 @@ import re
 import numpy as np
 import pytest
 
-from workbench import SamplingParams, Workbench, traces
+from workbench import SamplingParams, Workbench, traces, viz
 from workbench.__main__ import main
+from workbench.pool_sweep import pool_sweep
 from workbench.traces import TraceRequest
 
 from .test_twin import synthetic_costs
@@ -240,6 +241,130 @@ def test_add_trace_checks_every_request_before_queueing_any():
     with pytest.raises(TypeError, match="Trace"):
         wb.add_trace([(1, 2, 3)])
     wb.close()
+
+
+# -- the KV pool's size -------------------------------------------------------------------------
+
+
+def pool_trace() -> traces.Trace:
+    """The slice's first 70 requests: every prompt begins with block 0, and request 63 repeats
+    the first 48 blocks of request 25's (a conversation's next turn, 18 s later)."""
+    return traces.load("mooncake", block_size=4, first=70)
+
+
+def pool_sizes(trace: traces.Trace) -> tuple[int, int]:
+    """The smallest pool that holds the longest request, and one that holds every request."""
+    lens = [p + o for p, o in zip(trace.prompt_lens, trace.output_lens)]
+    return max(lens), sum(lens)
+
+
+def test_one_at_a_time_hits_never_fall_as_the_pool_grows_nor_pass_the_ideal():
+    """One request at a time, every pool meets the same requests in the same order, and a larger
+    least-recently-used cache keeps all that a smaller one keeps: hits never fall as the pool
+    grows. The ample pool finds each request's shared prefix to the token (the hand computation);
+    the smallest evicts the conversation's first turn before its next one arrives."""
+    trace = pool_trace()
+    smallest, ample = pool_sizes(trace)
+    pools = [ample, smallest, 4 * smallest, 2 * smallest]  # out of order: the runs come sorted
+    runs = pool_sweep(trace, pools, MODEL, step_costs=synthetic_costs(MODEL), max_running_reqs=1)
+    assert list(runs) == sorted(pools)
+    assert [run.meta["num_pages"] for run in runs.values()] == sorted(pools)
+    table = traces.pool_reuse(runs, trace)
+    assert table.index.name == "num_pages" and table.index.tolist() == sorted(pools)
+    assert (table.pool_tokens == table.index).all()  # the costs' pages hold one token
+    assert (table.requests == len(trace)).all()
+    assert (table.prompt_tokens == sum(trace.prompt_lens)).all()
+    assert table.hit_tokens.is_monotonic_increasing and table.hit_blocks.is_monotonic_increasing
+    assert table.hit_tokens[ample] == sum(expected_cached(trace))
+    assert table.hit_tokens[smallest] < table.hit_tokens[ample]
+    ideal = trace.ideal
+    assert (table.hit_tokens <= ideal.hit_tokens).all()
+    assert (table.hit_blocks <= ideal.hit_blocks).all()
+    assert (table.ideal_token_hit_rate == ideal.token_hit_rate).all()
+    assert (table.ideal_block_hit_rate == ideal.block_hit_rate).all()
+    for n, run in runs.items():  # each row is prefix_reuse's line for its run
+        line = traces.prefix_reuse(run, trace).loc["run"]
+        for column in ("hit_tokens", "hit_blocks", "token_hit_rate", "block_hit_rate"):
+            assert table.loc[n, column] == line[column], (n, column)
+
+
+def test_the_twins_pool_sweep_caches_what_the_engines_does_and_no_more_than_the_ideal():
+    """Eight at a time, arriving at once (no clock in the schedule): on each pool the twin's
+    requests find what the real engine's do, request by request, and never more than the ideal
+    (how much depends on which requests ran together, so not always more on a larger pool)."""
+    trace = traces.load("mooncake", block_size=4, first=70, time_scale=0.0)
+    smallest, ample = pool_sizes(trace)
+    pools = [smallest, 2 * smallest, ample]
+    twin = pool_sweep(trace, pools, MODEL, step_costs=synthetic_costs(MODEL), max_running_reqs=8)
+    real = pool_sweep(trace, pools[:2], MODEL, page_size=1, max_running_reqs=8)
+    for n in pools[:2]:
+        assert twin[n].meta.get("simulated") and not real[n].meta.get("simulated")
+        cached = twin[n].requests.cached_tokens.tolist()
+        assert cached == real[n].requests.cached_tokens.tolist(), n
+    table = traces.pool_reuse(twin, trace)
+    assert (table.hit_tokens <= trace.ideal.hit_tokens).all()
+    assert (table.hit_blocks <= trace.ideal.hit_blocks).all()
+    assert table.hit_tokens[smallest] < table.hit_tokens[ample]
+
+
+def test_a_pool_sweep_refuses_what_it_cannot_run():
+    trace = pool_trace()
+    smallest, _ = pool_sizes(trace)
+    costs = synthetic_costs(MODEL)
+    with pytest.raises(ValueError, match=f"num_pages={smallest - 1}: .*KV pool"):
+        pool_sweep(trace, [smallest - 1, smallest], MODEL, step_costs=costs)
+    with pytest.raises(ValueError, match="record='off'"):
+        pool_sweep(trace, [smallest], MODEL, step_costs=costs, record="off")
+    with pytest.raises(ValueError, match="num_pages is empty"):
+        pool_sweep(trace, [], MODEL, step_costs=costs)
+    with pytest.raises(TypeError, match="pool sizes"):
+        pool_sweep(trace, "512", MODEL, step_costs=costs)
+    with pytest.raises(ValueError, match="num_pages"):
+        pool_sweep(trace, [0], MODEL, step_costs=costs)
+    with pytest.raises(TypeError, match="Trace"):
+        pool_sweep(trace.requests, [smallest], MODEL, step_costs=costs)
+    with pytest.raises(ValueError, match="does not say its KV pool's size"):
+        traces.pool_reuse({"a run": object()}, trace)
+
+
+def test_the_hit_rate_chart_draws_each_pool_and_the_ideal_as_a_rule():
+    trace = pool_trace()
+    smallest, ample = pool_sizes(trace)
+    runs = pool_sweep(trace, [smallest, ample], MODEL, step_costs=synthetic_costs(MODEL))
+    table = traces.pool_reuse(runs, trace)
+    spec = viz.hit_rate_chart(table).to_dict()
+    panels = spec["hconcat"]
+    assert [p["title"] for p in panels] == ["in tokens", "in blocks"]
+    for panel, measure in zip(panels, ("token", "block")):
+        rule, line = panel["layer"]
+        assert rule["mark"]["type"] == "rule" and line["mark"]["type"] == "line"
+        ideal = spec["datasets"][rule["data"]["name"]]
+        assert [row["ideal"] for row in ideal] == [getattr(trace.ideal, f"{measure}_hit_rate")]
+        points = spec["datasets"][line["data"]["name"]]
+        assert [row["num_pages"] for row in points] == [smallest, ample]
+        assert [row["hit_rate"] for row in points] == table[f"{measure}_hit_rate"].tolist()
+        assert line["encoding"]["x"]["axis"]["values"] == [smallest, ample]
+    with pytest.raises(ValueError, match="pool_reuse's table"):
+        viz.hit_rate_chart(traces.prefix_reuse(runs[smallest], trace))
+
+
+def test_a_sweep_chart_keeps_its_columns_in_the_runs_order_on_a_log_scale_when_asked():
+    """Rates named "1x" and "16x" stay in that order (not the strings' "16x" before "1x")."""
+    twin = Workbench(MODEL, step_costs=synthetic_costs(MODEL))
+    runs = {}
+    for rate in (1, 16):
+        trace = traces.load("mooncake", block_size=4, first=12, time_scale=1 / rate)
+        settings = {f"chunk {c} at {rate}x": dict(max_extend_tokens=c) for c in (16, 64)}
+        for name, run in twin.compare(settings, requests=trace, progress=False).items():
+            runs[name] = run
+            run.meta["rate"] = f"{rate}x"
+    spec = viz.sweep_chart(runs, figures=("p95 TTFT (ms)",), column="rate", log=True).to_dict()
+    (panel,) = spec["vconcat"]
+    assert panel["facet"]["column"]["sort"] == ["1x", "16x"]
+    y = panel["spec"]["layer"][0]["encoding"]["y"]
+    assert y["scale"]["type"] == "log" and y["title"].endswith("log scale")
+    linear = viz.sweep_chart(runs, figures=("p95 TTFT (ms)",), log=False).to_dict()
+    assert linear["vconcat"][0]["layer"][0]["encoding"]["y"]["scale"].get("type") is None
 
 
 # -- the bench ----------------------------------------------------------------------------------

@@ -17,6 +17,13 @@ def prefix_reuse(run, trace: Trace) -> pd.DataFrame:
     or `load_run`), in tokens and in blocks, beside the trace's ideal. The run's come from its
     requests table: each request's cached tokens when it was admitted (requests never admitted
     are left out, from the ideal too)."""
+    ideal, ran = reuse_of(run, trace)
+    rows = {"ideal (unbounded cache, in trace order)": ideal, "run": ran}
+    return reuse_table(rows, trace.block_size)
+
+
+def reuse_of(run, trace: Trace) -> tuple[Reuse, Reuse]:
+    """(the ideal, the run's) reuse of the requests of a run of `trace` that were admitted."""
     requests = run.requests
     if not len(requests):
         raise ValueError(
@@ -37,15 +44,9 @@ def prefix_reuse(run, trace: Trace) -> pd.DataFrame:
             )
     admitted = requests["first_scheduled_step"].notna().to_numpy()
     ran = [r for r, a in zip(trace.requests, admitted) if a]
-    rows = {
-        "ideal (unbounded cache, in trace order)": ideal_reuse(ran, trace.block_size),
-        "run": run_reuse(
-            requests["prompt_tokens"][admitted],
-            requests["cached_tokens"][admitted],
-            trace.block_size,
-        ),
-    }
-    return reuse_table(rows, trace.block_size)
+    return ideal_reuse(ran, trace.block_size), run_reuse(
+        requests["prompt_tokens"][admitted], requests["cached_tokens"][admitted], trace.block_size
+    )
 
 
 def reuse_table(rows: dict[str, Reuse], block_size: int) -> pd.DataFrame:

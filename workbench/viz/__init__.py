@@ -7,6 +7,7 @@ from . import charts
 from .charts import CHARTS, Chart
 from .compare import compare_chart, compare_table, request_latencies
 from .compare_summary import compare_summary
+from .pool_charts import hit_rate_chart
 from .report import write_report
 from .sweep import sweep_chart
 
@@ -35,6 +36,7 @@ __all__ = [
     "compare_chart",
     "compare_summary",
     "compare_table",
+    "hit_rate_chart",
     "sweep_chart",
     "request_latencies",
     "write_report",

@@ -14,7 +14,14 @@ from ..history.latency import inter_token_latencies, tpot
 from ..history.slo import check_slo, slo_figures
 from .causes import run_causes
 from .common import WIDTH, altair, binned_steps, fitted_y
-from .noise import combine, repeats_of, run_spreads, same_setting_floor, same_setting_groups
+from .noise import (
+    PERCENTILES,
+    combine,
+    repeats_of,
+    run_spreads,
+    same_setting_floor,
+    same_setting_groups,
+)
 from .report import summary
 
 # compare_table's default columns, in reading order; one name a figure (p50, not also "median")
@@ -199,7 +206,7 @@ def _mean(steps: pd.DataFrame, column: str) -> float | None:
 
 
 def _percentiles(name: str, ms: pd.Series) -> dict[str, float]:
-    return {f"p{q} {name} (ms)": round(float(ms.quantile(q / 100)), 2) for q in (50, 90, 99)}
+    return {f"p{q} {name} (ms)": round(float(ms.quantile(q / 100)), 2) for q in PERCENTILES}
 
 
 def _bound_share(steps: pd.DataFrame) -> float | None:

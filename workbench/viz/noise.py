@@ -16,6 +16,7 @@ from ..history.latency import inter_token_latencies
 from ..timing import add_timing_columns, device_on_host
 
 RESAMPLES = 300
+PERCENTILES = (50, 90, 95, 99)  # of TTFT, TPOT and ITL (`compare_table(full=True)`)
 _RELATIVE_THROUGHPUT = "output tokens/s, relative"
 _SEED = 20261205
 
@@ -39,7 +40,7 @@ def bootstrap_spreads(history) -> dict[str, float]:
     ttft_steps = (r.first_token_step - r.arrival_step + 1).to_numpy(dtype=float)
     if len(r):
         draws = rng.integers(0, len(r), (RESAMPLES, len(r)))
-        for q in (50, 90, 99):
+        for q in PERCENTILES:
             spreads[f"p{q} TTFT (ms)"] = _half_width(_percentile(ttft_ms[draws], q))
             spreads[f"p{q} TPOT (ms)"] = _half_width(_percentile(tpot_ms[draws], q))
         spreads["mean TTFT (steps)"] = _half_width(_mean(ttft_steps[draws]))
@@ -52,7 +53,7 @@ def bootstrap_spreads(history) -> dict[str, float]:
 # the figures made of time (not counts of steps): their spread is at least the step jitter's
 TIMED = (
     "output tokens/s",
-    *(f"p{q} {name} (ms)" for q in (50, 90, 99) for name in ("TTFT", "TPOT", "ITL")),
+    *(f"p{q} {name} (ms)" for q in PERCENTILES for name in ("TTFT", "TPOT", "ITL")),
     "mean step wall (ms)",
     "mean step device (ms)",
     "mean step host (ms)",
@@ -82,7 +83,7 @@ def _itl_spreads(history, uids: np.ndarray, draws: np.ndarray) -> dict[str, floa
     gaps = [by_uid.get(uid, np.zeros(0)) for uid in uids]
     pooled = [np.concatenate([gaps[i] for i in draw]) for draw in draws]
     spreads = {}
-    for q in (50, 90, 99):
+    for q in PERCENTILES:
         values = np.array([np.percentile(p, q) if len(p) else np.nan for p in pooled])
         spreads[f"p{q} ITL (ms)"] = _half_width(values)
     return spreads

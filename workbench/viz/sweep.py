@@ -19,10 +19,13 @@ def sweep_chart(
     figures: tuple[str, ...] = ("p95 TTFT (ms)", "median ITL (ms)"),
     color: str = "policy",
     column: str | None = None,
+    log: bool | None = None,
 ):
     """Latency figures (`history.latency.FIGURES`) against a setting of the runs' meta (`x`, on
     a log2 axis), a row of panels per figure, a colour per `color` setting and a column per
-    `column` setting."""
+    `column` setting (in the order the runs give them). A figure's y axis is a log scale where
+    its values span `LOG_SPAN` times or more (`log=True`: wherever they are all positive; False:
+    never)."""
     alt = altair()
     data = _rows(runs, x, figures, color, column)
     ticks = sorted({int(v) if float(v).is_integer() else float(v) for v in data[x].dropna()})
@@ -41,7 +44,7 @@ def sweep_chart(
             alt.Chart(rows)
             .encode(
                 x=x_axis,
-                y=_y(alt, name, rows.value.dropna().to_numpy(dtype=float)),
+                y=_y(alt, name, rows.value.dropna().to_numpy(dtype=float), log),
                 color=alt.Color(f"{color}:N", title=color),
                 tooltip=[
                     "run:N",
@@ -58,7 +61,9 @@ def sweep_chart(
         layer = alt.layer(lines, points)
         if column:
             header = alt.Header(labelExpr=f"'{column} ' + datum.value", labelFontSize=12)
-            layer = layer.facet(column=alt.Column(f"{column}:N", title=None, header=header))
+            order = list(dict.fromkeys(data[column].dropna()))
+            by = alt.Column(f"{column}:N", title=None, header=header, sort=order)
+            layer = layer.facet(column=by)
         panels.append(layer)
     return alt.vconcat(*panels).properties(title="lines: the twin · points: real runs")
 
@@ -83,11 +88,12 @@ def _rows(
     return pd.DataFrame(rows)
 
 
-def _y(alt, figure: str, values: np.ndarray):
+def _y(alt, figure: str, values: np.ndarray, log: bool | None = None):
     if not len(values):
         return alt.Y("value:Q", title=figure, scale=alt.Scale(zero=False))
     low, high = float(values.min()), float(values.max())
-    if spans_decades(values):
+    logged = spans_decades(values) if log is None else bool(log) and low > 0
+    if logged:
         low, high = low / 1.25, high * 1.25
         return alt.Y(
             "value:Q",
