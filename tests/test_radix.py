@@ -3,6 +3,7 @@ use of it under memory pressure."""
 
 from __future__ import annotations
 
+import heapq
 import random
 
 import numpy as np
@@ -75,6 +76,64 @@ def test_a_parent_is_evicted_only_after_its_children():
     assert len(freed) == 1 and freed[0] in (2, 12)
     assert tree.match([1, 2]).handle.cached_len == 2
     tree.check_invariants()
+
+
+class FullScan(RadixCache):
+    """Eviction as it was before the heap of leaves: the unlocked leaves gathered from the whole
+    tree at every call."""
+
+    def evict(self, num_tokens: int) -> np.ndarray:
+        heap = [(n.last_access, id(n), n) for n in self._nodes() if n.is_leaf and n.ref_count == 0]
+        heapq.heapify(heap)
+        freed, count = [], 0
+        while heap and count < num_tokens:
+            _, _, node = heapq.heappop(heap)
+            need = -(-(num_tokens - count) // self.page_size) * self.page_size
+            if len(node.key) > need:
+                self._split(node, len(node.key) - need)
+            parent = node.parent
+            del parent.children[self._child_key(node.key)]
+            freed.append(node.value)
+            count += len(node.value)
+            self.evictable_size -= len(node.key)
+            if parent is not self.root and parent.is_leaf and parent.ref_count == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return np.concatenate(freed) if freed else np.zeros(0, dtype=np.int32)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_eviction_takes_the_same_leaves_as_a_scan_of_the_whole_tree(page_size):
+    rng = random.Random(page_size)
+    trees = RadixCache(page_size), FullScan(page_size)
+    stems = [[rng.randrange(4) for _ in range(8 * page_size)] for _ in range(6)]
+    held: list[tuple] = []  # a locked handle in each tree
+    next_slot, evicted = 0, 0
+    for i in range(3000):
+        ids = rng.choice(stems)[: rng.randint(1, 8) * page_size]
+        ids += [rng.randrange(4) for _ in range(rng.randint(0, 4) * page_size)]
+        op = rng.random()
+        if op < 0.35:
+            for tree in trees:
+                tree.insert(ids, slots(next_slot, len(ids)))
+            next_slot += len(ids)
+        elif op < 0.6:
+            handles = tuple(tree.match(ids).handle for tree in trees)
+            if rng.random() < 0.5:
+                for tree, handle in zip(trees, handles):
+                    tree.lock(handle)
+                held.append(handles)
+        elif op < 0.75 and held:
+            for tree, handle in zip(trees, held.pop(rng.randrange(len(held)))):
+                tree.unlock(handle)
+        else:
+            n = rng.randint(1, 6) * page_size
+            freed = [tree.evict(n).tolist() for tree in trees]
+            assert freed[0] == freed[1], f"operation {i}"
+            evicted += len(freed[0])
+        if i % 100 == 0:
+            trees[0].check_invariants()
+    assert evicted > 1000
+    assert sorted(trees[0].slots().tolist()) == sorted(trees[1].slots().tolist())
 
 
 def test_evicted_slots_are_reused_by_the_next_allocation():

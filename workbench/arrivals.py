@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import NamedTuple
 
 from .core import SamplingParams
@@ -12,6 +13,10 @@ class Due(NamedTuple):
     uid: int
     ids: list[int]
     sampling: SamplingParams
+
+
+def _order(due: Due) -> tuple[float, int]:
+    return due.at, due.uid
 
 
 class Arrivals:
@@ -28,8 +33,7 @@ class Arrivals:
 
     def add(self, due: Due, by_time: bool) -> None:
         waiting = self._by_time if by_time else self._by_step
-        waiting.append(due)
-        waiting.sort(key=lambda d: (d.at, d.uid))
+        bisect.insort(waiting, due, key=_order)
         self.waiting += 1
 
     def due(self, step: int, now: float, idle: bool) -> list[Due]:

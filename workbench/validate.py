@@ -105,7 +105,7 @@ def token_ids(name: str, value: Any, vocab_size: int) -> list[int]:
             )
         ids = [int(t) for t in value.tolist()]
     elif isinstance(value, list | tuple):
-        if all(type(t) is int for t in value):  # the common case, without a call per token
+        if set(map(type, value)) <= {int}:  # the common case, without Python code per token
             ids = list(value)
         else:
             ids = []

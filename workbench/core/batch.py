@@ -11,6 +11,7 @@ import torch
 from .request import ChunkedReq, Req, ReqView
 
 Phase = Literal["prefill", "decode", "mixed"]
+_ONE_MORE = np.array([[0], [1], [1]])  # a decode row's ledger one step on (rows, cached, device)
 
 
 @dataclass
@@ -69,8 +70,8 @@ class Batch:
             and self.phase == "decode" == after.phase
             and after.reqs == self.reqs  # the same objects, in order (eq=False: identity)
         ):
-            rows, _, device_len = after.ledger
-            self.ledger = np.stack([rows, device_len, device_len + 1])
+            # NOTE: each row computed one token: what it knew is cached, and one more is known
+            self.ledger = after.ledger + _ONE_MORE
             self.max_lens = after.max_lens
             return
         reqs = self.reqs

@@ -1,5 +1,10 @@
 """The radix prefix cache: a tree keyed by token ids (whole pages), ref-counted locks, LRU eviction.
-A request locks its path up to the root: unlocked nodes form whole subtrees, evicted leaf first."""
+A request locks its path up to the root: unlocked nodes form whole subtrees, evicted leaf first.
+
+The unlocked leaves wait in a heap by last access, so that an eviction does not walk the tree. An
+entry goes out of date when its leaf is locked, gains a child, is used again or is evicted; the
+heap keeps such entries and `_pop_lru` passes over them, and every unlocked leaf has an entry
+that is up to date (a node that becomes one is pushed: `_push_leaf`; `check_invariants` checks)."""
 
 from __future__ import annotations
 
@@ -51,6 +56,10 @@ class RadixCache(PrefixCache):
         self._clock = itertools.count(1)
         self.evictable_size = 0
         self._protected = 0
+        # (last_access, id, push count, node): the order is the leaves' LRU order, `id` breaks
+        # ties as a heap of the tree's leaves would, the count keeps a node out of comparisons
+        self._leaves: list[tuple[int, int, int, RadixNode]] = []
+        self._pushes = itertools.count()
 
     def _child_key(self, ids: np.ndarray) -> tuple[int, ...]:
         return tuple(ids[: self.page_size].tolist())
@@ -61,19 +70,22 @@ class RadixCache(PrefixCache):
         common = int(diff[0]) if len(diff) else n
         return common // self.page_size * self.page_size
 
-    def _walk(self, ids: np.ndarray) -> tuple[RadixNode, int]:
-        """The deepest node `ids` matches and the tokens matched; splits where a match ends."""
-        node, pos, now = self.root, 0, next(self._clock)
+    def _walk(self, token_ids: list[int]) -> tuple[RadixNode, int]:
+        """The deepest node `token_ids` matches and the tokens matched; splits where a match ends.
+        Only the tokens compared with a node's are made an array (a prompt's own are not)."""
+        node, pos, now, ps = self.root, 0, next(self._clock), self.page_size
         node.last_access = now
-        while len(ids) - pos >= self.page_size:
-            child = node.children.get(self._child_key(ids[pos:]))
+        while len(token_ids) - pos >= ps:
+            child = node.children.get(tuple(token_ids[pos : pos + ps]))
             if child is None:
                 break
-            common = self._common_len(child.key, ids[pos:])
+            ids = np.asarray(token_ids[pos : pos + len(child.key)], dtype=np.int32)
+            common = self._common_len(child.key, ids)
             if common < len(child.key):  # the match ends inside: the lookup after this one fails
                 child = self._split(child, common)
             child.last_access = now
             node, pos = child, pos + common
+        self._push_leaf(node)  # used now: a new place in the LRU order
         return node, pos
 
     def _split(self, node: RadixNode, at: int) -> RadixNode:
@@ -86,8 +98,7 @@ class RadixCache(PrefixCache):
         return upper
 
     def match(self, token_ids: list[int]) -> MatchResult:
-        ids = np.asarray(token_ids, dtype=np.int32)
-        node, matched = self._walk(ids)
+        node, matched = self._walk(token_ids)
         return MatchResult(RadixHandle(node), self._path_slots(node, matched))
 
     def _path_slots(self, node: RadixNode, length: int) -> np.ndarray:
@@ -116,26 +127,27 @@ class RadixCache(PrefixCache):
             if node.ref_count == 0:
                 self._protected -= len(node.key)
                 self.evictable_size += len(node.key)
+                self._push_leaf(node)
             node = node.parent
 
     def insert(self, token_ids: list[int], slots: np.ndarray) -> int:
-        ids = np.asarray(token_ids, dtype=np.int32)
-        assert len(ids) == len(slots) and len(ids) % self.page_size == 0
-        node, matched = self._walk(ids)
-        if matched < len(ids):
+        assert len(token_ids) == len(slots) and len(token_ids) % self.page_size == 0
+        node, matched = self._walk(token_ids)
+        if matched < len(token_ids):
             value = np.asarray(slots[matched:], dtype=np.int32).copy()
-            leaf = RadixNode(ids[matched:].copy(), value, node)
+            leaf = RadixNode(np.array(token_ids[matched:], dtype=np.int32), value, node)
             leaf.last_access = next(self._clock)
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_size += len(leaf.key)
+            self._push_leaf(leaf)
         return matched
 
     def evict(self, num_tokens: int) -> np.ndarray:
-        heap = [(n.last_access, id(n), n) for n in self._nodes() if n.is_leaf and n.ref_count == 0]
-        heapq.heapify(heap)
         freed, count = [], 0
-        while heap and count < num_tokens:
-            _, _, node = heapq.heappop(heap)
+        while count < num_tokens:
+            node = self._pop_lru()
+            if node is None:
+                break
             need = -(-(num_tokens - count) // self.page_size) * self.page_size
             if len(node.key) > need:  # keep the head of a long leaf; evict only its tail
                 self._split(node, len(node.key) - need)
@@ -144,9 +156,34 @@ class RadixCache(PrefixCache):
             freed.append(node.value)
             count += len(node.value)
             self.evictable_size -= len(node.key)
-            if parent is not self.root and parent.is_leaf and parent.ref_count == 0:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+            self._push_leaf(parent)
         return np.concatenate(freed) if freed else _EMPTY
+
+    def _evictable(self, node: RadixNode) -> bool:
+        return node.ref_count == 0 and not node.children and node is not self.root
+
+    def _push_leaf(self, node: RadixNode) -> None:
+        """Give `node` an up-to-date entry in the heap if it is an unlocked leaf."""
+        if not self._evictable(node):
+            return
+        heapq.heappush(self._leaves, (node.last_access, id(node), next(self._pushes), node))
+        # NOTE: rebuilt from the tree once it holds twice the tree's pages (each node has one at
+        # least): a rebuild's cost is spread over as many pushes
+        if len(self._leaves) > 2 * self.size // self.page_size + 64:
+            leaves = [n for n in self._nodes() if self._evictable(n)]
+            self._leaves = [(n.last_access, id(n), next(self._pushes), n) for n in leaves]
+            heapq.heapify(self._leaves)
+
+    def _pop_lru(self) -> RadixNode | None:
+        """The least recently used unlocked leaf, its entry taken; None if there is none."""
+        while self._leaves:
+            last_access, _, _, node = heapq.heappop(self._leaves)
+            if last_access == node.last_access and self._evictable(node) and self._in_tree(node):
+                return node
+        return None
+
+    def _in_tree(self, node: RadixNode) -> bool:
+        return node.parent.children.get(self._child_key(node.key)) is node
 
     def _nodes(self) -> list[RadixNode]:
         out, stack = [], [self.root]
@@ -186,3 +223,6 @@ class RadixCache(PrefixCache):
             f"sizes drifted: counted {evictable} evictable, {protected} protected; "
             f"kept {self.evictable_size}, {self._protected}"
         )
+        entries = {id(n) for access, _, _, n in self._leaves if access == n.last_access}
+        unlisted = [n for n in self._nodes() if self._evictable(n) and id(n) not in entries]
+        assert not unlisted, f"{len(unlisted)} unlocked leaves have no up-to-date heap entry"

@@ -37,7 +37,7 @@ class PrefillAdder:
     cache: CacheManager
     table: TableManager
     share_threshold: int = 0  # 0: never wait for a prefix being computed in this batch
-    batch_prompts: dict[tuple, list[np.ndarray]] = field(default_factory=dict)  # by `_key_len`
+    batch_prompts: dict[tuple, list[list[int]]] = field(default_factory=dict)  # by `_key_len`
     on_match: Callable[[int, int, int], None] | None = None  # (uid, prompt_len, cached_len)
     slots_left: int | None = None  # None: the table's free rows
 
@@ -85,9 +85,12 @@ class PrefillAdder:
         return min(self.share_threshold, 16)
 
     def _shared_in_batch(self, pending: PendingReq) -> int:
+        others = self.batch_prompts.get(tuple(pending.token_ids[: self._key_len]), ())
+        if not others:  # (most prompts: none to compare, no array to make)
+            return 0
         ids = np.asarray(pending.token_ids[:-1], dtype=np.int32)
         best = 0
-        for other in self.batch_prompts.get(tuple(pending.token_ids[: self._key_len]), ()):
+        for other in map(np.asarray, others):
             n = min(len(ids), len(other))
             diff = np.flatnonzero(ids[:n] != other[:n])
             best = max(best, int(diff[0]) if len(diff) else n)
@@ -96,9 +99,7 @@ class PrefillAdder:
     def _add(self, pending: PendingReq, handle: CacheHandle, row: int, cached_len: int) -> Req:
         if self.share_threshold and pending.prompt_len >= self._key_len:
             key = tuple(pending.token_ids[: self._key_len])
-            self.batch_prompts.setdefault(key, []).append(
-                np.asarray(pending.token_ids, dtype=np.int32)
-            )
+            self.batch_prompts.setdefault(key, []).append(pending.token_ids)
         left = pending.prompt_len - cached_len
         chunk = min(self.token_budget, left)
         self.token_budget -= chunk

@@ -73,7 +73,6 @@ class Scheduler:
     @eos_ids.setter
     def eos_ids(self, ids) -> None:
         self._eos_ids = frozenset(ids)
-        self._eos_array = np.array(sorted(self._eos_ids), dtype=np.int64)
 
     def new_uid(self) -> int:
         uid, self._next_uid = self._next_uid, self._next_uid + 1
@@ -262,7 +261,7 @@ class Scheduler:
         self, batch: Batch, raw: list[int]
     ) -> tuple[list[int | None], list[tuple[Req, str]]]:
         """Append each sampled token (None past a request's end); return those that end."""
-        reqs, eos_ids = batch.sampled_reqs, self.eos_ids
+        reqs, eos_ids = batch.sampled_reqs, self._eos_ids
         tokens: list[int | None] = raw
         past_end = [i for i, r in enumerate(reqs) if r.finish_reason is not None]
         if past_end:
@@ -275,7 +274,9 @@ class Scheduler:
         last = batch.ledger[2] + 1 >= batch.max_lens
         if batch.phase != "decode":
             last = last[batch.sampled_mask()]
-        may_end = np.flatnonzero(last | np.isin(raw, self._eos_array))
+        if not eos_ids.isdisjoint(raw):  # (rare: an array of the EOS hits only then)
+            last = last | np.array([t in eos_ids for t in raw], dtype=bool)
+        may_end = np.flatnonzero(last)
         ends = []
         for i in may_end.tolist():
             req, token = reqs[i], tokens[i]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from operator import mul
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,8 @@ class Linear:
     coef: tuple[float, ...]
 
     def __call__(self, f: Mapping[str, float]) -> float:
-        return sum(c * f[name] for name, c in zip(self.features, self.coef))
+        # (the sum of coef x feature, in the features' order, without a Python call per term)
+        return sum(map(mul, self.coef, map(f.__getitem__, self.features)))
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,8 @@ class StepCosts:
 
     def predict(self, f: Mapping[str, float]) -> tuple[float, tuple[float, ...]]:
         """A step's device ms and host ms per stage from its `features.batch_features`."""
-        device, host = self._times(f["path"], f)
-        return float(device), host
+        # NOTE: in plain floats: numpy's overhead per call would cost more than the arithmetic
+        return self._times(f["path"], f, max)
 
     def predict_steps(self, steps) -> tuple[np.ndarray, np.ndarray]:
         """Device ms and host ms of each step of a steps table (its recorded composition)."""
@@ -84,13 +86,18 @@ class StepCosts:
                 host[rows] = sum(stages)
         return device, host
 
-    def _times(self, path: str, f) -> tuple:
+    def _times(self, path: str, f, maximum=np.maximum) -> tuple:
         # NOTE: a step's device time is never shorter than the host's enqueueing of it
-        fit = next((p for p in (path, *_STANDS_IN[path]) if p in self.device), None)
-        fit = fit or next(iter(self.device))
-        host = tuple(self.host[fit][s](f) for s in HOST_STAGES)
+        fit = self._fit_for(path)
+        host = tuple([self.host[fit][s](f) for s in HOST_STAGES])
         device = self.device[fit](f) * self._shape_factor(path, f)
-        return np.maximum(device, host[_FORWARD] + host[_SAMPLE]), host
+        return maximum(device, host[_FORWARD] + host[_SAMPLE]), host
+
+    def _fit_for(self, path: str) -> str:
+        """The path whose fit a step of `path` takes (its own, else the one standing in)."""
+        if path in self.device:
+            return path
+        return next((p for p in _STANDS_IN[path] if p in self.device), next(iter(self.device)))
 
     def _shape_factor(self, path: str, f):
         factors = self.shapes.get(path)
@@ -198,9 +205,10 @@ def shape_factor(path: str, factors: Mapping[str, float], key: str) -> float:
         return factors[key]
     if path != "graph":
         return 1.0
-    # NOTE: the kernels chosen for a decode size change little from one size to the next
-    size = np.log2(int(key))
-    return factors[min(factors, key=lambda k: abs(np.log2(int(k)) - size))]
+    # NOTE: the kernels chosen for a decode size change little from one size to the next;
+    # nearest by ratio (the larger over the smaller), which is nearest in powers of two
+    size = int(key)
+    return factors[min(factors, key=lambda k: max(int(k), size) / min(int(k), size))]
 
 
 def load_step_costs(path: str | Path) -> StepCosts:

@@ -7,6 +7,7 @@ that is never EOS, so each runs to its `max_tokens`.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
 import numpy as np
 import torch
@@ -65,7 +66,7 @@ class TwinEngine:
         launch.padded_rows, launch.padded_tokens = batch.size, tokens
         if batch.phase == "decode":
             if self._sizes is not None and batch.size <= self._sizes[-1]:
-                bs = next(s for s in self._sizes if s >= batch.size)
+                bs = self._sizes[bisect_left(self._sizes, batch.size)]
                 launch.padded_rows = launch.padded_tokens = bs
                 launch.cuda_graph, launch.shape = self.captures_graphs, bs
         elif self._shapes:

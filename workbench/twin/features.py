@@ -127,11 +127,12 @@ def batch_features(
     """A batch about to run, as `step_features` gives the step it becomes, with its `path`;
     `experts`: an MoE model's experts touched per MoE layer (0: dense)."""
     _, cached, device_len = batch.ledger
-    nd = batch.num_decode
-    extend = device_len[nd:] - cached[nd:]
+    nd, phase = batch.num_decode, batch.phase
     tokens = padded_tokens
-    pairs = int((extend * cached[nd:]).sum() + (extend * (extend + 1) // 2).sum())
-    phase = batch.phase
+    pairs = 0  # (a decode step's, with no prompt tokens)
+    if phase != "decode":
+        extend = device_len[nd:] - cached[nd:]
+        pairs = int((extend * cached[nd:]).sum() + (extend * (extend + 1) // 2).sum())
     return {
         "1": 1.0,
         "prompt": float(phase != "decode"),
@@ -150,6 +151,6 @@ def batch_features(
 
 def shape_keys(path: str, rows, tokens):
     """A graph step's captured shape (or arrays of them): "8" requests, or "8x128" tokens."""
-    if np.ndim(rows) == 0:
+    if not isinstance(rows, np.ndarray):
         return f"{int(rows)}" if path == "graph" else f"{int(rows)}x{round(tokens * 1e3)}"
     return [shape_keys(path, r, t) for r, t in zip(rows, tokens)]
