@@ -2,6 +2,8 @@
 server, from N concurrent streaming clients in another process (as real clients are).
 
     python benchmarks/serve_load.py [--model smollm2] [--clients 64 256] [--output-len 64]
+    python benchmarks/serve_load.py --model dummy:qwen3-0.6b --clients 256 --per-client 1 \
+        --input-len 100 1024 --output-len 100 1024        # nano-vllm's workload, on a GPU
 
 For each number of clients: output tokens per second of `LLM.generate` on the requests (the
 engine with as many request slots as clients), then, the prefix cache emptied, of the server
@@ -9,13 +11,17 @@ with that many clients, each
 sending its share of the requests one after another, streamed (`stream: true`, the token ids
 asked for so the clients count tokens without detokenising); the ratio; the clients' TTFT and
 ITL percentiles; and where the server's time went: the engine's steps (how many, how long, how
-much of the wall time they filled) against generate's.
+much of the wall time they filled) against generate's, and the engine's thread while served:
+its time in steps, exchanging with the HTTP process (reading requests, sending each step's
+tokens: a step waiting on the HTTP side would show here, as a send blocked on a full pipe) and
+idle with nothing to step (`serve.loop.LoopTimes`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -28,18 +34,26 @@ from pathlib import Path
 import numpy as np
 
 
-def workload(count: int, vocab: int, input_len: tuple[int, int], seed: int = 0) -> list[list[int]]:
+def workload(
+    count: int, vocab: int, input_len: tuple[int, int], output_len: tuple[int, int], seed: int = 0
+) -> list[tuple[list[int], int]]:
+    """`count` prompts of random ids and lengths, each with its output length."""
     rng = random.Random(seed)
     high = min(vocab, 49152) - 1
     return [
-        [rng.randrange(100, high) for _ in range(rng.randint(*input_len))] for _ in range(count)
+        (
+            [rng.randrange(100, high) for _ in range(rng.randint(*input_len))],
+            rng.randint(*output_len),
+        )
+        for _ in range(count)
     ]
 
 
-def run_generate(llm, prompts: list[list[int]], output_len: int) -> dict:
+def run_generate(llm, requests: list[tuple[list[int], int]]) -> dict:
     from workbench.core import SamplingParams
 
-    sampling = SamplingParams(max_tokens=output_len, ignore_eos=True)
+    prompts = [p for p, _ in requests]
+    sampling = [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in requests]
     steps_before = len(llm.history)
     started = time.perf_counter()
     outputs = llm.generate(prompts, sampling)
@@ -48,9 +62,10 @@ def run_generate(llm, prompts: list[list[int]], output_len: int) -> dict:
     return {"tokens": tokens, "seconds": seconds, **_steps(llm, steps_before, seconds)}
 
 
-def run_served(llm, prompts: list[list[int]], output_len: int, clients: int) -> dict:
+def run_served(llm, requests: list[tuple[list[int], int]], clients: int) -> dict:
     """The requests from `clients` streaming clients in a process of their own; the CPU time
-    each process spent while they ran (the engine's, the HTTP process's, the clients')."""
+    each process spent while they ran (the engine's, the HTTP process's, the clients'), and the
+    engine's thread's time (`LoopTimes`) over the same span."""
     server = llm.serve(port=0)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -59,8 +74,7 @@ def run_served(llm, prompts: list[list[int]], output_len: int, clients: int) -> 
                 json.dumps(
                     {
                         "url": server.url,
-                        "prompts": prompts,
-                        "max_tokens": output_len,
+                        "requests": requests,
                         "clients": clients,
                         "model": server.name,
                     }
@@ -77,15 +91,24 @@ def run_served(llm, prompts: list[list[int]], output_len: int, clients: int) -> 
             pids = {"http": server._process.pid, "clients": client.pid}
             before = {name: _cpu_s(pid) for name, pid in pids.items()}
             engine_before, steps_before = time.process_time(), len(llm.history)
+            loop_before = dataclasses.replace(server.loop.times)
             client.stdin.write("go\n")
             client.stdin.flush()
             result = json.loads(client.stdout.readline())
+            loop = _since(server.loop.times, loop_before)
             cpu = {name: _cpu_s(pid) - before[name] for name, pid in pids.items()}
             cpu["engine"] = time.process_time() - engine_before
             client.wait()
     finally:
         llm.stop_serving()
-    return {**result, "cpu_s": cpu, **_steps(llm, steps_before, result["seconds"])}
+    return {**result, "cpu_s": cpu, "loop": loop, **_steps(llm, steps_before, result["seconds"])}
+
+
+def _since(now, before):
+    """The engine thread's times between two readings (the largest exchange: over the run)."""
+    fields = ("turns", "stepping_s", "read_s", "send_s", "idle_s")
+    since = {f: getattr(now, f) - getattr(before, f) for f in fields}
+    return dataclasses.replace(now, **since)
 
 
 def _cpu_s(pid: int) -> float:
@@ -115,17 +138,17 @@ async def _client(spec: dict) -> dict:
     bytes are read as they come, with a connection per request, and nothing is parsed but the
     last event (its usage): a client in Python parsing every event of hundreds of streams
     through an HTTP library was the slowest part of the measurement (0.25 ms a read)."""
-    prompts, clients = spec["prompts"], spec["clients"]
-    shares = [prompts[i::clients] for i in range(clients)]
+    requests, clients = spec["requests"], spec["clients"]
+    shares = [requests[i::clients] for i in range(clients)]
     host, port = spec["url"].split("//")[1].split("/")[0].split(":")
     timings: list[tuple[float, int, float | None]] = []  # ttft, tokens, tpot
 
-    async def one(prompt: list[int]) -> None:
+    async def one(prompt: list[int], max_tokens: int) -> None:
         body = json.dumps(
             {
                 "model": spec["model"],
                 "prompt": prompt,
-                "max_tokens": spec["max_tokens"],
+                "max_tokens": max_tokens,
                 "temperature": 0,
                 "ignore_eos": True,
                 "stream": True,
@@ -152,9 +175,9 @@ async def _client(spec: dict) -> dict:
         tpot = (last - first) / (count - 1) if count > 1 and first is not None else None
         timings.append(((first or start) - start, count, tpot))
 
-    async def serve_share(share: list[list[int]]) -> None:
-        for prompt in share:
-            await one(prompt)
+    async def serve_share(share: list[list]) -> None:
+        for prompt, max_tokens in share:
+            await one(prompt, max_tokens)
 
     started = time.perf_counter()
     await asyncio.gather(*(serve_share(s) for s in shares))
@@ -175,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--per-client", type=int, default=4, help="requests each client sends")
     parser.add_argument("--input-len", type=int, nargs=2, default=[16, 64])
-    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, nargs="+", default=[64], help="N or MIN MAX")
     parser.add_argument("--client", help=argparse.SUPPRESS)  # the client process's spec
     args = parser.parse_args(argv)
     if args.client:  # ready once imported; then the requests, when told to go
@@ -191,18 +214,19 @@ def main(argv: list[str] | None = None) -> None:
     for clients in args.clients:
         llm = LLM(args.model, max_running_reqs=clients, record="light")
         vocab = llm.engine.model_config.vocab_size
-        prompts = workload(clients * args.per_client, vocab, tuple(args.input_len))
-        base = run_generate(llm, prompts, args.output_len)
+        output_len = (args.output_len[0], args.output_len[-1])
+        requests = workload(clients * args.per_client, vocab, tuple(args.input_len), output_len)
+        base = run_generate(llm, requests)
         llm.reconfigure()  # the same settings, an empty prefix cache: no head start from above
-        served = run_served(llm, prompts, args.output_len, clients)
+        served = run_served(llm, requests, clients)
         llm.check_integrity()
         llm.close()
         rate = base["tokens"] / base["seconds"]
         served_rate = served["tokens"] / served["seconds"]
         print(
             f"{args.model} on {'cuda' if torch.cuda.is_available() else 'cpu'}, {clients} "
-            f"streaming clients, {len(prompts)} requests of {args.input_len[0]}-"
-            f"{args.input_len[1]} prompt and {args.output_len} output tokens:"
+            f"streaming clients, {len(requests)} requests of {args.input_len[0]}-"
+            f"{args.input_len[1]} prompt and {output_len[0]}-{output_len[1]} output tokens:"
         )
         print(
             f"  LLM.generate {rate:,.0f} tok/s ({base['steps']} steps, median "
@@ -221,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
             f"process {cpu['http']:.2f} s, the clients' {cpu['clients']:.2f} s, in "
             f"{served['seconds']:.2f} s of wall time ({os.cpu_count()} cores)"
         )
+        print(f"  the engine's thread while served: {served['loop']}")
 
 
 if __name__ == "__main__":

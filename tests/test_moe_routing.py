@@ -15,8 +15,9 @@ import torch
 
 from workbench import LLM, Workbench, fit_step_costs, load_run
 from workbench.attention.context import ForwardContext
+from workbench.bench.steps import decode_step, step_time
 from workbench.clocks import HOST_STAGES
-from workbench.history.roofline import H200, Roofline
+from workbench.history.roofline import H200, Roofline, decode_step_bound, routed_experts
 from workbench.instrument.probe import Probe
 from workbench.layers.moe import SparseMoE
 from workbench.runs import RunHistory
@@ -169,6 +170,41 @@ def test_the_roofline_reads_the_touched_experts_and_the_dense_weights(moe):
     every = cost.of_step(rec.rows, np.ones((2, experts), dtype=np.int32))
     assert cost.of_step(rec.rows).bytes_read == every.bytes_read
     assert cost.of_step(rec.rows, rec.routing).bound_ms <= every.bound_ms
+
+
+def test_bench_bounds_a_decode_step_by_the_experts_its_routing_touched(moe):
+    """`bench`'s decode step bound and the steps table's bound_ms are one definition: both read
+    the experts the step's routing touched; a workload's bound, with no routing to read, those
+    its tokens would touch routed uniformly at random (fewer than all at a small batch)."""
+    wb, _ = moe
+    cfg = wb.engine.model_config
+    cost = Roofline.for_model(cfg, 4, H200)
+    decodes = [rec for rec in wb.history.records if rec.phase == "decode"]
+    assert decodes
+    for rec in decodes:
+        kv_tokens = sum(r.cached_len for r in rec.rows)
+        experts = routed_experts(rec.routing)
+        bench = decode_step_bound(cfg, rec.size, kv_tokens, H200, 4, experts=experts) * 1e3
+        assert bench == cost.of_step(rec.rows, rec.routing).bound_ms
+    # bench's own path: the steps it timed, their median experts, the same bound
+    steps = [step_time(rec, 0.01 * i) for i, rec in enumerate(wb.history.records)]
+    top = decode_step(steps, cfg, H200)
+    at_top = [s for s in steps if s.phase == "decode" and s.batch_size == top.batch_size]
+    assert len(at_top) >= 2 and all(s.experts is not None for s in at_top)
+    touched = [int((rec.routing > 0).sum()) for rec in decodes if rec.size == top.batch_size]
+    assert top.experts_touched * len(cfg.moe_layers) == pytest.approx(np.median(touched[1:]))
+    # no routing known: the uniform router's experts, not every expert
+    batch, experts, k = 2, cfg.num_experts, cfg.num_experts_per_tok
+    uniform = cost.uniform_experts(batch)
+    assert uniform.touched == pytest.approx(
+        len(cfg.moe_layers) * expected_touched(batch, experts, k)
+    )
+    assert k * len(cfg.moe_layers) < uniform.touched < experts * len(cfg.moe_layers)
+    assert (
+        decode_step_bound(cfg, batch, 40, H200, 4) * 1e3
+        == cost.of_counts(42, 40, 2, uniform).bound_ms
+    )
+    assert cost.of_counts(42, 40, 2, uniform).bytes_read < cost.of_counts(42, 40, 2).bytes_read
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".json"])

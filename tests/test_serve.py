@@ -6,6 +6,7 @@ read by prometheus_client's parser; the server as a process and the terminal cha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -294,6 +295,34 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def test_the_engines_thread_says_where_its_time_went_while_serving(served):
+    """`server.loop.times`: the thread's steps, its time in them, reading the HTTP process's
+    requests and sending it tokens (where a step waiting on the HTTP side would show), and idle
+    time while there is nothing to step."""
+    wb, server, client = served
+    time.sleep(0.2)
+    before, steps_before = dataclasses.replace(server.loop.times), len(wb.history)
+    started = time.perf_counter()
+    for prompt in PROMPTS[:3]:
+        stream = client.completions.create(model=MODEL, prompt=prompt, stream=True, **greedy(8))
+        assert sum(1 for _ in stream) >= 1
+    busy = time.perf_counter() - started
+    time.sleep(0.5)  # nothing queued or running: the thread waits, and says so
+    after, wall = dataclasses.replace(server.loop.times), time.perf_counter() - started
+    steps = len(wb.history) - steps_before
+    assert steps >= 3 * 8  # one request after another: a step per token
+    turns = after.turns - before.turns  # (and the turns that found nothing to do)
+    assert turns >= steps
+    stepping, read, send, idle = (
+        getattr(after, f) - getattr(before, f) for f in ("stepping_s", "read_s", "send_s", "idle_s")
+    )
+    assert stepping > 0 and read > 0 and send > 0
+    assert after.exchange_max_s >= (read + send) / turns
+    assert idle >= 0.4 and stepping + read + send <= busy
+    assert stepping + read + send + idle <= wall
+    assert "steps in" in str(after) and "idle with nothing to step" in str(after)
 
 
 def test_a_full_queue_is_a_503_and_stopping_ends_what_is_in_flight():

@@ -15,10 +15,11 @@ from typing import NamedTuple
 
 from ..clocks import HOST_STAGES
 from ..core import SamplingParams
-from ..history.roofline import decode_step_bound
+from ..history.roofline import decode_step_bound, routed_experts
 from ..llm import LLM
 from .bound import DEVICES
 from .profile import profile_decode_steps
+from .steps import median_experts
 from .workload import random_workload
 
 WARM_STEPS, MEASURED_STEPS, PROFILED_STEPS = 5, 20, 5
@@ -98,7 +99,9 @@ def _medians(llm: LLM, args, batch_size: int, measured: list, ends: list[float])
     bound = math.nan
     if llm.engine.device.type == "cuda":
         spec = DEVICES[args.device_spec].times(llm.engine.num_devices)
-        bound = decode_step_bound(llm.engine.model_config, batch_size, kv_tokens, spec) * 1e3
+        experts = median_experts([routed_experts(o.routing) for o in measured])
+        model_cfg = llm.engine.model_config
+        bound = decode_step_bound(model_cfg, batch_size, kv_tokens, spec, experts=experts) * 1e3
     return HostSplit(
         batch_size=batch_size,
         step_ms=med(b - a for a, b in zip(ends, ends[1:])) * 1e3,

@@ -82,9 +82,12 @@ def _print_decode_step(r: dict) -> None:
     if r["roofline_tokens_per_s"] is None:  # the roofline models a GPU's run (--device-spec)
         print(f"{step} (no roofline {'on the cpu' if r['device'] == 'cpu' else 'for a twin'})")
     else:
+        touched = r.get("decode_step_experts_touched")
+        reads = "" if touched is None else f" (reading the {touched:g} experts a layer routed to)"
         print(
             f"roofline bound {r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "
             f"{r['roofline_fraction']:.0%}; {step}, bound {r['decode_step_bound_ms']:.2f} ms"
+            f"{reads}"
         )
     print(
         f"host per decode step at batch {r['decode_batch']}: launch "

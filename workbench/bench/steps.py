@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..history.roofline import RoutedExperts, routed_experts
 from .bound import DeviceSpec, decode_step_bound
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class StepTime(NamedTuple):
     forward_ms: float = 0.0
     device_ms: float = 0.0
     graph: bool = False
+    experts: RoutedExperts | None = None  # an MoE model's, from the step's routing
 
 
 def step_time(record: StepRecord, end: float) -> StepTime:
@@ -48,7 +50,8 @@ def step_time(record: StepRecord, end: float) -> StepTime:
         kv_tokens = int(record.batch.ledger[2].sum())
     else:
         kv_tokens = sum(r.cached_len for r in record.rows)
-    step = StepTime(end, record.phase, record.size, kv_tokens, host)
+    experts = routed_experts(_routing(record))
+    step = StepTime(end, record.phase, record.size, kv_tokens, host, experts=experts)
     if record.phase == "decode":
         return step
     record.complete()  # (collected: its device time needs no wait)
@@ -58,6 +61,14 @@ def step_time(record: StepRecord, end: float) -> StepTime:
         device_ms=record.device_ms,
         graph=record.cuda_graph,
     )
+
+
+def _routing(record: StepRecord):
+    """The step's expert counts (None: a dense model's), from its launch while it is live."""
+    launch = record.launch
+    if launch is not None and launch.routing is not None:
+        return launch.host_routing()
+    return record.routing
 
 
 class PromptSteps(NamedTuple):
@@ -116,6 +127,8 @@ class DecodeStep(NamedTuple):
     kv_tokens: int
     bound_ms: float  # the roofline's time for such a step; 0 when none
     host: HostTime  # over every decode step of that size; NaN when none
+    # an MoE model's experts touched per MoE layer, which the bound reads (NaN: dense, or none)
+    experts_touched: float = float("nan")
 
 
 def decode_step(steps: list[StepTime], model_cfg: ModelConfig, spec: DeviceSpec) -> DecodeStep:
@@ -136,5 +149,15 @@ def decode_step(steps: list[StepTime], model_cfg: ModelConfig, spec: DeviceSpec)
         return DecodeStep(top, nan, 0, 0, host)
     step_ms = statistics.median(b.end - a.end for a, b in pairs) * 1e3
     kv_tokens = int(statistics.median(b.kv_tokens for _, b in pairs))
-    bound_ms = decode_step_bound(model_cfg, top, kv_tokens, spec) * 1e3
-    return DecodeStep(top, step_ms, kv_tokens, bound_ms, host)
+    experts = median_experts([b.experts for _, b in pairs])
+    bound_ms = decode_step_bound(model_cfg, top, kv_tokens, spec, experts=experts) * 1e3
+    touched = experts.touched / len(model_cfg.moe_layers) if experts else float("nan")
+    return DecodeStep(top, step_ms, kv_tokens, bound_ms, host, touched)
+
+
+def median_experts(steps: list[RoutedExperts | None]) -> RoutedExperts | None:
+    """The steps' median experts touched and routed (None: a dense model's steps)."""
+    known = [e for e in steps if e is not None]
+    if not known:
+        return None
+    return RoutedExperts(*(statistics.median(v) for v in zip(*known)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import re
 import sys
 import time
@@ -182,6 +183,8 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
         decode_step_ms=round(top.step_ms, 3),
         decode_step_kv_tokens=top.kv_tokens,
         decode_step_bound_ms=round(top.bound_ms, 3) if gpu else None,
+        # an MoE model's experts touched per MoE layer (of `experts`), read by that bound
+        decode_step_experts_touched=_rounded(top.experts_touched, 1),
         decode_launch_ms=round(top.host.launch_ms, 3),
         decode_wait_ms=round(top.host.wait_ms, 3),
         decode_collect_ms=round(top.host.collect_ms, 3),
@@ -260,3 +263,8 @@ def save_run(llm: LLM, args: argparse.Namespace) -> Path:
     name = re.sub(r"[^A-Za-z0-9=._-]+", "-", name)
     meta = {**llm.run_meta(), **({"slo": args.slo} if args.slo else {})}  # (the SLO chart's)
     return llm.history.save(Path(args.save) / f"{name}.parquet", meta)
+
+
+def _rounded(value: float, digits: int) -> float | None:
+    """`value` rounded, None where it is NaN (JSON has no NaN)."""
+    return None if math.isnan(value) else round(value, digits)

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from .routing import expected_touched
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -63,14 +65,18 @@ def decode_step_bound(
     kv_tokens: int,
     device: DeviceSpec,
     dtype_bytes: int = 2,
+    experts: RoutedExperts | None = None,
 ) -> float:
     """Seconds for one decode step of `batch_size` requests whose attention reads `kv_tokens` of
-    KV in all (new tokens included); each writes its new token's KV."""
-    weights = streamed_weights(model_cfg)
-    kv_moved = kv_tokens + batch_size
-    memory = weights * dtype_bytes + kv_moved * model_cfg.kv_bytes_per_token(dtype_bytes)
-    compute = 2 * weights * batch_size + kv_tokens * attention_flops_per_pair(model_cfg)
-    return max(memory / device.bandwidth, compute / device.flops)
+    KV in all (new tokens included); each writes its new token's KV. An MoE model's step reads
+    the `experts` its routing touched (`routed_experts` of a step's record); without them, those
+    its tokens touch when routed uniformly at random (`Roofline.uniform_experts`)."""
+    roofline = Roofline.for_model(model_cfg, dtype_bytes, device)
+    if experts is None and roofline.expert_params:
+        experts = roofline.uniform_experts(batch_size)
+    # the same step as a table's row: its new tokens' KV read once and written once
+    bound = roofline.of_counts(kv_tokens + batch_size, kv_tokens, batch_size, experts)
+    return max(bound.bytes_read / device.bandwidth, bound.flops / device.flops)
 
 
 def prefill_bound(model_cfg: ModelConfig, prompt_lens: list[int], device: DeviceSpec) -> float:
@@ -162,22 +168,49 @@ class Roofline:
             kv_tokens += r.cached_len + new
             pairs += new * (r.cached_len - new) + new * (new + 1) // 2
             tokens += new
+        return self.of_counts(kv_tokens, pairs, tokens, routed_experts(routing))
+
+    def of_counts(
+        self, kv_tokens: int, pairs: int, tokens: int, experts: RoutedExperts | None = None
+    ) -> StepBound:
+        """A step that moves `kv_tokens` of KV (read and written) and computes `pairs` (query,
+        key) pairs of attention for `tokens` new tokens; an MoE model's reads the `experts` its
+        routing touched (None: all of them, each token computing its top-k)."""
         nbytes = self.weight_bytes + kv_tokens * self.kv_bytes_per_token
         flops = tokens * self.flops_per_token + pairs * self.flops_per_pair
         if self.expert_params:
-            # experts touched and (token, expert) pairs, summed over the MoE layers
-            if routing is None:
-                touched = self.moe_layers * self.experts
-                routed = self.moe_layers * tokens * self.top_k
-            else:
-                touched, routed = int((routing > 0).sum()), int(routing.sum())
-            nbytes += touched * self.expert_bytes
-            flops += routed * 2 * self.expert_params
+            if experts is None:
+                experts = RoutedExperts(
+                    self.moe_layers * self.experts, self.moe_layers * tokens * self.top_k
+                )
+            nbytes += experts.touched * self.expert_bytes
+            flops += experts.routed * 2 * self.expert_params
         spec = self.device
         if spec is None:
             return StepBound(float(nbytes), float(flops), math.nan)
         seconds = max(nbytes / spec.bandwidth, flops / spec.flops)
         return StepBound(float(nbytes), float(flops), seconds * 1e3)
+
+    def uniform_experts(self, tokens: int) -> RoutedExperts:
+        """The experts `tokens` tokens touch routed uniformly at random, on average (for a bound
+        where no routing was recorded: a skewed router touches fewer)."""
+        touched = self.moe_layers * expected_touched(tokens, self.experts, self.top_k)
+        return RoutedExperts(touched, self.moe_layers * tokens * self.top_k)
+
+
+class RoutedExperts(NamedTuple):
+    """Summed over an MoE model's MoE layers: the experts a step touched (whose weights it
+    reads) and its (token, expert) choices (what those experts compute)."""
+
+    touched: float
+    routed: int
+
+
+def routed_experts(routing: np.ndarray | None) -> RoutedExperts | None:
+    """A step's routing counts (int32 [MoE layers, experts]) summed (None: not known)."""
+    if routing is None:
+        return None
+    return RoutedExperts(int((routing > 0).sum()), int(routing.sum()))
 
 
 NO_BOUND = StepBound(math.nan, math.nan, math.nan)  # a history without a Roofline

@@ -41,6 +41,12 @@ def experts_touched(counts: np.ndarray | None) -> float:
     return float((counts > 0).sum(axis=1).mean())
 
 
+def expected_touched(tokens: int, experts: int, top_k: int) -> float:
+    """The mean experts touched per MoE layer by `tokens` tokens, each choosing its `top_k` of
+    `experts` uniformly at random: E x (1 - (1 - k / E) ** T)."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
 def expert_imbalance(counts: np.ndarray | None) -> float:
     """The mean over MoE layers of the most tokens an expert got over the mean per expert
     (NaN: dense, or a step that routed nothing)."""

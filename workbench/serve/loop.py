@@ -28,6 +28,31 @@ class Host:
     keep_finished: bool = False  # leave finished requests for `outputs()` (a Workbench)
 
 
+@dataclass
+class LoopTimes:
+    """Where the engine's thread spent its time while serving, in seconds. A step waiting on
+    the HTTP side would show in `send_s`: a send blocks when the HTTP process falls behind
+    reading its pipe."""
+
+    turns: int = 0  # the thread's steps (one may find nothing to do)
+    stepping_s: float = 0.0  # in the engine's steps
+    read_s: float = 0.0  # reading the HTTP process's requests and aborts, adding them
+    send_s: float = 0.0  # sending it each step's tokens, ends and the engine's state
+    exchange_max_s: float = 0.0  # the longest read and send of one step, together
+    idle_s: float = 0.0  # waiting with nothing to step (nothing queued, running or due)
+
+    def __str__(self) -> str:
+        def per_turn(seconds: float) -> float:
+            return seconds / self.turns * 1e3 if self.turns else 0.0
+
+        return (
+            f"{self.turns} steps in {self.stepping_s:.2f} s; reading requests "
+            f"{per_turn(self.read_s):.3f} ms a step, sending tokens {per_turn(self.send_s):.3f} "
+            f"ms a step (both at most {self.exchange_max_s * 1e3:.2f} ms in one step); idle "
+            f"with nothing to step {self.idle_s:.2f} s"
+        )
+
+
 class EngineLoop:
     def __init__(self, host: Host) -> None:
         self.host = host
@@ -48,6 +73,7 @@ class EngineLoop:
         self._cached: list[tuple[int, int]] = []
         self._refused: dict[str, int] = {}
         self._step_s: list[float] = []
+        self.times = LoopTimes()
         self._handles: list = []
         self._thread = threading.Thread(target=self._run, name="workbench-engine", daemon=True)
 
@@ -93,7 +119,10 @@ class EngineLoop:
         # thread would wait for the interpreter lock while steps run, delaying every request
         while not self._stopping:
             if self.paused or self.host.idle():
+                waited = time.perf_counter()
                 self._wait(0.05)
+                if not self.paused:
+                    self.times.idle_s += time.perf_counter() - waited
                 if self._stopping:
                     return
             if self.paused:
@@ -119,8 +148,10 @@ class EngineLoop:
         raises ends its requests with an error, and re-raises when `raising`."""
         started = time.perf_counter()
         with self.lock:
+            stepped = started
             try:
                 self.drain()
+                stepped = time.perf_counter()
                 result = self.host.step()
                 if result is not None:
                     self._step_s.append(time.perf_counter() - started)
@@ -131,8 +162,19 @@ class EngineLoop:
                 log.exception("a step failed while serving; its requests ended with an error")
                 result = None
             finally:
+                flushed = time.perf_counter()
                 self.flush()
+                self._count(started, stepped, flushed, time.perf_counter())
         return result
+
+    def _count(self, started: float, stepped: float, flushed: float, ended: float) -> None:
+        times = self.times
+        read, send = stepped - started, ended - flushed
+        times.turns += 1
+        times.stepping_s += flushed - stepped
+        times.read_s += read
+        times.send_s += send
+        times.exchange_max_s = max(times.exchange_max_s, read + send)
 
     def drain(self) -> None:
         """Add the requests the HTTP process sent, abort those it cancelled (the lock is held)."""

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def expected_touched(tokens: int, experts: int, top_k: int) -> float:
-    """The mean experts touched per MoE layer by `tokens` tokens routed uniformly at random."""
-    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+from ..history.routing import expected_touched
 
 
 def uniform_routing(tokens: int, layers: int, experts: int, top_k: int, step: int) -> np.ndarray:
