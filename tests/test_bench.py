@@ -180,6 +180,18 @@ def test_bench_splits_the_run_by_phase_and_batch_size():
     assert r["gc_collections"] >= r["gc_full_collections"] >= 0
 
 
+def test_bench_counts_the_wait_for_arrivals_apart_from_the_steps():
+    """Requests arriving slowly: the run waits between them with nothing to step, and that
+    time is not charged to the step that follows (it was a prefill's)."""
+    r = json.loads(_bench("--json", "--request-rate", "4", "--output-len", "2", "3"))
+    assert r["idle_seconds"] > 0.2  # 4 requests at 4/s, each done in a few steps
+    stepped = sum(r["phase_seconds"].values())
+    assert stepped + r["idle_seconds"] == pytest.approx(r["seconds"], rel=0.05, abs=0.02)
+    assert stepped < r["seconds"] - 0.2
+    at_once = json.loads(_bench("--json"))
+    assert at_once["idle_seconds"] == 0
+
+
 def test_bench_profile_reads_the_probes_profiled_steps(tmp_path):
     """`--profile` profiles decode steps of a full batch through the engine's own probe
     (record="full" and a window of those steps), and its families are the history's."""

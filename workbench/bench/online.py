@@ -56,8 +56,10 @@ def serve(
     params: Sequence[SamplingParams],
     arrivals: Sequence[float],
     on_step: Callable[[StepRecord], None] | None = None,
+    idle: list[tuple[float, float]] | None = None,
 ) -> list[Timing]:
-    """Add each request when its arrival time has come, step until every one has finished.
+    """Add each request when its arrival time has come, step until every one has finished;
+    `idle` gets the spans (the clock's from, to) it waited with nothing to step for the next.
 
     Times are the run's clock's (a twin's is virtual). A token counts as delivered when the step
     that collected it returns (the host has it)."""
@@ -82,7 +84,10 @@ def serve(
         record = sched.step()
         if record is None:
             if due < len(order):
+                waited = clock.now()
                 clock.wait_until(start + arrivals[order[due]])  # (a twin's clock jumps there)
+                if idle is not None:
+                    idle.append((waited, clock.now()))
                 continue
             break
         t = clock.now() - start

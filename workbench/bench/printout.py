@@ -65,7 +65,9 @@ def _print_time_split(r: dict) -> None:
     phases = ", ".join(
         f"{p} {r['phase_steps'][p]} steps {t:.2f} s" for p, t in r["phase_seconds"].items()
     )
-    print(f"time by phase: {phases}")
+    idle = r.get("idle_seconds") or 0.0
+    waiting = f"; waiting for requests to arrive {idle:.2f} s" if idle else ""
+    print(f"time by phase: {phases}{waiting}")
     buckets = ", ".join(f"{k} {n} steps {t:.2f} s" for k, (n, t) in r["decode_by_batch"].items())
     print(
         f"decode by batch size: {buckets}; garbage collections during the run: "

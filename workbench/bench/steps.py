@@ -97,21 +97,32 @@ def prompt_steps(steps: list[StepTime]) -> PromptSteps:
 
 
 class TimeSplit(NamedTuple):
-    """Seconds of each step, by its phase; and of each decode step, by its batch-size bucket."""
+    """Seconds of each step, by its phase; and of each decode step, by its batch-size bucket;
+    and those the run waited with nothing to step, for a request to arrive."""
 
     by_phase: dict[str, list[float]]
     by_batch: dict[str, list[float]]
+    idle: float = 0.0
 
 
-def split_time(steps: list[StepTime], start: float) -> TimeSplit:
-    """Seconds between consecutive step ends, by the later step's phase, and decode's by batch."""
+def split_time(
+    steps: list[StepTime], start: float, idle: list[tuple[float, float]] = ()
+) -> TimeSplit:
+    """Seconds between consecutive step ends, by the later step's phase, and decode's by batch;
+    the `idle` spans (from, to) in between are not a step's."""
     by_phase: dict[str, list[float]] = {}
     by_batch: dict[str, list[float]] = {}
+    spans, waited = sorted(idle), 0.0
     for prev_end, step in zip([start] + [s.end for s in steps], steps):
-        by_phase.setdefault(step.phase, []).append(step.end - prev_end)
+        seconds = step.end - prev_end
+        while spans and spans[0][1] <= step.end:  # waits before this step (after the last)
+            span = spans.pop(0)
+            seconds -= span[1] - span[0]
+            waited += span[1] - span[0]
+        by_phase.setdefault(step.phase, []).append(seconds)
         if step.phase == "decode":
-            by_batch.setdefault(_bucket(step.batch_size), []).append(step.end - prev_end)
-    return TimeSplit(by_phase, by_batch)
+            by_batch.setdefault(_bucket(step.batch_size), []).append(seconds)
+    return TimeSplit(by_phase, by_batch, waited)
 
 
 def _bucket(batch_size: int) -> str:

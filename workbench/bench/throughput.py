@@ -90,6 +90,7 @@ class TimedRun(NamedTuple):
     latency: dict  # TTFT, TPOT and end-to-end percentiles of arriving requests; else empty
     read_seconds: float  # --record full: reading the profiler's events after the run
     cached: list[int]  # each request's prompt tokens found in the prefix cache at admission
+    idle: list[tuple[float, float]]  # spans waiting for a request to arrive, nothing to step
 
 
 def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
@@ -119,8 +120,9 @@ def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
     collections = GcWatch()
     sync()
     start = clock.now()
+    idle: list[tuple[float, float]] = []
     try:
-        output_tokens, latency, cached = _generate(llm, work, params, args, on_step)
+        output_tokens, latency, cached = _generate(llm, work, params, args, on_step, idle)
     finally:
         bar.close()
     sync()
@@ -131,7 +133,7 @@ def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
     llm.history.fill_in()
     read_seconds = time.perf_counter() - read
     return TimedRun(
-        start, seconds, output_tokens, steps, collections, latency, read_seconds, cached
+        start, seconds, output_tokens, steps, collections, latency, read_seconds, cached, idle
     )
 
 
@@ -141,8 +143,10 @@ def _generate(
     params: list[SamplingParams],
     args: argparse.Namespace,
     on_step: Callable,
+    idle: list[tuple[float, float]],
 ) -> tuple[int, dict, list[int]]:
-    """Output tokens, latencies (when requests arrive over time) and cached tokens per request."""
+    """Output tokens, latencies (when requests arrive over time) and cached tokens per request;
+    `idle` gets the spans the run waited for a request to arrive."""
     arrivals = work.arrivals  # a trace's (already at --request-rate)
     if arrivals is None and args.request_rate is None:
         outputs = llm.generate(work.prompts, params, on_step=on_step)
@@ -150,7 +154,7 @@ def _generate(
         return sum(o["completion_tokens"] for o in outputs), {}, cached
     if arrivals is None:
         arrivals = poisson_arrivals(len(work.prompts), args.request_rate, args.seed)
-    timings = serve(llm, work.prompts, params, arrivals, on_step=on_step)
+    timings = serve(llm, work.prompts, params, arrivals, on_step=on_step, idle=idle)
     cached = [t.cached_tokens for t in timings]
     return sum(t.output_tokens for t in timings), latency_summary(timings), cached
 
@@ -160,7 +164,7 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
     spec = DEVICES[args.device_spec].times(llm.engine.num_devices)  # the step split over GPUs
     model_cfg = llm.engine.model_config
     bound = workload_bound(model_cfg, work.prompt_lens, work.output_lens, spec)
-    split = split_time(run.steps, run.start)
+    split = split_time(run.steps, run.start, run.idle)
     top = decode_step(run.steps, model_cfg, spec)
     prompt = prompt_steps(run.steps)
     gpu = llm.engine.device.type == "cuda"  # (the roofline models a GPU: none on the CPU)
@@ -175,6 +179,7 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
         roofline_fraction=round(bound.seconds / run.seconds, 3) if gpu else None,
         phase_seconds={p: round(sum(v), 3) for p, v in split.by_phase.items()},
         phase_steps={p: len(v) for p, v in split.by_phase.items()},
+        idle_seconds=round(split.idle, 3),  # waiting for a request to arrive, nothing to step
         decode_by_batch={k: (len(v), round(sum(v), 3)) for k, v in split.by_batch.items()},
         gc_collections=run.collections.count,
         gc_full_collections=run.collections.full,
