@@ -83,6 +83,11 @@ def test_a_run_under_vllm_names_and_errors_in_the_bench_usage(tmp_path):
     assert bad.returncode == 2
     assert "workbench bench: error: unrecognized arguments: --bogus" in bad.stderr
     assert bad.stderr.startswith("usage: workbench bench")
+    # a value the engine's checks refuse: its message, as a bad flag's, with no traceback
+    bad = subprocess.run(cmd + ["--max-extend-tokens", "-3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    expected = "workbench bench: error: max_extend_tokens must be an integer >= 1, got -3"
+    assert bad.stderr.strip() == expected
 
 
 def test_moe_backend_flag_reaches_the_engine():

@@ -48,6 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own usage, not the top level's
         commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        _run(args)
+    except ValueError as exc:
+        # a value the checks refused (they name the parameter, the value and what is allowed):
+        # said as argparse says a bad flag, without the traceback of where it was checked
+        command = commands[args.command]
+        command.exit(2, f"{command.prog}: error: {exc}\n")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> None:
     if args.command == "demo":
         from .demo import run_demo
 
@@ -57,10 +68,13 @@ def main(argv: list[str] | None = None) -> int:
 
         run_bench(args)
     elif args.command == "serve":
+        from . import serve_command
+
         serve_command.run(args)
     elif args.command == "chat":
+        from . import chat as chat_command
+
         chat_command.run(args)
-    return 0
 
 
 if __name__ == "__main__":
