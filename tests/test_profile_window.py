@@ -264,3 +264,32 @@ def test_bench_profile_when_profiles_the_steps_it_names(tmp_path):
     assert steps.step[steps.profiled.astype(bool)].tolist() == chosen
     assert set(run.events.step) == set(chosen)
     assert run.meta["record"] == "full" and run.meta["profile_steps"] == expression
+
+
+def test_bench_profile_when_writes_a_trace_that_says_which_steps_and_why(tmp_path):
+    """--profile-trace with --profile-when: the run's Chrome trace, each step marked profiled or
+    not, kernels and operators only in the chosen steps, the rule in its otherData."""
+    expression = "phase == 'decode' and batch_size >= 3"
+    path = tmp_path / "trace.json"
+    cmd = (
+        [sys.executable, "-m", "workbench", "bench", "--num-requests", "4"]
+        + ["--input-len", "8", "24", "--output-len", "4", "12", "--profile-when", expression]
+        + ["--max-profiled-steps", "2", "--profile-trace", str(path)]
+    )
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    assert f"Chrome trace of the run written to {path}" in out
+    trace = json.loads(path.read_text())
+    steps = {
+        e["args"]["step"] if "step" in e["args"] else int(e["name"].split()[1]): e
+        for e in trace["traceEvents"]
+        if e["ph"] == "X" and e["pid"] == 0 and e["tid"] == 0
+    }
+    profiled = sorted(s for s, e in steps.items() if e["args"]["profiled"])
+    chosen = sorted(
+        s for s, e in steps.items() if e["cat"] == "decode" and e["args"]["batch_size"] >= 3
+    )[:2]
+    assert profiled == chosen and len(steps) > len(chosen)
+    others = {e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] != 0}
+    assert others == set(chosen)
+    assert trace["otherData"]["profile_steps"] == expression
+    assert trace["otherData"]["max_profiled_steps"] == 2

@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _run(args)
     except ValueError as exc:
-        # a value the checks refused (they name the parameter, the value and what is allowed):
-        # said as argparse says a bad flag, without the traceback of where it was checked
+        if argv is not None:  # called from Python: the exception is the caller's
+            raise
+        # from a shell, a value the checks refused (they name the parameter, the value and what
+        # is allowed) is said as argparse says a bad flag, without the traceback
         command = commands[args.command]
         command.exit(2, f"{command.prog}: error: {exc}\n")
     return 0

@@ -167,7 +167,13 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --profile: cProfile's busiest functions over the largest batch's steps",
     )
-    p.add_argument("--profile-trace", metavar="FILE", help="with --profile: Chrome trace JSON")
+    p.add_argument(
+        "--profile-trace",
+        metavar="FILE",
+        help="Chrome trace JSON (Perfetto): with --profile, of its profiled decode steps; else "
+        "with --record full or --profile-when, of the timed run, each step marked profiled or "
+        "not and the window's rule in its otherData",
+    )
 
 
 def _window_and_slo_arguments(p: argparse.ArgumentParser) -> None:

@@ -40,6 +40,8 @@ def print_result(r: dict) -> None:
         print_slo(r["slo"])
     if "saved" in r:
         print(f"history saved to {r['saved']}")
+    if "profile_trace" in r:
+        print(f"Chrome trace of the run written to {r['profile_trace']} (open it in Perfetto)")
 
 
 def _settings_line(r: dict) -> str:

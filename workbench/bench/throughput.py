@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ..core import SamplingParams
 from ..flags import llm_options
+from ..history.trace import export_trace
 from ..llm import LLM
 from .bound import DEVICES, workload_bound
 from .dataset import bench_workload, reuse_result
@@ -42,6 +43,10 @@ def run_bench(args: argparse.Namespace) -> dict:
     result = {**summary(llm, args, work, run), **({"saved": str(saved)} if saved else {})}
     if trace is not None:
         result |= {"trace": trace.summary(), "prefix_reuse": reuse_result(trace, run.cached)}
+    if args.profile_trace and not args.profile and args.record == "full":
+        history = llm.history  # each step marked profiled or not, the window in its otherData
+        export_trace(history.steps, history.events, args.profile_trace, llm.run_meta())
+        result["profile_trace"] = args.profile_trace
     if args.slo and args.record != "off":  # (a sweep of record=off,...: none to read)
         result["slo"] = slo_result(llm.history, args.slo)
     if args.profile:
