@@ -12,7 +12,10 @@ runs it with "light" and "full" in turn (`--repeat` rounds). For each level: the
 steps, then reading the tables a user looks at: steps and, with "full", the profiler's events),
 and per phase the median step time and the median of each step's ratio to the same step of the
 "light" run (arrivals by step: the two runs schedule the same batches), and with "full" the host
-time the profiler added per step by its own estimate (the steps table's `profiler_ms`).
+time the profiler added per step by its own estimate (the steps table's `profiler_ms`) against
+the measured difference (full's step over the same step recorded light, minus one light step).
+`--when EXPR` adds a third recording, "window": record="full" profiling only the steps EXPR
+holds for (`profile_steps`), its chosen and its other steps each against light.
 """
 
 from __future__ import annotations
@@ -41,9 +44,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=None, help="8 (steps), 24 (arriving)")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=None, help="5 (steps), 3 (arriving)")
+    parser.add_argument(
+        "--when", metavar="EXPR", help="arriving: also a window profiling the steps EXPR holds for"
+    )
     args = parser.parse_args(argv)
     if args.workload == "arriving":
-        arriving(args.model or "dummy:qwen3-0.6b", args.requests or 24, args.repeat or 3)
+        model = args.model or "dummy:qwen3-0.6b"
+        arriving(model, args.requests or 24, args.repeat or 3, args.when)
     else:
         steps(args.model or "smollm2", args.requests or 8, args.tokens, args.repeat or 5)
 
@@ -84,18 +91,22 @@ def arriving_requests(count: int, seed: int = 0) -> list[tuple]:
     ]
 
 
-def arriving(model: str, count: int, repeat: int) -> None:
+def arriving(model: str, count: int, repeat: int, when: str | None = None) -> None:
     from workbench.workbench import Workbench
 
     requests = arriving_requests(count)
     wb = Workbench(model, overlap=True, max_running_reqs=32, max_extend_tokens=256, policy="mixed")
     totals: dict[str, list[tuple[float, float]]] = {"light": [], "full": []}
+    if when is not None:
+        totals["window"] = []
+    # (reconfigure keeps what it is not told: each level says its window)
+    options = {"light": {}, "full": {"profile_steps": None}, "window": {"profile_steps": when}}
     sessions: dict[str, dict[str, float]] = {}  # of the last round: profiler start/stop seconds
     tables = {}
     for round_ in range(repeat + 1):  # round 0 warms up (kernels, graphs)
         for level in totals:
             wb.reset()
-            wb.reconfigure(record=level)
+            wb.reconfigure(record="full" if level == "window" else level, **options[level])
             for prompt, sampling, step in requests:
                 wb.add_request(prompt, sampling, arrival_step=step)
             profiler = session_seconds()
@@ -104,7 +115,7 @@ def arriving(model: str, count: int, repeat: int) -> None:
             ran = time.perf_counter()
             run = wb.snapshot()
             table = run.steps
-            if level == "full":
+            if level != "light":
                 len(run.events)
             if round_:
                 totals[level].append((ran - start, time.perf_counter() - ran))
@@ -138,12 +149,43 @@ def arriving(model: str, count: int, repeat: int) -> None:
             line.append(f"full / light per step {statistics.median(ratios):.2f}x")
         added = [t.profiler_ms[t.phase == phase].median() for t in tables["full"]]
         line.append(f"profiler's own estimate {statistics.median(added):.2f} ms/step")
+        measured = [
+            np.median(f.wall_ms[f.phase == phase].to_numpy() - lt.wall_ms[lt.phase == phase])
+            for f, lt in zip(tables["full"], tables["light"])
+            if len(f) == len(lt)
+        ]
+        if measured:
+            line.append(f"measured {statistics.median(measured):.2f} ms/step")
         print("  ".join(line))
+    if "window" in tables:
+        window_cost(tables, when)
     where_time_went(tables, totals)
     started, stopped = sessions["full"]["start"], sessions["full"]["stop"]
     print(
         f"full's profiler sessions (last round): starting {started:.3f} s, stopping {stopped:.3f} s"
     )
+
+
+def window_cost(tables: dict[str, list], when: str) -> None:
+    """The window's steps against the same steps recorded light: those it profiled, and the
+    others (which should cost what light costs)."""
+    chosen, others, counts = [], [], []
+    for w, lt in zip(tables["window"], tables["light"]):
+        if len(w) != len(lt):
+            continue
+        ratio = w.wall_ms.to_numpy() / lt.wall_ms.to_numpy()
+        profiled = w.profiled.to_numpy(dtype=bool)
+        counts.append(int(profiled.sum()))
+        if profiled.any():
+            chosen.append(float(np.median(ratio[profiled])))
+        others.append(float(np.median(ratio[~profiled])))
+    if not others:
+        print(f"window ({when}): its runs scheduled other steps than light's; no comparison")
+        return
+    line = f"window ({when}): profiled {statistics.median(counts):.0f} steps a run"
+    if chosen:
+        line += f", those {statistics.median(chosen):.2f}x light per step"
+    print(f"{line}; the others {statistics.median(others):.2f}x light per step")
 
 
 def where_time_went(tables: dict[str, list], totals: dict[str, list]) -> None:

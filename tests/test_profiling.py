@@ -20,6 +20,7 @@ from workbench.history.tables import PageRow
 from workbench.instrument.pages import PageSnapshots
 from workbench.kvcache.table import TableManager
 from workbench.models.induction import pattern_continuation, pattern_prompts
+from workbench.viz import compare_table
 
 from .conftest import CPU_AND_GPU, INDUCTION
 
@@ -283,3 +284,26 @@ def test_a_window_chosen_by_predicate_counts_its_session_start_in_its_first_step
         first, second = steps.profiler_ms[6], steps.profiler_ms[7]
         assert list(steps.index[steps.profiled]) == [6, 7, 8]
         assert first - second >= 0.8 * start_ms > 0, (first, second, start_ms)
+
+
+def test_the_step_a_window_ends_in_carries_what_stopping_the_profiler_took():
+    """A predicate window's session ends in the first step after it, before that step's launch:
+    the step is not profiled, but its `profiler_ms` is the host time the stop took (kineto's
+    stop is long on a GPU), and the other steps outside the window have none."""
+    from workbench.profiling import session_seconds
+
+    window = lambda s: s.phase == "decode" and 6 <= s.step < 9  # noqa: E731
+    with workbench("cpu", record="full", profile_steps=window) as wb:
+        submit(wb)
+        began = session_seconds()["stop"]
+        wb.run(progress=False)
+        stop_ms = (session_seconds()["stop"] - began) * 1e3
+        steps = wb.history.steps.set_index("step")
+        assert list(steps.index[steps.profiled]) == [6, 7, 8]
+        assert not steps.profiled[9] and steps.profiler_ms[9] >= stop_ms > 0
+        assert steps.profiler_ms[9] <= steps.host_schedule_ms[9]  # (it stops while scheduling)
+        others = steps.drop(index=[6, 7, 8, 9])
+        assert others.profiler_ms.isna().all()
+        table = compare_table({"run": wb.history}, full=True)
+        per_step = table.loc["run", "profiler ms per profiled step"]
+        assert per_step == pytest.approx(steps.profiler_ms.sum() / 3, abs=1e-3)

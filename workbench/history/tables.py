@@ -77,7 +77,7 @@ class StepRow(NamedTuple):
     expert_imbalance: float
     simulated: bool  # timed by a twin's step costs (`workbench.twin`), not measured
     profiled: bool  # record="full": the profiler recorded it
-    profiler_ms: float  # host time the profiler added, by its estimate
+    profiler_ms: float  # host time the profiler added, by its estimate (`_profiler_ms`)
 
 
 class LedgerEntry(NamedTuple):
@@ -252,7 +252,7 @@ class TableRows:
             expert_imbalance=expert_imbalance(rec.routing),
             simulated=rec.simulated,
             profiled=rec.events is not None,
-            profiler_ms=getattr(rec.events, "profiler_ms", math.nan),
+            profiler_ms=_profiler_ms(rec),
         )
         self.steps.append(tuple(step))
 
@@ -317,3 +317,12 @@ def _add_admissions(
         columns["reason"].extend([behind_reason] * n)
         columns["extend_len"].extend([0] * n)
         columns["cached_len"].extend([0] * n)
+
+
+def _profiler_ms(rec: StepRecord) -> float:
+    """The host time the profiler added to a step, by its estimate: a profiled step's (its
+    events and the session's start), or what ending a session took in a step it did not
+    profile (NaN: neither)."""
+    if rec.events is not None:
+        return getattr(rec.events, "profiler_ms", math.nan)
+    return rec.profiler_stop_ms or math.nan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,7 @@ class Probe(Observer):
         self._early: dict[int, list] = {}  # events of a batch launched before a session ended
         self._pending: dict[int, list] = {}
         self._start_ms: dict[int, float] = {}
+        self._stop_ms: dict[int, float] = {}  # a step that ended a session: what stopping took
         self._chosen = ChosenSteps(self.window)
         self._pages = PageSnapshots()
         self.ranks.restart()
@@ -96,7 +98,7 @@ class Probe(Observer):
         if wanted:
             self._start()
         elif wanted is False and self.profiling:
-            self.flush()
+            self.flush(index)
 
     def _start(self) -> None:
         if self._session is None:
@@ -113,10 +115,11 @@ class Probe(Observer):
             self._start()
             self._start_ms[step] = self._session.start_ms
         elif not chosen and self.profiling and not self._chosen.awaiting:
-            self.flush()
+            self.flush(step)
 
-    def flush(self) -> None:
-        """End the profiler session, if one runs; its events are read when the history is."""
+    def flush(self, step: int | None = None) -> None:
+        """End the profiler session, if one runs; its events are read when the history is.
+        `step`: the step it ends in (before its launch), whose record says what stopping took."""
         if not self.profiling:
             return
         self.profiling = self.ranks.session_running = False
@@ -127,7 +130,10 @@ class Probe(Observer):
         for _, step, kind in marks:
             if kind == "launch" and step in self._chosen.awaiting and step not in lists:
                 lists[step] = self._early[step] = StepEvents()
+        began = time.perf_counter()
         read = self._session.stop()
+        if step is not None:
+            self._stop_ms[step] = (time.perf_counter() - began) * 1e3
         self.history.sessions.append(SessionEvents(read, marks, lists, self._start_ms, self.device))
 
     def request_arrive(
@@ -244,6 +250,8 @@ class Probe(Observer):
 
     def step_end(self, record: StepRecord) -> None:
         step = record.step
+        if self._stop_ms:
+            record.profiler_stop_ms = self._stop_ms.pop(step, 0.0)
         profiled = self._chosen.recorded(step) and self.profiling
         if profiled:
             early = self._early.pop(step, None) if self._early else None

@@ -102,6 +102,9 @@ class StepRecord:
     page_rows: dict[int, tuple[int, tuple[tuple[int, int, int], ...]]] | None = None
     # record="full": (name, category, track, start_us, duration_us), filled when profiling ends
     events: list[tuple] | None = field(default=None, repr=False)
+    # record="full": a profiler session ended in this step, before its launch (the step is not
+    # profiled): the host time stopping it took (0: none ended here)
+    profiler_stop_ms: float = 0.0
     rank_events: list[tuple[int, list[tuple]]] | None = field(default=None, repr=False)
     rank_clock_ms: list[float] | None = field(default=None, repr=False)
     # live while the step runs; let go by `complete`

@@ -183,8 +183,9 @@ def _row(history) -> dict:
             "mean step wall (ms)": round(float(steps.wall_ms.mean()), 3),
             "mean step device (ms)": round(float(steps.device_ms.mean()), 3),
             "mean step host (ms)": _mean(steps, "host_ms"),
-            # the profiler's own estimate of what it added, over the steps it profiled
-            "profiler ms per profiled step": _mean(steps, "profiler_ms"),
+            # the profiler's own estimate of what it added (its sessions' stops in the steps
+            # after them too), per step it profiled
+            "profiler ms per profiled step": _profiler_per_step(steps),
             "mean step bound (ms)": _mean(steps, "bound_ms"),
             "mean achieved GB/s": _mean(steps, "achieved_gbps"),
             "bound / device time": _bound_share(steps),
@@ -203,6 +204,12 @@ def _row(history) -> dict:
 def _mean(steps: pd.DataFrame, column: str) -> float | None:
     """A column's mean, or None for runs saved before the column existed."""
     return round(float(steps[column].mean()), 3) if column in steps else None
+
+
+def _profiler_per_step(steps: pd.DataFrame) -> float | None:
+    if "profiler_ms" not in steps or not steps.profiled.any():
+        return _mean(steps, "profiler_ms")  # (None, or NaN: nothing profiled)
+    return round(float(steps.profiler_ms.sum() / steps.profiled.sum()), 3)
 
 
 def _percentiles(name: str, ms: pd.Series) -> dict[str, float]:
