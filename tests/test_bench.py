@@ -49,6 +49,19 @@ def test_sweep_prints_a_table_and_passes_engine_options_through():
     assert steps[0] > steps[1]
 
 
+def test_a_swept_flag_takes_true_and_false_as_a_shell_writes_them():
+    from workbench.flags import parse_value
+
+    assert [parse_value(v) for v in ("true", "False", "TRUE", "8", "0.5", "mixed")] == [
+        True,
+        False,
+        True,
+        8,
+        0.5,
+        "mixed",
+    ]
+
+
 @pytest.mark.parametrize("spec", ["overlap", "overlap=", "json=True"])
 def test_bad_sweep_is_refused(spec):
     import argparse

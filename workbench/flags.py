@@ -87,7 +87,10 @@ def engine_options(pairs: list[str]) -> dict:
 
 
 def parse_value(text: str):
-    """A Python literal where the text is one (`True`, `8`, `0.5`), else the text itself."""
+    """A Python literal where the text is one (`True`, `8`, `0.5`; `true` and `false` as a
+    shell user writes them), else the text itself."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
