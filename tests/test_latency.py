@@ -101,3 +101,22 @@ def test_comparisons_and_the_summary_show_itl_percentiles(staggered):
     kept = ["mean TTFT (steps)", "p90 TTFT (steps)", "mean steps per output token"]
     assert set(new + kept + ["mean step wall (ms)", "median TPOT (ms)"]) <= set(table.columns)
     assert summary(history)["median ITL (ms)"] == round(float(pd.Series(gaps).median()) * 1e3, 2)
+
+
+def test_a_request_due_during_a_step_arrived_at_its_time_not_at_the_steps_end():
+    """A request due at a time that falls while a step runs is queued when the step ends (as a
+    server's waits for the step in progress), but it arrived at its time: the requests table's
+    `arrival_s` is that time, and its TTFT counts the rest of that step."""
+    wb = Workbench("tiny-llama", max_extend_tokens=4096, max_running_reqs=4)
+    wb.add_request(LONG * 8, greedy(2))  # one long prompt step first
+    due = 0.002
+    late = wb.add_request(PROMPTS[0], greedy(2), arrival_time=due)
+    first = wb.step()
+    assert first.size == 1 and first.completed_at > due  # it fell due while the step ran
+    wb.run(progress=False)
+    wb.check_integrity()
+    row = wb.history.requests.set_index("uid").loc[late]
+    assert row.arrival_s == pytest.approx(due, abs=1e-9)
+    assert row.arrival_step == 1
+    # its first token came after the long step ended and its own prompt step ran
+    assert row.ttft_s >= first.completed_at - due

@@ -13,6 +13,7 @@ class Due(NamedTuple):
     uid: int
     ids: list[int]
     sampling: SamplingParams
+    timed: bool = False  # `at` is seconds (else a step)
 
 
 def _order(due: Due) -> tuple[float, int]:
@@ -24,6 +25,8 @@ class Arrivals:
 
     NOTE: an idle engine takes the next request due at a step at once (empty steps do not
     count), but waits for one due at a time, as a server would, so its TTFT counts from arrival.
+    One that falls due while a step runs is queued when the step ends, as a server's request
+    waits for the step in progress, and it arrived at its time: its TTFT counts from there.
     """
 
     def __init__(self) -> None:
@@ -33,7 +36,7 @@ class Arrivals:
 
     def add(self, due: Due, by_time: bool) -> None:
         waiting = self._by_time if by_time else self._by_step
-        bisect.insort(waiting, due, key=_order)
+        bisect.insort(waiting, due._replace(timed=by_time), key=_order)
         self.waiting += 1
 
     def due(self, step: int, now: float, idle: bool) -> list[Due]:
@@ -48,11 +51,11 @@ class Arrivals:
     def release(self, scheduler) -> None:
         clock = scheduler.clock
         for due in self.due(scheduler.step_index, clock.now(), scheduler.is_idle):
-            scheduler.add_request(due.ids, due.sampling, uid=due.uid)
+            _add(scheduler, due)
         if scheduler.is_idle and self.next_time is not None:
             clock.wait_until(self.next_time)  # (a twin's clock jumps there)
             for due in self.due(scheduler.step_index, clock.now(), idle=False):
-                scheduler.add_request(due.ids, due.sampling, uid=due.uid)
+                _add(scheduler, due)
 
     @property
     def next_time(self) -> float | None:
@@ -77,3 +80,8 @@ class Arrivals:
 
     def __len__(self) -> int:
         return self.waiting
+
+
+def _add(scheduler, due: Due) -> None:
+    arrived = due.at if due.timed else None  # (by step: when it is added)
+    scheduler.add_request(due.ids, due.sampling, uid=due.uid, arrived=arrived)

@@ -79,7 +79,9 @@ def serve(
         now = clock.now() - start
         while due < len(order) and arrivals[order[due]] <= now:
             i = order[due]
-            index_of[sched.add_request(list(prompts[i]), params[i])] = i
+            # arrived at its time, not when the step it fell due in ended
+            uid = sched.add_request(list(prompts[i]), params[i], arrived=start + arrivals[i])
+            index_of[uid] = i
             due += 1
         record = sched.step()
         if record is None:
