@@ -11,15 +11,9 @@ from workbench import Workbench
 from workbench.policies import POLICIES
 
 from .conftest import greedy, hf_greedy, run
+from .test_tp import PROMPTS  # (the dense model's, one sharing a prefix)
 
 MODEL = "tiny-qwen3-moe"  # 8 experts of 32 (16 a rank), top 2; layer 1 dense (128: 64 a rank)
-PROMPTS = [
-    [5, 17, 33, 2, 91, 4, 4, 8, 120, 7, 3, 61],
-    [9, 9, 9, 14],
-    [5, 17, 33, 2, 91, 4, 4, 8, 120, 7, 44, 45, 46, 47, 48],  # shares a prefix with the first
-    [250, 1, 3],
-    list(range(100, 131)),
-]
 
 
 @pytest.fixture(scope="module")
