@@ -127,9 +127,9 @@ class Probe(Observer):
         lists, self._pending = self._pending, {}
         # NOTE: a batch launched in this session and still in flight gets its list now
         self._early = {}
-        for _, step, kind in marks:
-            if kind == "launch" and step in self._chosen.awaiting and step not in lists:
-                lists[step] = self._early[step] = StepEvents()
+        for _, marked, kind in marks:
+            if kind == "launch" and marked in self._chosen.awaiting and marked not in lists:
+                lists[marked] = self._early[marked] = StepEvents()
         began = time.perf_counter()
         read = self._session.stop()
         if step is not None:
