@@ -219,8 +219,13 @@ def test_bench_profile_reads_the_probes_profiled_steps(tmp_path):
         str(trace),
     )
     assert "10 decode steps of 4 requests, profiled (record=full)" in out
-    operators = out.split("the busiest operators, ms and launches per step\n")[1]
+    head, operators = out.split("the busiest operators, ms and launches per step\n")
     assert "aten::mm" in operators.split("ms per decode step by family")[0]
+    # the operators a step in all, at least those of the busiest listed
+    per_step = int(head.rsplit("(record=full), ", 1)[1].split(" operators a step")[0])
+    listed = operators.split("ms per decode step by family")[0].strip().splitlines()
+    launches = sum(float(line.split()[2].rstrip("x")) for line in listed)
+    assert per_step >= launches - 0.5 * len(listed) > 0
     families = dict(
         part.rsplit(" ", 1)
         for part in out.split("ms per decode step by family: ")[1].splitlines()[0].split(", ")

@@ -39,6 +39,7 @@ class HostSplit(NamedTuple):
     # on a GPU, from steps profiled through the probe (`profile.py`): (name, ms, launches) per step
     families: dict[str, float] | None = None
     kernels: list[tuple[str, float, float]] | None = None
+    launches: float | None = None  # kernels per step
 
 
 def host_splits(
@@ -87,7 +88,11 @@ def host_split(
     if not cuda or len(measured) < MEASURED_STEPS:
         return split
     profile = profile_decode_steps(llm, batch_size, PROFILED_STEPS, prompt_len, args.seed + 4)
-    return split._replace(families=profile.family_ms(), kernels=profile.kernels(TOP_KERNELS))
+    return split._replace(
+        families=profile.family_ms(),
+        kernels=profile.kernels(TOP_KERNELS),
+        launches=profile.launches(),
+    )
 
 
 def _medians(llm: LLM, args, batch_size: int, measured: list, ends: list[float]) -> HostSplit:
@@ -125,6 +130,9 @@ def split_table(splits: list[HostSplit]) -> str:
     for s in splits:
         if s.families is not None:
             parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(s.families.items()))
-            lines.append(f"device ms per decode step at batch {s.batch_size} by family: {parts}")
+            lines.append(
+                f"device ms per decode step at batch {s.batch_size} ({s.launches:.0f} kernels) "
+                f"by family: {parts}"
+            )
             lines += [f"  {ms:7.3f} ms {n:5.0f}x  {name[:90]}" for name, ms, n in s.kernels]
     return "\n".join(lines)

@@ -35,6 +35,10 @@ class DecodeProfile(NamedTuple):
             return {}
         return (self.families.groupby("family").ms.sum() / self.count).to_dict()
 
+    def launches(self) -> float:
+        """Kernels (on a CPU, leaf operators) per step."""
+        return len(leaf_events(self.events)) / self.count if self.count else float("nan")
+
     def kernels(self, top: int) -> list[tuple[str, float, float]]:
         """The `top` kernels (on a CPU, operators) by device time: (name, ms, launches) per
         step."""
@@ -128,7 +132,8 @@ def profile_text(profile: DecodeProfile, top: int = 25) -> str:
     unit = "kernels" if (profile.events.category == "kernel").any() else "operators"
     lines = [
         f"{profile.count} decode steps of {profile.batch_size} requests, profiled "
-        f"(record=full): the busiest {unit}, ms and launches per step"
+        f"(record=full), {profile.launches():.0f} {unit} a step; the busiest {unit}, ms and "
+        "launches per step"
     ]
     lines += [f"  {ms:8.3f} ms {n:6.1f}x  {name[:90]}" for name, ms, n in profile.kernels(top)]
     parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(profile.family_ms().items()))
