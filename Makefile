@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-all lab bench gpu-check lint format clean chromium
+.PHONY: demo test test-all lab bench gpu-check gpu-payload lint format clean chromium
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,13 @@ bench:
 # every notebook executed there on a dummy model. One summary line per part; logs in out/gpu-check/.
 GPU_PYTHON ?= python3
 GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -q -p no:cacheprovider
+# carried from `make gpu-payload` (below) to a GPU machine without a network: installed first
+PAYLOAD_SITE = $(HOME)/.cache/wb-payload
+gpu-check: export PYTHONPATH := $(if $(wildcard .gpupayload/wheels),$(PAYLOAD_SITE):)$(PYTHONPATH)
+gpu-check: export WORKBENCH_CACHE := $(if $(wildcard .gpupayload/cache),$(CURDIR)/.gpupayload/cache,$(WORKBENCH_CACHE))
 gpu-check:
+	@if [ -d .gpupayload/wheels ]; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps \
+		--target $(PAYLOAD_SITE) .gpupayload/wheels/*.whl; fi
 	@mkdir -p out/gpu-check; fail=0; start=$$(date +%s); \
 	$(GPU_PYTEST) tests --ignore=tests/test_notebooks.py > out/gpu-check/tests.log 2>&1 || fail=1; \
 	echo "gpu tests: $$(tail -n 1 out/gpu-check/tests.log)"; \
@@ -59,6 +65,26 @@ gpu-check:
 	echo "notebooks: $$(tail -n 1 out/gpu-check/notebooks.log)"; \
 	echo "gpu-check: $$([ $$fail = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - start )) s"; \
 	exit $$fail
+
+# For a GPU machine with no network whose Python 3.12 has torch but not the notebook extra (the
+# lent H200): wheels of what `gpu-check` needs beyond its image, and the SmolLM2 tokenizer the
+# dummy models copy, in .gpupayload/ (git-ignored): carry it there and `make gpu-check` installs
+# them (the server's too). Left out: what that image has (GPU_HAS) and what nothing there
+# imports (GPU_SKIP).
+GPU_WHEELS = altair nbclient ipykernel ipywidgets anywidget fastapi uvicorn prometheus_client
+GPU_HAS = numpy pandas packaging typing_extensions jinja2 markupsafe python_dateutil tzdata psutil
+GPU_SKIP = debugpy jedi widgetsnbextension
+gpu-payload: $(STAMP)
+	rm -rf .gpupayload && mkdir -p .gpupayload/wheels .gpupayload/cache/models
+	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		--platform manylinux_2_28_x86_64 -d .gpupayload/wheels $(GPU_WHEELS)
+	cd .gpupayload/wheels && for p in $(GPU_HAS) $(GPU_SKIP); do rm -f $$p-*.whl; done
+	WORKBENCH_CACHE=$(CURDIR)/.gpupayload/cache $(PY) -c \
+		"from workbench.models.catalog import resolve; resolve('dummy:qwen3-0.6b')"
+	find .gpupayload/cache/models -mindepth 1 -maxdepth 1 ! -name smollm2-tokenizer \
+		-exec rm -rf {} +
+	du -sh .gpupayload
 
 # JupyterLab refuses to start as root unless told it may (a container's user often is root)
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
