@@ -14,7 +14,8 @@ ITL percentiles; and where the server's time went: the engine's steps (how many,
 much of the wall time they filled) against generate's, and the engine's thread while served:
 its time in steps, exchanging with the HTTP process (reading requests, sending each step's
 tokens: a step waiting on the HTTP side would show here, as a send blocked on a full pipe) and
-idle with nothing to step (`serve.loop.LoopTimes`).
+idle with nothing to step (`serve.loop.LoopTimes`); and how far behind the HTTP process ran
+(`workbench_step_delivery_seconds`: a step's tokens from the engine's send to the responses).
 """
 
 from __future__ import annotations
@@ -96,12 +97,41 @@ def run_served(llm, requests: list[tuple[list[int], int]], clients: int) -> dict
             client.stdin.flush()
             result = json.loads(client.stdout.readline())
             loop = _since(server.loop.times, loop_before)
+            delivery = _delivery(server.url)
             cpu = {name: _cpu_s(pid) - before[name] for name, pid in pids.items()}
             cpu["engine"] = time.process_time() - engine_before
             client.wait()
     finally:
         llm.stop_serving()
-    return {**result, "cpu_s": cpu, "loop": loop, **_steps(llm, steps_before, result["seconds"])}
+    steps = _steps(llm, steps_before, result["seconds"])
+    return {**result, "cpu_s": cpu, "loop": loop, "delivery": delivery, **steps}
+
+
+def _delivery(url: str) -> str:
+    """The HTTP process's delivery of the engine's step messages (`/metrics`): their count, mean
+    and the bucket bound under which 99% fell (a server serves one run, so it is this run's)."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urlopen(url.removesuffix("/v1") + "/metrics", timeout=30).read().decode()
+    (family,) = (
+        f
+        for f in text_string_to_metric_families(text)
+        if f.name == "workbench_step_delivery_seconds"
+    )
+    buckets = [
+        (float(s.labels["le"]), s.value) for s in family.samples if s.name.endswith("_bucket")
+    ]
+    count = next(s.value for s in family.samples if s.name.endswith("_count"))
+    total = next(s.value for s in family.samples if s.name.endswith("_sum"))
+    if not count:
+        return "no step message"
+    p99 = next(le for le, n in sorted(buckets) if n >= 0.99 * count)
+    return (
+        f"{int(count)} step messages, {total / count * 1e3:.3f} ms on average from the engine's "
+        f"send to the responses, 99% within {p99 * 1e3:g} ms"
+    )
 
 
 def _since(now, before):
@@ -246,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{served['seconds']:.2f} s of wall time ({os.cpu_count()} cores)"
         )
         print(f"  the engine's thread while served: {served['loop']}")
+        print(f"  the HTTP process: {served['delivery']}")
 
 
 if __name__ == "__main__":

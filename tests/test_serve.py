@@ -270,10 +270,15 @@ def test_metrics_are_prometheus_text_with_the_engines_own_facts(served):
         "workbench_time_to_first_token_seconds",
         "workbench_inter_token_latency_seconds",
         "workbench_step_seconds",
+        "workbench_step_delivery_seconds",
     ):
         assert name in families, sorted(families)
     value = {s.name: s.value for f in families.values() for s in f.samples if not s.labels}
     assert value["workbench_time_to_first_token_seconds_count"] >= 1
+    # every step's message delivered (at least the request's 4), each after it was sent
+    delivered = value["workbench_step_delivery_seconds_count"]
+    assert delivered >= value["workbench_step_seconds_count"] >= 4
+    assert 0 < value["workbench_step_delivery_seconds_sum"] < delivered
     assert value["workbench_generation_tokens_total"] >= 4
     finished = {
         s.labels["reason"]: s.value

@@ -3,9 +3,9 @@
 steps (a thread would share its interpreter lock) and no script of the caller's is imported.
 
 Messages, engine -> here: ("step", tokens by request, ends, cached tokens at admission, the
-engine's state, refusals by reason, step seconds), ("stop",). Here -> engine: ("ready", port),
-("failed", message), ("adds", [(rid, token ids, sampling, received), ...]), ("abort", rid),
-("stopped",).
+engine's state, refusals by reason, step seconds, when it was sent), ("stop",). Here -> engine:
+("ready", port), ("failed", message), ("adds", [(rid, token ids, sampling, received), ...]),
+("abort", rid), ("stopped",).
 """
 
 from __future__ import annotations

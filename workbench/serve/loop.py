@@ -257,6 +257,7 @@ class EngineLoop:
             state,
             self._refused,
             self._step_s,
+            time.perf_counter(),  # sent: the HTTP process times its delivery from here
         )
         self._tokens, self._ends, self._cached, self._refused, self._step_s = {}, [], [], {}, []
         self._sent_queue_len = self.queue_len

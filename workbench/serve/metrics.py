@@ -31,6 +31,9 @@ LATENCY_BUCKETS = (
 )
 
 
+DELIVERY_BUCKETS = (0.0001, 0.0002, 0.0005, *LATENCY_BUCKETS)
+
+
 class Metrics:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -84,6 +87,13 @@ class Metrics:
             "workbench_step_seconds",
             "one engine step (host wall time)",
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.delivery = Histogram(
+            "workbench_step_delivery_seconds",
+            "a step's tokens, from the engine's send to this process handing them to the "
+            "responses (how far the HTTP side runs behind the engine)",
+            buckets=DELIVERY_BUCKETS,
             registry=r,
         )
 

@@ -108,8 +108,10 @@ class Service:
 
     # -- from the engine: one message a step (on the event loop) -----------------------------
     def deliver(self, message: tuple) -> None:
-        _, tokens, ends, cached, state, refused, step_s = message
+        _, tokens, ends, cached, state, refused, step_s, sent = message
         now, metrics = time.perf_counter(), self.metrics
+        # NOTE: perf_counter is the machine's monotonic clock, the same in both processes
+        metrics.delivery.observe(max(now - sent, 0.0))
         for rid, count in cached:
             output = self.outputs.get(rid)
             if output is not None:
