@@ -203,6 +203,10 @@ def test_bench_counts_the_wait_for_arrivals_apart_from_the_steps():
     assert stepped < r["seconds"] - 0.2
     at_once = json.loads(_bench("--json"))
     assert at_once["idle_seconds"] == 0
+    # the throughput printed says whose rate it is when the run mostly waited
+    slow = _bench("--request-rate", "2", "--output-len", "2", "3")
+    assert "(the arrivals' rate, not the engine's: it waited for them" in slow
+    assert "the arrivals' rate" not in _bench()
 
 
 def test_bench_profile_reads_the_probes_profiled_steps(tmp_path):

@@ -15,9 +15,16 @@ def print_result(r: dict) -> None:
         f"requests {r['num_requests']}, input {r['input_len'][0]}-{r['input_len'][1]}, "
         f"output {r['output_len'][0]}-{r['output_len'][1]}, {r['steps']} steps"
     )
+    idle = r.get("idle_seconds") or 0.0
+    waited = (
+        f" (the arrivals' rate, not the engine's: it waited for them {idle / r['seconds']:.0%} "
+        "of the run)"
+        if idle > 0.5 * r["seconds"]
+        else ""
+    )
     print(
         f"output tokens {r['output_tokens']} | seconds {r['seconds']:.2f} | "
-        f"output tokens/s {r['output_tokens_per_s']:,.0f}"
+        f"output tokens/s {r['output_tokens_per_s']:,.0f}{waited}"
     )
     if r.get("events_read_seconds") is not None:
         print(f"profiler events read after the run in {r['events_read_seconds']:.2f} s")
