@@ -19,17 +19,17 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 from workbench import LLM, SamplingParams, Workbench
 from workbench.models import resolve
-from workbench.models.induction import pattern_continuation, pattern_prompts
+from workbench.models.induction import pattern_prompts
 from workbench.models.weights import to_hf_state_dict
 
 from .conftest import prefill_logits
+from .planted import run_workload
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,40 +41,6 @@ CHUNKS = (1, 16, 64, 256, 8192)
 PAGE_SIZES = (1, 16)
 POLICIES = ("prefill_first", "decode_first", "mixed")
 SETTINGS = list(itertools.product(PAGE_SIZES, (True, False), CHUNKS, POLICIES, (True, False)))
-
-
-@dataclass(frozen=True)
-class Request:
-    prompt: list[int]
-    max_tokens: int
-    arrival_step: int
-
-
-def workload(seed: int = 0) -> tuple[list[Request], int, int]:
-    """12 requests and the indices of the two to abort (mid-prompt, mid-decode)."""
-    rng = random.Random(seed)
-    document = pattern_prompts(rng, [60, 90, 130, 170], period=17)  # shared through the cache
-    shorts = [pattern_prompts(rng, [rng.randint(12, 50)], period=rng.randint(3, 9))[0]]
-    shorts += [pattern_prompts(rng, [rng.randint(12, 50)], period=rng.randint(3, 9))[0]]
-    shorts += [pattern_prompts(rng, [rng.randint(12, 50)], period=rng.randint(3, 9))[0]]
-    shorts += [pattern_prompts(rng, [rng.randint(12, 50)], period=rng.randint(3, 9))[0]]
-    (long,) = pattern_prompts(rng, [240], period=31)
-    (chat,) = pattern_prompts(rng, [30], period=5)
-    requests = [
-        Request(document[0], 12, 0),
-        Request(chat, 64, 0),  # aborted mid-decode
-        Request(shorts[0], 8, 0),
-        Request(document[1], 16, 1),
-        Request(long, 6, 2),  # aborted mid-prompt
-        Request(shorts[1], 20, 3),
-        Request(shorts[2], 5, 5),
-        Request(document[2], 10, 8),
-        Request(shorts[3], 24, 12),
-        Request(document[3], 8, 20),
-        Request(pattern_prompts(rng, [44], period=11)[0], 14, 30),
-        Request(pattern_prompts(rng, [80], period=19)[0], 6, 45),
-    ]
-    return requests, 4, 1
 
 
 _engines: dict[tuple[int, bool], Workbench] = {}
@@ -124,59 +90,7 @@ def engine(page_size: int, graphs: bool) -> Workbench:
 )
 def test_matrix(page_size, graphs, chunk, policy, overlap):
     wb = engine(page_size, graphs)
-    wb.reconfigure(max_extend_tokens=chunk, policy=policy, overlap=overlap, record="light")
-    requests, prompt_victim, decode_victim = workload()
-    uids = [
-        wb.add_request(
-            r.prompt, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True), r.arrival_step
-        )
-        for r in requests
-    ]
-    aborted: dict[int, bool] = {}  # victim index -> aborted before its first token
-    while not wb.is_done:
-        wb.step()
-        live = {r.uid: r for r in wb.scheduler.live_reqs}
-        victim = live.get(uids[prompt_victim])
-        if prompt_victim not in aborted and victim is not None:
-            aborted[prompt_victim] = victim.output_len <= 0  # a chunk's is below 0
-            wb.abort(victim.uid)
-        victim = live.get(uids[decode_victim])
-        if decode_victim not in aborted and victim is not None and victim.output_len >= 3:
-            aborted[decode_victim] = False
-            wb.abort(victim.uid)
-    wb.check_integrity()
-    assert set(aborted) == {prompt_victim, decode_victim}
-
-    outputs = {o["uid"]: o for o in wb.outputs()}
-    exact = 0
-    for i, (uid, r) in enumerate(zip(uids, requests)):
-        got = outputs[uid]["token_ids"]
-        want = pattern_continuation(r.prompt, r.max_tokens)
-        if i in aborted:
-            assert outputs[uid]["finish_reason"] == "abort"
-            assert got == want[: len(got)] and len(got) < r.max_tokens
-        else:
-            assert outputs[uid]["finish_reason"] == "length"
-            assert got == want, f"request {i} differs from the pattern's continuation"
-            exact += 1
-    assert 3 <= len(outputs[uids[decode_victim]]["token_ids"]) < 64
-    # mid-prompt at least whenever its prompt cannot run in one step (a smaller budget, which
-    # other prompts may share) or the step boundary falls while it is in flight (overlap)
-    if chunk < len(requests[prompt_victim].prompt) or overlap:
-        assert aborted[prompt_victim]
-    phases = set(wb.history.steps.phase)
-    assert ("mixed" in phases) == (policy == "mixed" and chunk > 8)
-    if graphs:
-        decode = wb.history.steps.query("phase == 'decode'")
-        assert decode.cuda_graph.all()
-    _results.append(
-        dict(
-            outputs=len(requests) - 2,
-            exact=exact,
-            mid_prompt=aborted[prompt_victim],
-            mid_decode=not aborted[decode_victim],
-        )
-    )
+    _results.append(run_workload(wb, chunk, policy, overlap, graphs))
 
 
 def _logit_gap(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:

@@ -57,8 +57,13 @@ def init_induction(model: Decoder, seed: int) -> None:
         model.load_param(name, params[name])
 
 
+# a mixture of experts plants the same circuits: its routers and experts are the small noise a
+# dense model's MLPs are, so its answers are known while every token is routed
+PLANTABLE = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+
+
 def _check_induction(model_cfg) -> None:
-    if model_cfg.architecture != "Qwen3ForCausalLM" or not model_cfg.tie_word_embeddings:
+    if model_cfg.architecture not in PLANTABLE or not model_cfg.tie_word_embeddings:
         raise ValueError("the induction init needs a Qwen3 model with tied embeddings")
     if model_cfg.rope_scaling is not None:  # the planted scores assume RoPE's plain frequencies
         raise ValueError("the induction init needs RoPE without scaling")
