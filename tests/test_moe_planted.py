@@ -37,7 +37,7 @@ _engines: dict[tuple, Workbench] = {}
 def engine(device: str, page_size: int = 1, graphs: bool = False, backend: str = "auto"):
     key = (device, page_size, graphs, backend)
     if key not in _engines:
-        _engines.clear()  # one at a time: each holds its own pool (and graphs)
+        _close_all()  # one at a time: each holds its own pool (and graphs)
         _engines[key] = Workbench(
             MODELS[device],
             device=device,
@@ -51,10 +51,16 @@ def engine(device: str, page_size: int = 1, graphs: bool = False, backend: str =
     return _engines[key]
 
 
+def _close_all() -> None:
+    for wb in _engines.values():
+        wb.close()
+    _engines.clear()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release():
     yield
-    _engines.clear()
+    _close_all()
 
 
 def _check_routing(wb: Workbench) -> None:
@@ -151,8 +157,8 @@ def test_the_fused_experts_are_the_gpus_default_and_agree_with_torchs():
         for _ in range(32)
     ]
     logits = {}
+    _close_all()
     for backend in ("triton", "torch"):
-        _engines.clear()
         llm = LLM(MODELS["cuda"], moe_backend=backend, num_pages=16384, max_running_reqs=32)
         assert llm.config.moe_backend_used == backend
         logits[backend] = prefill_logits(llm, prompts)
