@@ -136,7 +136,7 @@ def _delivery(url: str) -> str:
 
 def _since(now, before):
     """The engine thread's times between two readings (the largest exchange: over the run)."""
-    fields = ("turns", "stepping_s", "read_s", "send_s", "idle_s")
+    fields = ("turns", "steps", "stepping_s", "read_s", "send_s", "idle_s")
     since = {f: getattr(now, f) - getattr(before, f) for f in fields}
     return dataclasses.replace(now, **since)
 

@@ -319,7 +319,7 @@ def test_the_engines_thread_says_where_its_time_went_while_serving(served):
     steps = len(wb.history) - steps_before
     assert steps >= 3 * 8  # one request after another: a step per token
     turns = after.turns - before.turns  # (and the turns that found nothing to do)
-    assert turns >= steps
+    assert after.steps - before.steps == steps and turns >= steps
     stepping, read, send, idle = (
         getattr(after, f) - getattr(before, f) for f in ("stepping_s", "read_s", "send_s", "idle_s")
     )

@@ -34,7 +34,8 @@ class LoopTimes:
     the HTTP side would show in `send_s`: a send blocks when the HTTP process falls behind
     reading its pipe."""
 
-    turns: int = 0  # the thread's steps (one may find nothing to do)
+    turns: int = 0  # the thread's turns: the HTTP process's messages read, a step, one sent
+    steps: int = 0  # of them, those whose step ran a batch (the others found nothing to do)
     stepping_s: float = 0.0  # in the engine's steps
     read_s: float = 0.0  # reading the HTTP process's requests and aborts, adding them
     send_s: float = 0.0  # sending it each step's tokens, ends and the engine's state
@@ -46,10 +47,10 @@ class LoopTimes:
             return seconds / self.turns * 1e3 if self.turns else 0.0
 
         return (
-            f"{self.turns} steps in {self.stepping_s:.2f} s; reading requests "
-            f"{per_turn(self.read_s):.3f} ms a step, sending tokens {per_turn(self.send_s):.3f} "
-            f"ms a step (both at most {self.exchange_max_s * 1e3:.2f} ms in one step); idle "
-            f"with nothing to step {self.idle_s:.2f} s"
+            f"{self.steps} steps in {self.stepping_s:.2f} s; reading requests "
+            f"{per_turn(self.read_s):.3f} ms a turn, sending tokens {per_turn(self.send_s):.3f} "
+            f"ms a turn ({self.turns} turns, both at most {self.exchange_max_s * 1e3:.2f} ms in "
+            f"one); idle with nothing to step {self.idle_s:.2f} s"
         )
 
 
@@ -155,6 +156,7 @@ class EngineLoop:
                 result = self.host.step()
                 if result is not None:
                     self._step_s.append(time.perf_counter() - started)
+                    self.times.steps += 1
             except Exception:
                 self.failures += 1
                 if raising:
