@@ -1,0 +1,116 @@
+"""A decode step's GEMMs alone, against what reading their weights must take.
+
+    python benchmarks/decode_gemms.py [--model dummy:qwen3-0.6b] [--batch 8 64 256]
+                                      [--blas cublas cublaslt]
+
+For each projection of one decoder layer of a dense model (fused QKV, output, fused gate-up,
+down) and the LM head, at each batch size: the median time of one `F.linear` in bf16 (50 runs
+after 5, CUDA events) under each BLAS library torch can pick (`torch.backends.cuda.
+preferred_blas_library`), the bound (its weights, inputs and outputs once at the device's
+bandwidth, or its FLOPs at its peak: `history/roofline.py`'s H200 unless `--device-spec`), and
+the ratio; then a decode step's GEMMs in all (the layer's times the number of layers, and the LM
+head). On a CPU it times the same shapes with `time.perf_counter` (no bound: a check that the
+script runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from workbench.history.roofline import DEVICES
+from workbench.models import ModelConfig, resolve
+
+
+def projections(cfg: ModelConfig) -> list[tuple[str, int, int, int]]:
+    """(name, out features, in features, launches per decode step) of a dense decode step."""
+    h, heads, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    layers = cfg.num_layers
+    return [
+        ("qkv", (heads + 2 * kv) * d, h, layers),
+        ("o", h, heads * d, layers),
+        ("gate_up", 2 * cfg.intermediate_size, h, layers),
+        ("down", h, cfg.intermediate_size, layers),
+        ("lm_head", cfg.vocab_size, h, 1),
+    ]
+
+
+def timed_us(fn, cuda: bool, repeat: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(repeat):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        else:
+            began = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - began) * 1e6)
+    return statistics.median(times)
+
+
+def bound_us(m: int, n: int, k: int, spec, dtype_bytes: int) -> float:
+    nbytes = (n * k + m * k + m * n) * dtype_bytes
+    return max(nbytes / spec.bandwidth, 2 * m * n * k / spec.flops) * 1e6
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="dummy:qwen3-0.6b")
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--blas", nargs="+", default=["cublas", "cublaslt"])
+    parser.add_argument("--device-spec", choices=sorted(DEVICES), default="h200")
+    args = parser.parse_args(argv)
+    cfg = ModelConfig.from_dir(resolve(args.model))
+    cuda = torch.cuda.is_available()
+    dev, dtype = torch.device("cuda" if cuda else "cpu"), torch.bfloat16
+    spec = DEVICES[args.device_spec]
+    blas = args.blas if cuda else ["cpu"]
+    weights = {
+        name: torch.randn(n, k, device=dev, dtype=dtype) * 0.02
+        for name, n, k, _ in projections(cfg)
+    }
+    print(f"{args.model}: a decode step's GEMMs in bf16 on {dev} ({cfg.num_layers} layers)")
+    head = f"{'batch':>5} {'gemm':<8} {'n x k':>13} {'bound us':>9}"
+    print(head + "".join(f" {b + ' us':>12} {'x':>6}" for b in blas))
+    for m in args.batch:
+        x = torch.randn(m, cfg.hidden_size, device=dev, dtype=dtype)
+        wide = torch.randn(
+            m, max(cfg.intermediate_size, cfg.num_heads * cfg.head_dim), device=dev, dtype=dtype
+        )
+        step = {b: 0.0 for b in blas}
+        step_bound = 0.0
+        for name, n, k, count in projections(cfg):
+            inputs = x if k == cfg.hidden_size else wide[:, :k].contiguous()
+            bound = bound_us(m, n, k, spec, dtype.itemsize)
+            step_bound += bound * count
+            cells = []
+            for library in blas:
+                if cuda:
+                    torch.backends.cuda.preferred_blas_library(library)
+                us = timed_us(lambda w=weights[name], a=inputs: F.linear(a, w), cuda)
+                step[library] += us * count
+                cells.append(
+                    f" {us:>12.1f} {us / bound:>5.1f}x" if cuda else f" {us:>12.1f} {'':>6}"
+                )
+            print(f"{m:>5} {name:<8} {f'{n} x {k}':>13} {bound:>9.2f}" + "".join(cells))
+        total = "".join(
+            f" {step[b]:>12.0f} {step[b] / step_bound:>5.1f}x" if cuda else f" {step[b]:>12.0f}"
+            for b in blas
+        )
+        print(f"{m:>5} {'a step':<8} {'':>13} {step_bound:>9.1f}{total}")
+    if cuda:
+        torch.backends.cuda.preferred_blas_library("cublas")
+
+
+if __name__ == "__main__":
+    main()
