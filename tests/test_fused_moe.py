@@ -212,3 +212,14 @@ def test_gpu_kernel_runs_without_host_sync_and_replays_in_a_cuda_graph(tokens):
     ids.copy_(new_ids)
     graph.replay()
     assert torch.equal(y, compiled.fused_moe(new_x, w13, w2, new_weights, new_ids))
+
+
+def test_the_fused_kernels_are_counted_in_the_experts_family():
+    """A profile's kernel breakdown names the fused expert kernels by their Triton names:
+    "experts", not "norm/rope/act" (one's name holds "silu") or "other"."""
+    from workbench.history.families import family
+
+    for kernel in (compiled.moe_gate_up_silu, compiled.moe_down_weighted):
+        assert family(kernel.__name__, "kernel") == "experts"
+    assert family("triton_poi_fused_silu_mul_0", "kernel") == "norm/rope/act"
+    assert family("ampere_bf16_s16816gemm_bf16_64x64", "kernel") == "matmul"

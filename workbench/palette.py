@@ -8,6 +8,7 @@ FAMILY_COLORS = {
     "sampling": "#e9c46a",
     "norm/rope/act": "#f4a261",
     "communication": "#8338ec",
+    "experts": "#9b2226",  # a mixture of experts' fused expert kernels
     "other": "#b0b0b0",
     "between kernels": "#d9d9d9",  # the device's time outside the kernels it ran
     "idle": "#f2f2f2",

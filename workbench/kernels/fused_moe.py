@@ -78,7 +78,7 @@ def align_to_blocks(
 
 
 @triton.jit
-def _gate_up_silu(
+def moe_gate_up_silu(
     x,
     x_stride,
     w13,
@@ -130,7 +130,7 @@ def _gate_up_silu(
 
 
 @triton.jit
-def _down_weighted(
+def moe_down_weighted(
     act,
     w2,
     w2_expert_stride,
@@ -213,7 +213,7 @@ def fused_moe(
         "num_stages": blocks.num_stages,
     }
     num_blocks = len(block_experts)
-    _gate_up_silu[(num_blocks, triton.cdiv(inter, blocks.block_n))](
+    moe_gate_up_silu[(num_blocks, triton.cdiv(inter, blocks.block_n))](
         x,
         x.stride(0),
         w13,
@@ -229,7 +229,7 @@ def fused_moe(
         **launch,
     )
     per_pair = torch.empty(pair_count, hidden, dtype=x.dtype, device=x.device)
-    _down_weighted[(num_blocks, triton.cdiv(hidden, blocks.block_n))](
+    moe_down_weighted[(num_blocks, triton.cdiv(hidden, blocks.block_n))](
         act,
         w2,
         w2.stride(0),
