@@ -21,6 +21,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from kernels import _time as cuda_time_us
 
 from workbench.history.roofline import DEVICES
 from workbench.models import ModelConfig, resolve
@@ -40,21 +41,17 @@ def projections(cfg: ModelConfig) -> list[tuple[str, int, int, int]]:
 
 
 def timed_us(fn, cuda: bool, repeat: int = 50) -> float:
+    """The median of `repeat` runs after 5: CUDA events on a GPU (`kernels.py`'s), else the
+    wall clock."""
+    if cuda:
+        return cuda_time_us(fn, repeat)
     for _ in range(5):
         fn()
     times = []
     for _ in range(repeat):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - began) * 1e6)
+        began = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - began) * 1e6)
     return statistics.median(times)
 
 

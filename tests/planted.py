@@ -8,7 +8,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from workbench import SamplingParams, Workbench
+import torch
+
+from workbench import LLM, SamplingParams, Workbench
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
 
@@ -100,3 +102,18 @@ def run_workload(wb: Workbench, chunk: int, policy: str, overlap: bool, graphs: 
         mid_prompt=aborted[prompt_victim],
         mid_decode=not aborted[decode_victim],
     )
+
+
+def check_decisive(llm: LLM, prompts: list[list[int]], tokens: int = 8) -> None:
+    """Greedy answers are the patterns' continuations, and at every step the top logit leads
+    the next by over a quarter of the largest: far more than bf16 could move it."""
+    logits = []
+    hook = llm.engine.model.register_forward_hook(lambda m, i, out: logits.append(out))
+    try:
+        out = llm.generate(prompts, SamplingParams(max_tokens=tokens, ignore_eos=True))
+    finally:
+        hook.remove()
+    llm.check_integrity()
+    assert [o["token_ids"] for o in out] == [pattern_continuation(p, tokens) for p in prompts]
+    top = torch.cat(logits).topk(2, dim=-1).values
+    assert (top[:, 0] - top[:, 1]).min() > 0.25 * top[:, 0].max()

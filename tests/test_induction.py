@@ -12,7 +12,7 @@ from workbench.models import resolve
 from workbench.models.induction import pattern_continuation, pattern_prompts
 from workbench.models.weights import to_hf_state_dict
 
-from .conftest import greedy
+from .planted import check_decisive
 
 
 def test_pattern_continuation_and_its_refusals():
@@ -40,17 +40,8 @@ def test_planted_model_continues_patterns_as_transformers_does():
         pattern_prompts(random.Random(seed), [n], period=p)[0]
         for seed, n, p in ((1, 40, 7), (2, 75, 19), (3, 16, 3))
     ]
-    logits = []
-    hook = llm.engine.model.register_forward_hook(lambda m, i, out: logits.append(out))
-    try:
-        out = llm.generate(prompts, greedy(8))
-    finally:
-        hook.remove()
-    llm.check_integrity()
+    check_decisive(llm, prompts)
     expected = [pattern_continuation(p, 8) for p in prompts]
-    assert [o["token_ids"] for o in out] == expected
-    top = torch.cat(logits).topk(2, dim=-1).values
-    assert (top[:, 0] - top[:, 1]).min() > 0.25 * top[:, 0].max()
 
     config = AutoConfig.from_pretrained(resolve("dummy:qwen3-induction"))
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

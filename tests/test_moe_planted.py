@@ -19,10 +19,10 @@ import torch
 
 from workbench import LLM, Workbench
 from workbench.config import EngineConfig
-from workbench.models.induction import pattern_continuation, pattern_prompts
+from workbench.models.induction import pattern_prompts
 
-from .conftest import greedy, prefill_logits
-from .planted import run_workload
+from .conftest import prefill_logits
+from .planted import check_decisive, run_workload
 
 MODELS = {"cpu": "dummy:tiny-moe-induction", "cuda": "dummy:qwen3-moe-induction"}
 POLICIES = ("prefill_first", "decode_first", "mixed")
@@ -97,16 +97,7 @@ def test_the_planted_moe_models_answer_is_decisive():
         pattern_prompts(random.Random(seed), [n], period=p)[0]
         for seed, n, p in ((1, 40, 7), (2, 75, 19), (3, 16, 3), (4, 120, 23))
     ]
-    logits = []
-    hook = llm.engine.model.register_forward_hook(lambda m, i, out: logits.append(out))
-    try:
-        out = llm.generate(prompts, greedy(8))
-    finally:
-        hook.remove()
-    llm.check_integrity()
-    assert [o["token_ids"] for o in out] == [pattern_continuation(p, 8) for p in prompts]
-    top = torch.cat(logits).topk(2, dim=-1).values
-    assert (top[:, 0] - top[:, 1]).min() > 0.25 * top[:, 0].max()
+    check_decisive(llm, prompts)
     llm.close()
 
 
