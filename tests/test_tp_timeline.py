@@ -115,7 +115,10 @@ def test_the_skew_chart_draws_each_steps_skew_by_latest_rank(profiled, tmp_path)
     (rows,) = [v for v in spec["datasets"].values() if v and "rank_skew_ms" in v[0]]
     assert [r["rank_skew_ms"] for r in rows] == pytest.approx(run.steps.rank_skew_ms.tolist())
     assert [r["latest"] for r in rows] == [f"rank {r}" for r in run.steps.latest_rank]
-    assert spec["layer"][0]["encoding"]["color"]["field"] == "latest"
+    encoding = spec["layer"][0]["encoding"]
+    assert encoding["color"]["field"] == "latest"
+    # each bar rises from zero (a bar from x to x2 without y2 is drawn as a line at its value)
+    assert encoding["y2"] == {"datum": 0} and encoding["x2"] == {"field": "bin_end"}
     assert BY_NAME["rank_skew"].applies(run)
     loaded = load_run(run.save(tmp_path / "run.parquet"))
     assert viz.rank_skew(loaded, highlight_step=2).to_dict() == spec

@@ -41,6 +41,12 @@ def step_x(alt, field: str = "step", title: str = "step"):
     )
 
 
+def binned_bar(alt, x_title: str) -> dict:
+    """The encoding of a bar per (binned) step that is not stacked: from `bin` to `bin_end`,
+    rising from zero (a bar with x and x2 is drawn as a line at y unless y2 says where from)."""
+    return dict(x=step_x(alt, "bin", x_title), x2="bin_end:Q", y2=alt.datum(0))
+
+
 def binned_steps(steps: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
     """Steps as they are, or averaged into at most MAX_BARS bins; a bar spans `bin` to `bin_end`."""
     if len(steps) <= MAX_BARS:

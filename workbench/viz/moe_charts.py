@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import WIDTH, altair, binned_steps, empty_chart, step_x, with_rule
+from .common import WIDTH, altair, binned_bar, binned_steps, empty_chart, with_rule
 
 _DENSE = "a dense model: its steps route no tokens to experts"
 
@@ -67,10 +67,8 @@ def experts_touched(history, highlight_step: int | None = None):
         alt.Chart(frame)
         .mark_bar()
         .encode(
-            x=step_x(alt, "bin", x_title),
-            x2="bin_end:Q",
+            **binned_bar(alt, x_title),
             y=alt.Y("experts_touched:Q", title="experts touched per MoE layer"),
-            y2=alt.datum(0),  # NOTE: a bar spanning x to x2 rises from zero only when told
             tooltip=[
                 alt.Tooltip("bin:Q", title="step"),
                 alt.Tooltip("num_tokens:Q", title="tokens"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .common import MAX_BARS, WIDTH, altair, empty_chart, step_x, with_rule
+from .common import MAX_BARS, WIDTH, altair, binned_bar, empty_chart, with_rule
 
 
 def has_rank_skew(history) -> bool:
@@ -29,8 +29,7 @@ def rank_skew(history, highlight_step: int | None = None):
         alt.Chart(frame)
         .mark_bar()
         .encode(
-            x=step_x(alt, "bin", x_title),
-            x2="bin_end:Q",
+            **binned_bar(alt, x_title),
             y=alt.Y("rank_skew_ms:Q", title="skew ms"),
             color=alt.Color("latest:N", title="latest rank"),
             tooltip=[
