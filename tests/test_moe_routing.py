@@ -16,18 +16,24 @@ import torch
 from workbench import LLM, Workbench, fit_step_costs, load_run
 from workbench.attention.context import ForwardContext
 from workbench.bench.steps import decode_step, step_time
-from workbench.clocks import HOST_STAGES
 from workbench.history.roofline import H200, Roofline, decode_step_bound, routed_experts
 from workbench.instrument.probe import Probe
 from workbench.layers.moe import SparseMoE
 from workbench.runs import RunHistory
 from workbench.scheduler.scheduler import Scheduler
 from workbench.twin.costs import Linear
-from workbench.twin.features import device_features, step_features
+from workbench.twin.features import device_features
 from workbench.twin.routing import expected_touched
 
 from .conftest import PROMPTS, greedy
-from .test_twin import NUM_PAGES, assert_same_schedule, run_workload, synthetic_costs, workload
+from .test_twin import (
+    NUM_PAGES,
+    assert_same_schedule,
+    run_workload,
+    synthetic_costs,
+    timed_runs,
+    workload,
+)
 
 MODEL = "tiny-qwen3-moe"  # 8 experts, 2 per token; layers 0 and 2 sparse, layer 1 dense
 LONG = PROMPTS[3] * 2
@@ -380,22 +386,8 @@ def moe_costs(experts_ms: float = 0.25):
 def test_step_costs_fitted_on_moe_runs_count_the_experts_touched():
     """Real MoE runs timed by a known function that charges each expert touched: the fit finds
     its cost per expert, and a twin on it predicts the steps as the function does."""
-    truth, runs = moe_costs(0.4), {}
-    wb = Workbench(MODEL, num_pages=20000)
-    for policy, chunk, seed in (("prefill_first", 1024, 3), ("mixed", 256, 4)):
-        wb.reset()
-        wb.reconfigure(max_extend_tokens=chunk, policy=policy)
-        at_once = [(ids, sampling, 0) for ids, sampling, _ in workload(seed=seed, n=14)]
-        run_workload(wb, at_once)
-        run = wb.snapshot(run=f"{policy} {chunk}")
-        steps = run.steps.copy()
-        steps["device_ms"] = truth.predict_steps(steps)[0]
-        f = step_features(steps)
-        for stage in HOST_STAGES:
-            steps[f"host_{stage}_ms"] = truth.host["eager"][stage]({c: f[c] for c in f})
-        steps["host_ms"] = steps[[f"host_{s}_ms" for s in HOST_STAGES]].sum(axis=1)
-        runs[run.meta["run"]] = RunHistory({**run.tables(), "steps": steps}, run.meta)
-    fitted = fit_step_costs(runs)
+    truth = moe_costs(0.4)
+    fitted = fit_step_costs(timed_runs(Workbench(MODEL, num_pages=20000), truth))
     eager = fitted.device["eager"]
     assert eager.features == device_features("eager", True) and "experts" in eager.features
     assert np.allclose(eager.coef, truth.device["eager"].coef, rtol=1e-6)

@@ -159,17 +159,16 @@ def test_the_twin_schedules_step_for_step_as_the_real_engine(policy, chunk, page
     assert reasons - {""}, "the workload should make some requests wait"
 
 
-def test_a_fitted_cost_model_recovers_a_known_cost_function_and_the_twin_reproduces_it():
-    """Two real runs (prefill first, whole prompts batched up to 1,024 tokens; mixed, chunks
-    of 256) timed by a known function: the fit finds its coefficients."""
-    truth, runs = synthetic_costs(), {}
+def timed_runs(wb: Workbench, truth: StepCosts) -> dict[str, RunHistory]:
+    """Two real runs (prefill first, whole prompts batched up to 1,024 tokens; mixed, chunks of
+    256), their steps timed by the known step costs `truth` (device and eager host stages)."""
+    runs = {}
     for policy, chunk, seed in (("prefill_first", 1024, 3), ("mixed", 256, 4)):
-        wb = shared(lambda: Workbench(MODEL, num_pages=20000), "twin", "large")
         wb.reset()
         wb.reconfigure(max_extend_tokens=chunk, policy=policy)
         at_once = [(ids, sampling, 0) for ids, sampling, _ in workload(seed=seed, n=14)]
         run_workload(wb, at_once)
-        run = wb.snapshot()
+        run = wb.snapshot(run=f"{policy} {chunk}")
         steps = run.steps.copy()
         steps["device_ms"] = truth.predict_steps(steps)[0]
         f = step_features(steps)
@@ -177,6 +176,13 @@ def test_a_fitted_cost_model_recovers_a_known_cost_function_and_the_twin_reprodu
             steps[f"host_{stage}_ms"] = truth.host["eager"][stage]({c: f[c] for c in f})
         steps["host_ms"] = steps[[f"host_{s}_ms" for s in HOST_STAGES]].sum(axis=1)
         runs[policy] = RunHistory({**run.tables(), "steps": steps}, run.meta)
+    return runs
+
+
+def test_a_fitted_cost_model_recovers_a_known_cost_function_and_the_twin_reproduces_it():
+    """Two real runs timed by a known function: the fit finds its coefficients."""
+    truth = synthetic_costs()
+    runs = timed_runs(shared(lambda: Workbench(MODEL, num_pages=20000), "twin", "large"), truth)
     fitted = fit_step_costs(runs)
     assert np.allclose(fitted.device["eager"].coef, truth.device["eager"].coef, rtol=1e-6)
     for stage in HOST_STAGES:
