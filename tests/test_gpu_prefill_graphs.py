@@ -1,4 +1,4 @@
-"""CUDA graphs of prefill and mixed steps (`engine/prefill_graph.py`) on the GPU: the same logits
+"""CUDA graphs of prefill and mixed steps (`engine/graph.py`) on the GPU: the same logits
 as the same padded steps run eagerly, close to the unpadded eager ones, the planted model's
 answers for every policy and small chunks with aborts, and records that say which steps
 replayed a graph and how much they padded.
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams, Workbench
-from workbench.engine.prefill_graph import token_sizes
+from workbench.engine.graph import token_sizes
 from workbench.models.induction import pattern_continuation, pattern_prompts
 
 from .conftest import make_llm, prefill_logits, random_prompts

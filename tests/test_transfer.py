@@ -95,7 +95,7 @@ def test_the_page_index_kernel_gathers_what_torch_does(page_size):
 def test_paged_lengths_follow_their_definition(page_size):
     """FlashInfer's page list of a batch: request i's pages start at indptr[i], it has
     ceil(kv_len / page_size) of them, and its last holds the rest of its tokens."""
-    from workbench.attention.flashinfer_graphs import paged_lens
+    from workbench.attention.base import paged_lens
 
     kv_lens = np.random.default_rng(page_size).integers(1, 100, 37).astype(np.int32)
     indptr, last = np.full(38, -1, np.int32), np.full(37, -1, np.int32)
@@ -107,12 +107,13 @@ def test_paged_lengths_follow_their_definition(page_size):
 
 
 def test_the_graph_inputs_layout_keeps_fields_apart_and_aligned():
-    """Every input of a padded decode batch has its own 16-byte aligned bytes, the same on the
-    host and the device side; what is written through one field's view is read back from it."""
-    from workbench.engine.graph import Staged
+    """Every input of a padded shape (decode: as many tokens as rows) has its own 16-byte
+    aligned bytes, the same on the host and the device side; what is written through one
+    field's view is read back from it."""
+    from workbench.engine.graph import Layout, graph_fields
 
-    for bs in (1, 3, 8, 255, 256):
-        layout = Staged(bs)
+    for tokens, rows in ((1, 1), (3, 3), (8, 8), (256, 256), (16, 8), (4096, 255)):
+        layout = Layout(graph_fields(tokens, rows))
         spans = sorted((at, at + n * dt.itemsize, name) for name, dt, at, n in layout.fields)
         assert all(at % 16 == 0 for at, _, _ in spans)
         assert all(a_end <= b_at for (_, a_end, _), (b_at, _, _) in zip(spans, spans[1:]))
@@ -122,8 +123,9 @@ def test_the_graph_inputs_layout_keeps_fields_apart_and_aligned():
         for i, view in enumerate(views.values()):
             view[:] = i + 1
         device = layout.views(torch.from_numpy(host.copy()))
+        lengths = dict(zip(views, (n for _, _, _, n in layout.fields)))
         for i, (name, view) in enumerate(views.items()):
-            assert len(view) == bs + (name == "indptr")
+            assert len(view) == lengths[name] in (tokens, rows, rows + 1)
             assert (view == i + 1).all() and (device[name].numpy() == i + 1).all()
 
 
@@ -131,7 +133,7 @@ def test_every_prompt_step_that_fits_finds_a_graph_that_pads_it_little():
     """Every batch of at most `cuda_graph_max_tokens` tokens and as many requests as fit them
     gets a captured shape: the smallest that holds it, at most twice its tokens up to 512 and
     half as many again above, and rows that hold its requests."""
-    from workbench.engine.prefill_graph import graph_shapes, shape_for, token_sizes
+    from workbench.engine.graph import graph_shapes, shape_for, token_sizes
 
     for max_tokens, max_rows in ((4096, 256), (300, 8), (16384, 64)):
         shapes = graph_shapes(max_tokens, max_rows, max_seq_len=8192)

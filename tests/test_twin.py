@@ -374,9 +374,9 @@ def test_with_overlap_a_step_takes_the_longer_of_its_host_and_its_device(host_ms
 @pytest.mark.parametrize("prompt_graph", [True, False])
 def test_a_gpu_twin_replays_prompt_steps_as_graphs_when_its_runs_did(prompt_graph):
     """Costs fitted on runs of an engine that captured prefill and mixed steps: the twin pads
-    those steps to the same shapes as `PrefillGraphRunner` and times them on that path's
+    those steps to the same prompt shapes as `GraphRunner` and times them on that path's
     costs; costs of runs whose prompt steps ran eagerly: the twin runs them eagerly too."""
-    from workbench.engine.prefill_graph import graph_shapes
+    from workbench.engine.graph import graph_shapes
 
     costs = synthetic_costs(device="cuda", prompt_graph=prompt_graph, cuda_graph=True)
     twin = Workbench(

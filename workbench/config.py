@@ -69,6 +69,9 @@ class EngineConfig:
     decode_tensor_cores: bool | None = None  # FlashInfer decode on tensor cores; None: for GQA
     cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
     cuda_graph_max_tokens: int = 4096  # largest prefill or mixed step captured (0: none)
+    # steps padded to the CUDA graphs' shapes, run eagerly, where graphs are not captured (the
+    # torch attention backend, the CPU): the graphs' path, checked without a GPU
+    padded_steps: bool = False
     memory_ratio: float = 0.9  # share of free GPU memory (after weights) given to the KV pool
     # NOTE: a cap, so a long-context model does not get a huge page table by default
     max_seq_len_cap: int = 8192
@@ -117,6 +120,7 @@ class EngineConfig:
             cuda_graph_max_tokens=V.integer(
                 "cuda_graph_max_tokens", self.cuda_graph_max_tokens, 0, MAX_GRAPH_TOKENS
             ),
+            padded_steps=V.boolean("padded_steps", self.padded_steps),
             memory_ratio=V.real("memory_ratio", self.memory_ratio, 0.0, 1.0, low_open=True),
             max_seq_len_cap=V.integer("max_seq_len_cap", self.max_seq_len_cap, 1),
             kv_memory_gb=V.real("kv_memory_gb", self.kv_memory_gb, 0.0, low_open=True),
@@ -190,6 +194,12 @@ class EngineConfig:
         # NOTE: gloo's all-reduces of GPU tensors go through the host and cannot be captured
         gloo_ranks = self.tp_size > 1 and self.tp_collectives == "gloo"
         return self.cuda_graph and self.torch_device.type == "cuda" and not gloo_ranks
+
+    def padded_steps_on(self, capturable: bool) -> bool:
+        """Whether steps run padded to the graphs' shapes, on an attention backend whose graphs
+        can be captured or not: always where CUDA graphs can be (captured or not, the same
+        shapes), else when `padded_steps` asks."""
+        return self.padded_steps or (capturable and self.torch_device.type == "cuda")
 
     @property
     def fused_kernels_enabled(self) -> bool:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 
 from ..registry import create
@@ -14,14 +15,33 @@ if TYPE_CHECKING:
     from ..device import DeviceTimer
     from ..kvcache.pool import KVPool
     from ..kvcache.table import TableManager
-    from .flashinfer_graphs import GraphWrappers
+
+
+class GraphPlans(Protocol):
+    """How a backend runs the padded graph shapes of `engine/graph.py` (`Shape`: tokens, rows,
+    decode), each on its static device buffers `x` (host copies: `host`): FlashInfer's
+    `GraphWrappers` (captured in CUDA graphs), the torch backend's `TorchGraphs` (run eagerly)."""
+
+    capturable: bool  # whether a CUDA graph can capture its shapes
+
+    def paged_lens(self, kv_lens: np.ndarray, indptr: np.ndarray, last_page_len: np.ndarray):
+        """Fill the page `indptr` and last-page lengths for these KV lengths (host)."""
+
+    def metadata(self, shape: Any, x: dict[str, torch.Tensor]) -> Any | None:
+        """The shape's `batch.attn_metadata`, made once; None: it cannot run this prompt shape."""
+
+    def plan(self, shape: Any, host: dict[str, np.ndarray]) -> None:
+        """Plan the shape's attention for the step whose inputs are `host`, before it runs."""
+
+    def graph_indices(self, rows: torch.Tensor, indptr: torch.Tensor) -> None:
+        """Inside the step (and its graph): what attention reads of these rows' pages."""
 
 
 class AttentionBackend(ABC):
     """Paged attention over the token-granular page table: `prepare` once per batch (its inputs
     into `batch.attn_metadata`), `forward` per layer (k and v None: a fused kernel stored them)."""
 
-    graphs: GraphWrappers | None = None  # its CUDA-graph wrappers (None: it runs eagerly only)
+    graphs: GraphPlans | None = None  # None: it runs unpadded steps only
 
     def __init__(
         self,
@@ -68,3 +88,17 @@ BACKENDS = {
 
 def create_backend(name: str, **kwargs) -> AttentionBackend:
     return create(BACKENDS, "attention backend", name, **kwargs)
+
+
+def paged_lens(
+    kv_lens: np.ndarray, page_size: int, indptr: np.ndarray, last_page_len: np.ndarray
+) -> None:
+    """Fill each request's page `indptr` and last-page length for these KV lengths, in place."""
+    indptr[0] = 0
+    if page_size == 1:
+        np.cumsum(kv_lens, out=indptr[1:])
+        last_page_len[:] = 1
+        return
+    num_pages = -(-kv_lens // page_size)
+    np.cumsum(num_pages, out=indptr[1:])
+    last_page_len[:] = kv_lens - (num_pages - 1) * page_size

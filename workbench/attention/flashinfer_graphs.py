@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .base import paged_lens
 from .flashinfer_replan import Replan, split_kv_bytes
 
 if TYPE_CHECKING:
@@ -27,6 +28,8 @@ class FlashInferMetadata:
 class GraphWrappers:
     """The graph wrappers of a `FlashInferBackend`. Callers fill each graph's ``indptr``,
     ``last_page_len`` and ``qo_indptr`` buffers before a replay."""
+
+    capturable = True
 
     def __init__(
         self,
@@ -49,6 +52,22 @@ class GraphWrappers:
 
     def paged_lens(self, kv_lens: np.ndarray, indptr: np.ndarray, last_page_len: np.ndarray):
         paged_lens(kv_lens, self.page_size, indptr, last_page_len)
+
+    def metadata(self, shape: Any, x: dict[str, torch.Tensor]) -> FlashInferMetadata | None:
+        """The wrapper of a graph's `shape` (`engine.graph.Shape`: tokens, rows, decode) on its
+        device buffers `x`; None for a prompt shape when `Replan` does not know this
+        FlashInfer's planner."""
+        if shape.decode:
+            return self.graph_metadata(shape.rows, x["out_loc"], x["kv_indptr"], x["last_page_len"])
+        return self.prefill_graph_metadata((shape.tokens, shape.rows), x["out_loc"], x)
+
+    def plan(self, shape: Any, x: dict[str, np.ndarray]) -> None:
+        """Plan `shape`'s wrapper for the step whose host inputs are `x`, before it replays."""
+        if shape.decode:
+            self.plan_replay(shape.rows, x["kv_indptr"], x["kv_lens"])
+        else:
+            key = (shape.tokens, shape.rows)
+            self.plan_prefill_replay(key, x["qo_indptr"], x["kv_indptr"], x["kv_lens"])
 
     def graph_metadata(
         self, bs: int, out_loc: torch.Tensor, indptr: torch.Tensor, last_page_len: torch.Tensor
@@ -165,20 +184,6 @@ class GraphWrappers:
             wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer = (
                 self._prefill_ints
             )
-
-
-def paged_lens(
-    kv_lens: np.ndarray, page_size: int, indptr: np.ndarray, last_page_len: np.ndarray
-) -> None:
-    """Fill each request's page `indptr` and last-page length for these KV lengths, in place."""
-    indptr[0] = 0
-    if page_size == 1:
-        np.cumsum(kv_lens, out=indptr[1:])
-        last_page_len[:] = 1
-        return
-    num_pages = -(-kv_lens // page_size)
-    np.cumsum(num_pages, out=indptr[1:])
-    last_page_len[:] = kv_lens - (num_pages - 1) * page_size
 
 
 def dummy_prefill(tokens: int, rows: int) -> tuple[np.ndarray, np.ndarray]:

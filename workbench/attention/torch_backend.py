@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import Batch
-from .base import AttentionBackend
+from .base import AttentionBackend, paged_lens
 
 
 @dataclass
@@ -21,13 +21,32 @@ class TorchMetadata:
     padded_mask: torch.Tensor | None  # decode: [batch, 1, 1, max_kv_len], None if no padding
 
 
+@dataclass
+class PaddedMetadata:
+    """A padded graph shape's (`engine/graph.py`): its static `out_loc` and the plan of the
+    step it runs now (requests without a query token and tokens of no request are padding)."""
+
+    out_loc: torch.Tensor
+    step: TorchMetadata | None = None
+
+
 class TorchBackend(AttentionBackend):
+    def __init__(self, pool, table, num_heads: int, head_dim: int, **kwargs) -> None:
+        super().__init__(pool, table, num_heads, head_dim, **kwargs)
+        self.graphs = TorchGraphs(self)
+
     def prepare(self, batch: Batch) -> None:
-        table_rows, cached, kv_lens = batch.ledger
+        rows, cached, kv_lens = batch.ledger
+        batch.attn_metadata = self.metadata(rows, cached, kv_lens, batch.is_prefill)
+
+    def metadata(
+        self, table_rows: np.ndarray, cached: np.ndarray, kv_lens: np.ndarray, prefill: bool
+    ) -> TorchMetadata:
+        """Each request's KV slots from the host's page table (written ahead of the device's)."""
         rows = self.table.page_table_host
         meta = TorchMetadata((kv_lens - cached).tolist(), cached.tolist(), None, None, None)
         device = self.pool.buffer.device
-        if batch.is_prefill:
+        if prefill:
             meta.kv_slots = [
                 torch.from_numpy(rows[row, :n].astype(np.int64)).to(device)
                 for row, n in zip(table_rows.tolist(), kv_lens.tolist())
@@ -39,7 +58,11 @@ class TorchBackend(AttentionBackend):
             meta.padded_slots = torch.from_numpy(slots.astype(np.int64)).to(device)
             if not valid.all():
                 meta.padded_mask = torch.from_numpy(valid)[:, None, None, :].to(device)
-        batch.attn_metadata = meta
+        return meta
+
+    def out_loc(self, batch: Batch) -> torch.Tensor:
+        meta = batch.attn_metadata
+        return meta.out_loc if isinstance(meta, PaddedMetadata) else batch.out_loc
 
     def forward(
         self,
@@ -50,9 +73,11 @@ class TorchBackend(AttentionBackend):
         batch: Batch,
     ) -> torch.Tensor:
         if k is not None:
-            self.pool.store(layer_id, batch.out_loc, k, v)
+            self.pool.store(layer_id, self.out_loc(batch), k, v)
         k_cache, v_cache = self.pool.k(layer_id), self.pool.v(layer_id)
-        meta: TorchMetadata = batch.attn_metadata
+        meta = batch.attn_metadata
+        if isinstance(meta, PaddedMetadata):
+            meta = meta.step
         if meta.padded_slots is not None:
             keys = k_cache[meta.padded_slots].transpose(1, 2)
             values = v_cache[meta.padded_slots].transpose(1, 2)
@@ -62,6 +87,8 @@ class TorchBackend(AttentionBackend):
             return out[:, :, 0, :]
         outs, start = [], 0
         for q_len, cached_len, slots in zip(meta.q_lens, meta.cached_lens, meta.kv_slots):
+            if q_len == 0:  # a padding request
+                continue
             query = q[start : start + q_len].transpose(0, 1)[None]
             keys = k_cache[slots].transpose(0, 1)[None]
             values = v_cache[slots].transpose(0, 1)[None]
@@ -74,4 +101,34 @@ class TorchBackend(AttentionBackend):
             )
             outs.append(out[0].transpose(0, 1))
             start += q_len
+        if start < len(q):  # a padded shape's tokens of no request
+            outs.append(q.new_zeros(len(q) - start, *q.shape[1:]))
         return torch.cat(outs)
+
+
+class TorchGraphs:
+    """The torch backend's side of the padded graph shapes (`engine/graph.py`, the interface of
+    `flashinfer_graphs.GraphWrappers`): they run eagerly, never captured; each step's plan is
+    made from its host inputs, as an eager step's is."""
+
+    capturable = False
+
+    def __init__(self, backend: TorchBackend) -> None:
+        self.backend = backend
+        self._metadata: dict[object, PaddedMetadata] = {}  # shape -> its metadata
+
+    def paged_lens(self, kv_lens: np.ndarray, indptr: np.ndarray, last_page_len: np.ndarray):
+        paged_lens(kv_lens, self.backend.pool.page_size, indptr, last_page_len)
+
+    def metadata(self, shape, x: dict[str, torch.Tensor]) -> PaddedMetadata:
+        self._metadata[shape] = PaddedMetadata(x["out_loc"])
+        return self._metadata[shape]
+
+    def plan(self, shape, x: dict[str, np.ndarray]) -> None:
+        kv_lens = x["kv_lens"].astype(np.int64)
+        cached = kv_lens - np.diff(x["qo_indptr"])
+        meta = self.backend.metadata(x["rows"], cached, kv_lens, prefill=not shape.decode)
+        self._metadata[shape].step = meta
+
+    def graph_indices(self, rows: torch.Tensor, indptr: torch.Tensor) -> None:
+        """Inside a step: nothing (`plan` read the slots from the host's page table)."""

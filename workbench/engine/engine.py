@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -21,11 +20,10 @@ from ..models import ModelConfig, resolve
 from ..models.decoder import check_tp_size
 from ..models.weights import build_model
 from ..profiling import release_cupti_at_stop
-from .graph import GraphRunner
+from .graph import GraphRunner, Shape
 from .inputs import fill_inputs, prompt_tokens, write_prompts
 from .memory import check_weights_fit, out_of_memory, pages_from_memory
 from .placement import check_gpus, num_devices, rank_device, use_cpu_threads
-from .prefill_graph import PrefillGraphRunner
 from .ranks import Ranks
 from .ranks import start as start_ranks
 from .sampler import Sampler, SamplingArgs
@@ -123,32 +121,27 @@ class Engine:
         self.table.sync_device()
 
     def _build_graphs(self, config: EngineConfig) -> None:
-        """CUDA graphs of decode, prefill and mixed steps. With cuda_graph=False the same padded
-        shapes run eagerly, so outputs are identical either way."""
+        """CUDA graphs of decode, prefill and mixed steps. With cuda_graph=False (or a backend
+        whose graphs run eagerly) the same padded shapes run eagerly, so outputs are identical
+        either way."""
         self.graphs: GraphRunner | None = None
-        self.prefill_graphs: PrefillGraphRunner | None = None
-        if self.device.type != "cuda" or self.backend.graphs is None:
+        graphs = self.backend.graphs
+        if graphs is None or not config.padded_steps_on(graphs.capturable):
             return
         oom = None
-        common = (self.model, self.ctx, self.backend.graphs, self.table, self.pool.dummy_slot)
         try:
             self.graphs = GraphRunner(
-                *common,
+                self.model,
+                self.ctx,
+                graphs,
+                self.table,
+                self.pool.dummy_slot,
                 self.device,
                 min(config.cuda_graph_max_bs, config.max_running_reqs),
-                capture=config.cuda_graph_enabled,
+                config.cuda_graph_max_tokens,
+                capture=config.cuda_graph_enabled and graphs.capturable,
                 sample=config.fused_sampling_enabled,
             )
-            if config.cuda_graph_max_tokens:
-                try:
-                    self.prefill_graphs = PrefillGraphRunner(
-                        *common,
-                        self.device,
-                        config.cuda_graph_max_tokens,
-                        capture=config.cuda_graph_enabled,
-                    )
-                except NotImplementedError:  # a FlashInfer whose planner we cannot call alone
-                    self.prefill_graphs = None
         except torch.cuda.OutOfMemoryError as exc:
             oom = str(exc).split("\n")[0]
         # NOTE: raised outside the except block, whose frames hold the half-captured graphs
@@ -161,7 +154,7 @@ class Engine:
 
     def close(self) -> None:
         """Drop every tensor the engine holds and stop the other ranks."""
-        self.graphs = self.prefill_graphs = None
+        self.graphs = None
         self.model = self.pool = self.table = self.backend = None
         self.ctx = self.sampler = None
         ranks, self.ranks = self.ranks, None
@@ -193,7 +186,7 @@ class Engine:
             if prompt_ids is not None:
                 write_prompts(batch, table, prompt_ids)
             race = None
-            if runner is self.graphs and runner.sample:
+            if shape.decode and runner.sample:
                 race = self.sampler.race_inputs(reqs, lens + 1)
             runner.prepare(batch, shape, race)
             launch.sampled_in_graph = race is not None
@@ -205,13 +198,9 @@ class Engine:
             launch.sampling = self.sampler.prepare(reqs, lens + 1)
         return launch
 
-    def _runner_for(self, batch: Batch) -> tuple[GraphRunner | PrefillGraphRunner | None, Any]:
-        for runner in (self.graphs, self.prefill_graphs):
-            if runner is not None:
-                shape = runner.shape(batch)
-                if shape is not None:
-                    return runner, shape
-        return None, None
+    def _runner_for(self, batch: Batch) -> tuple[GraphRunner | None, Shape | None]:
+        shape = None if self.graphs is None else self.graphs.shape(batch)
+        return (None, None) if shape is None else (self.graphs, shape)
 
     def forward(self, launch: Launch) -> torch.Tensor:
         """Enqueue the prepared batch's forward (on every rank); its sampled requests' logits."""
@@ -306,8 +295,8 @@ class Launch:
     """One batch as the engine runs it, from `Engine.prepare` (which decides how) to `wait`."""
 
     batch: Batch
-    runner: GraphRunner | PrefillGraphRunner | None
-    shape: Any  # the runner's: a decode graph's size, a prompt graph's (tokens, rows)
+    runner: GraphRunner | None
+    shape: Shape | None  # the graph it replays (or runs padded, eagerly); None: eager
     prompt_ids: np.ndarray | None
     tp_size: int = 1
     padded_rows: int = 0

@@ -1,167 +1,299 @@
-"""CUDA graphs for decode: captured once per batch size, replayed with the batch padded by the
-dummy request. Python (module hooks included) does not run during a replay."""
+"""CUDA graphs of every step that fits one: captured once per shape, replayed with the batch padded
+to the smallest shape that holds it (with the dummy request). A decode shape is a batch size (one
+token a row; the graph may sample too); a prompt shape, for prefill and mixed steps, whose eager
+launches are host-bound (docs/performance.md, "Prefill and mixed steps in CUDA graphs"), is a
+number of tokens and of rows. Python (module hooks included) does not run during a replay.
+
+The attention backend's `graphs` plans each shape (`GraphWrappers` for FlashInfer; the torch
+backend's run eagerly, never captured: the same padded path on the CPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 
 from ..core import Batch
 from ..device import Staging, staging
+from .inputs import ranges
 
 T = TypeVar("T")
 
 if TYPE_CHECKING:
+    from ..attention.base import GraphPlans
     from ..attention.context import ForwardContext
-    from ..attention.flashinfer_graphs import GraphWrappers
     from ..kvcache.table import TableManager
+
+ROW_SIZES = (8, 32)  # requests per prompt graph below the most a step can have
+
+
+class Shape(NamedTuple):
+    """A captured graph's inputs: `tokens` query tokens of `rows` requests."""
+
+    tokens: int
+    rows: int
+    decode: bool  # one token a row, decode attention (and sampling in the graph)
+
+    @property
+    def phase(self) -> str:
+        return "decode" if self.decode else "prefill"
 
 
 def capture_sizes(max_bs: int) -> list[int]:
+    """Decode batch sizes captured: 1, 2, 4, 8, then every 16 up to `max_bs`."""
     sizes = {1, 2, 4, 8, *range(16, max_bs + 1, 16), max_bs}
     return sorted(s for s in sizes if s <= max_bs)
 
 
+def token_sizes(max_tokens: int) -> list[int]:
+    """Token counts captured: 16 to 512 by powers of two, then 768, 1024, 1536, ..., max_tokens."""
+    sizes = [1 << k for k in range(4, 10)] + [m << k for k in range(8, 16) for m in (3, 4)]
+    return sorted({*(s for s in sizes if s < max_tokens), max_tokens})
+
+
+def row_sizes(tokens: int, max_rows: int) -> list[int]:
+    return sorted({min(r, tokens, max_rows) for r in (*ROW_SIZES, max_rows)})
+
+
+def graph_shapes(max_tokens: int, max_rows: int, max_seq_len: int) -> list[tuple[int, int]]:
+    """The (tokens, rows) prompt shapes captured: a capture's dummy request fits one table row."""
+    return [
+        (t, r)
+        for t in token_sizes(max_tokens)
+        for r in row_sizes(t, max_rows)
+        if -(-t // r) <= max_seq_len
+    ]
+
+
+def shape_for(shapes: list[tuple[int, int]], tokens: int, rows: int) -> tuple[int, int] | None:
+    return min((s for s in shapes if s[0] >= tokens and s[1] >= rows), default=None)
+
+
+def graph_fields(tokens: int, rows: int) -> list[tuple[str, type, int]]:
+    """A shape's inputs: name, dtype, length."""
+    return [
+        ("token_rows", np.int64, tokens),  # each token's table row ...
+        ("positions", np.int64, tokens),  # ... and position
+        ("out_loc", np.int64, tokens),  # where its K and V go
+        ("slots", np.int32, tokens),  # out_loc again, as the page table holds it
+        ("counted", np.int32, tokens),  # 1: a token of the batch, 0: padding (not routed)
+        ("rows", np.int64, rows),
+        ("sample_idx", np.int64, rows),  # the tokens whose logits are sampled ...
+        ("sample_rows", np.int64, rows),  # ... and where their tokens go: table rows ...
+        ("following", np.int64, rows),  # ... and positions
+        ("keys", np.int64, rows),  # Philox keys, when the graph samples
+        ("temperatures", np.float32, rows),  # 0: greedy
+        ("qo_indptr", np.int32, rows + 1),
+        ("kv_indptr", np.int32, rows + 1),  # pages
+        ("last_page_len", np.int32, rows),
+        ("kv_lens", np.int32, rows),  # read on the host only, by the planner
+    ]
+
+
 class GraphRunner:
-    """`model(input_ids, positions, ctx, sample_idx)` on static buffers, padded rows writing to
-    `dummy_slot`. A step's host work is one copy of its `Staged` inputs and a plan."""
+    """`model(input_ids, positions, ctx, sample_idx)` on static buffers, one graph per shape,
+    padded rows and tokens writing to `dummy_slot`. A step's host work is one copy of its inputs
+    and a plan. With `capture` False the same padded shapes run eagerly, so outputs are the
+    same either way; `sample`: decode graphs sample too (the engine samples the rest)."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         ctx: ForwardContext,
-        wrappers: GraphWrappers,
+        wrappers: GraphPlans,
         table: TableManager,
         dummy_slot: int,
         device: torch.device,
         max_bs: int,
+        max_tokens: int,
         capture: bool = True,
         sample: bool = False,
     ) -> None:
         self.model, self.ctx, self.wrappers, self.table = model, ctx, wrappers, table
-        self.dummy_slot = dummy_slot
-        self.sizes = capture_sizes(max_bs)
-        self.max_bs = self.sizes[-1]
-        self._padded = [next(s for s in self.sizes if s >= n) for n in range(self.max_bs + 1)]
-        self.staged = torch.zeros(Staged(self.max_bs).nbytes, dtype=torch.uint8, device=device)
-        self.ring = staging(device)
-        self.layouts = {bs: Staged(bs) for bs in self.sizes}
-        self.inputs = {bs: self.layouts[bs].views(self.staged) for bs in self.sizes}
-        self.host = {bs: np.zeros(self.layouts[bs].nbytes, dtype=np.uint8) for bs in self.sizes}
-        self.host_inputs = {bs: self.layouts[bs].views(self.host[bs]) for bs in self.sizes}
-        self.sample_idx = torch.arange(self.max_bs, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        self.metadata: dict[int, object] = {}
-        self.capture, self.sample = capture, sample
-        self._capture_all()
+        self.dummy_slot, self.capture, self.sample = dummy_slot, capture, sample
+        sizes = capture_sizes(max_bs)
+        self.max_bs = sizes[-1]
+        decode = [Shape(bs, bs, True) for bs in sizes]
+        self._padded = [next(s for s in decode if s.rows >= n) for n in range(self.max_bs + 1)]
+        max_rows = table.max_running_reqs
+        self._prompt = graph_shapes(max_tokens, max_rows, table.max_seq_len) if max_tokens else []
+        self.shapes = decode + [Shape(t, r, False) for t, r in self._prompt]
+        self.layouts = {s: Layout(graph_fields(s.tokens, s.rows)) for s in self.shapes}
+        nbytes = max(layout.nbytes for layout in self.layouts.values())
+        self.staged = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        self.inputs = {s: self.layouts[s].views(self.staged) for s in self.shapes}
+        self.host = {s: np.zeros(self.layouts[s].nbytes, dtype=np.uint8) for s in self.shapes}
+        self.host_inputs = {s: self.layouts[s].views(self.host[s]) for s in self.shapes}
+        self.ring = staging(device) if device.type == "cuda" else None
+        self._arange = np.arange(max(self.max_bs, max_rows) + 1, dtype=np.int64)
+        vocab = model.model_cfg.vocab_size
+        dtype = next(model.parameters()).dtype
+        # NOTE: one logits buffer for the prompt shapes: each step's sampling reads it before
+        # the next; a decode graph keeps its own (its sampling may read them inside the graph)
+        self.logits = torch.empty((max(max_rows, 1), vocab), dtype=dtype, device=device)
+        self.graphs: dict[Shape, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[Shape, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.metadata: dict[Shape, object] = {}
+        self._plan_all()
 
-    def _run(self, bs: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x = self.inputs[bs]
-        rows, positions = x["rows"], x["positions"]
-        input_ids = self.table.token_pool[rows, positions]
-        # NOTE: the host wrote these entries in its own table only; padded rows write dummy_slot
-        self.table.page_table[rows, positions] = x["slots"]
-        self.wrappers.graph_indices(rows, x["indptr"])
-        sample_idx = self.sample_idx[:bs]
+    @property
+    def prompt_shapes(self) -> list[Shape]:
+        """The prefill and mixed shapes (none when the backend cannot plan them alone)."""
+        return [s for s in self.shapes if not s.decode]
+
+    def shape(self, batch: Batch) -> Shape | None:
+        """The shape the batch runs padded to (None: none holds it; it runs eagerly)."""
+        if batch.phase == "decode":
+            return self._padded[batch.size] if batch.size <= self.max_bs else None
+        if not batch.is_prefill:
+            return None
+        _, cached, device_len = batch.ledger
+        found = shape_for(self._prompt, int((device_len - cached).sum()), batch.size)
+        return None if found is None else Shape(*found, False)
+
+    def padded(self, shape: Shape) -> tuple[int, int]:
+        """The rows and tokens the shape runs."""
+        return shape.rows, shape.tokens
+
+    def _plan_all(self) -> None:
+        """Each shape's attention metadata, then its capture (largest first, so smaller ones
+        reuse its memory): planned and captured in turn, as prompt shapes share workspaces."""
+        pool, stream = None, None
+        if self.staged.device.type == "cuda":
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for shape in sorted(self.shapes, key=lambda s: (s.tokens, s.rows), reverse=True):
+                if shape not in self.layouts:
+                    continue  # a prompt shape, after the backend said it cannot plan them
+                x = self._stage_dummies(shape)
+                # NOTE: outside inference mode: later plans (outside it) update its buffers
+                metadata = self.wrappers.metadata(shape, x)
+                if metadata is None:
+                    self._drop_prompt_shapes()
+                    continue
+                self.metadata[shape] = metadata
+                self.outputs[shape] = self.logits[: shape.rows], None
+                if self.capture:
+                    self._capture(shape, pool, stream)
+        if stream is not None:
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+
+    def _drop_prompt_shapes(self) -> None:
+        """The backend cannot plan a prompt shape alone (a FlashInfer planner we do not know):
+        prompt steps run eagerly."""
+        for shape in self.prompt_shapes:
+            for table in (self.layouts, self.inputs, self.host, self.host_inputs):
+                del table[shape]
+        self.shapes, self._prompt = [s for s in self.shapes if s.decode], []
+
+    def _stage_dummies(self, shape: Shape) -> dict[str, torch.Tensor]:
+        """A capture's batch: every row the dummy request, its tokens spread over the rows."""
+        x = self.inputs[shape]
+        for t in x.values():
+            t.zero_()
+        for name in ("token_rows", "rows", "sample_rows"):
+            x[name].fill_(self.table.dummy_row)
+        x["out_loc"].fill_(self.dummy_slot)
+        x["slots"].fill_(self.dummy_slot)
+        x["following"].fill_(1)
+        if shape.decode:  # (a prompt shape's are planned by the backend)
+            x["kv_indptr"].copy_(torch.arange(shape.rows + 1, dtype=torch.int32))
+            x["last_page_len"].fill_(1)
+        return x
+
+    def _capture(self, shape: Shape, pool, stream: torch.cuda.Stream) -> None:
+        batch = Batch([], shape.phase)
+        batch.attn_metadata = self.metadata[shape]
+        with self.ctx.running(batch), torch.inference_mode():
+            run = functools.partial(self._run, shape)
+            self.graphs[shape], self.outputs[shape] = capture(run, pool, stream, self.model.tp.size)
+
+    def _run(self, shape: Shape) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = self.inputs[shape]
+        token_rows, positions = x["token_rows"], x["positions"]
+        # NOTE: the host wrote these entries in its own table only; padding writes dummy_slot
+        self.table.page_table[token_rows, positions] = x["slots"]
+        self.wrappers.graph_indices(x["rows"], x["kv_indptr"])
+        input_ids = self.table.token_pool[token_rows, positions]
         logits = counted_forward(
-            self.model, self.ctx, x["counted"], input_ids, positions, sample_idx
+            self.model, self.ctx, x["counted"], input_ids, positions, x["sample_idx"]
         )
+        if not shape.decode:
+            return self.logits[: shape.rows].copy_(logits), None
         if not self.sample:
             return logits, None
         from ..kernels.sampling import race_sample
 
         tokens = race_sample(logits, x["temperatures"], x["keys"]).to(torch.int32)
-        self.table.token_pool[rows, x["following"]] = tokens
+        self.table.token_pool[x["sample_rows"], x["following"]] = tokens
         return logits, tokens
 
-    def _capture_all(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for bs in reversed(self.sizes):  # largest first, so smaller ones reuse its memory
-                x = self._stage_dummies(bs)
-                batch = Batch([], "decode")
-                # NOTE: outside inference mode: later plans (outside it) update its buffers in place
-                batch.attn_metadata = self.wrappers.graph_metadata(
-                    bs, x["out_loc"], x["indptr"], x["last_page_len"]
-                )
-                self.metadata[bs] = batch.attn_metadata
-                if self.capture:
-                    self._capture(bs, batch, pool, stream)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-
-    def _stage_dummies(self, bs: int) -> dict[str, torch.Tensor]:
-        x = self.inputs[bs]
-        for t in x.values():
-            t.zero_()
-        x["rows"].fill_(self.table.dummy_row)
-        x["out_loc"].fill_(self.dummy_slot)
-        x["slots"].fill_(self.dummy_slot)
-        x["following"].fill_(1)
-        x["indptr"].copy_(torch.arange(bs + 1, dtype=torch.int32))
-        x["last_page_len"].fill_(1)
-        return x
-
-    def _capture(self, bs: int, batch: Batch, pool, stream: torch.cuda.Stream) -> None:
-        with self.ctx.running(batch), torch.inference_mode():
-            run = functools.partial(self._run, bs)
-            self.graphs[bs], self.outputs[bs] = capture(run, pool, stream, self.model.tp.size)
-
-    def shape(self, batch: Batch) -> int | None:
-        """The size the batch runs padded to (None: it does not decode, or is too large)."""
-        if batch.phase == "decode" and batch.size <= self.max_bs:
-            return self._padded[batch.size]
-        return None
-
-    def padded(self, bs: int) -> tuple[int, int]:
-        return bs, bs
-
-    def prepare(self, batch: Batch, bs: int, race: tuple[np.ndarray, np.ndarray] | None) -> None:
-        """Send the batch's inputs, padded to `bs`, to the static buffers and plan its attention.
-        `race`: temperatures and Philox keys when the graph samples (None: the engine does)."""
-        size = batch.size
-        x = self.host_inputs[bs]
-        rows, positions, device_len = batch.ledger
-        kv_lens = x["kv_lens"]
-        kv_lens[:size], kv_lens[size:] = device_len, 1
-        x["rows"][:size], x["rows"][size:] = rows, self.table.dummy_row
-        x["positions"][:size], x["positions"][size:] = positions, 0
-        slots = self.table.page_table_host[rows, positions]
-        x["out_loc"][:size], x["out_loc"][size:] = slots, self.dummy_slot
-        x["slots"][:size], x["slots"][size:] = slots, self.dummy_slot
-        x["following"][:size], x["following"][size:] = device_len, 1
-        x["counted"][:size], x["counted"][size:] = 1, 0
+    def prepare(
+        self, batch: Batch, shape: Shape, race: tuple[np.ndarray, np.ndarray] | None
+    ) -> None:
+        """Send the batch's inputs, padded to `shape`, to the static buffers and plan its
+        attention. `race`: temperatures and Philox keys when a decode graph samples (None: the
+        engine does)."""
+        x = self.host_inputs[shape]
+        table_rows, cached, device_len = batch.ledger
+        n, dummy_row = batch.size, self.table.dummy_row
+        if shape.decode:  # a token a row, padding rows too; every row sampled
+            total = count = n
+            sampled = slice(None)
+            x["token_rows"][:n], x["positions"][:n] = table_rows, cached
+            x["sample_idx"][:] = self._arange[: shape.rows]
+            x["qo_indptr"][:] = self._arange[: shape.rows + 1]
+        else:  # padding tokens belong to no request, padding requests have no token
+            extend = device_len - cached
+            sampled = batch.sampled_mask()
+            total, count = int(extend.sum()), int(sampled.sum())
+            ends = np.cumsum(extend)
+            x["token_rows"][:total] = np.repeat(table_rows, extend)
+            x["positions"][:total] = ranges(cached, device_len)
+            x["sample_idx"][:count], x["sample_idx"][count:] = (ends - 1)[sampled], 0
+            qo = x["qo_indptr"]
+            qo[0], qo[1 : n + 1], qo[n + 1 :] = 0, ends, total
+        x["token_rows"][total:], x["positions"][total:] = dummy_row, 0
+        slots = self.table.page_table_host[x["token_rows"][:total], x["positions"][:total]]
+        x["out_loc"][:total], x["out_loc"][total:] = slots, self.dummy_slot
+        x["slots"][:total], x["slots"][total:] = slots, self.dummy_slot
+        x["counted"][:total], x["counted"][total:] = 1, 0
+        x["rows"][:n], x["rows"][n:] = table_rows, dummy_row
+        x["sample_rows"][:count], x["sample_rows"][count:] = table_rows[sampled], dummy_row
+        x["following"][:count], x["following"][count:] = device_len[sampled], 1
         temperatures, keys = race if race is not None else (0.0, 0)
-        x["temperatures"][:size], x["temperatures"][size:] = temperatures, 0.0
-        x["keys"][:size], x["keys"][size:] = keys, 0
-        self.wrappers.paged_lens(kv_lens, x["indptr"], x["last_page_len"])
-        send_staged(self.ring, self.host[bs], self.staged)
-        batch.attn_metadata = self.metadata[bs]
-        self.wrappers.plan_replay(bs, x["indptr"], kv_lens)
+        x["temperatures"][:count], x["temperatures"][count:] = temperatures, 0.0
+        x["keys"][:count], x["keys"][count:] = keys, 0
+        kv_lens = x["kv_lens"]
+        kv_lens[:n], kv_lens[n:] = device_len, 1  # a padded request reads the dummy page
+        self.wrappers.paged_lens(kv_lens, x["kv_indptr"], x["last_page_len"])
+        send_staged(self.ring, self.host[shape], self.staged)
+        batch.attn_metadata = self.metadata[shape]
+        self.wrappers.plan(shape, x)
 
-    def token_targets(self, bs: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def token_targets(self, shape: Shape, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Where the batch's `count` sampled tokens go in the token pool (rows, positions)."""
-        x = self.inputs[bs]
-        return x["rows"][:count], x["following"][:count]
+        x = self.inputs[shape]
+        return x["sample_rows"][:count], x["following"][:count]
 
-    def replay(self, batch: Batch, bs: int) -> torch.Tensor:
-        """The batch's logits; the tokens the graph sampled are in `tokens(bs, n)`."""
+    def replay(self, batch: Batch, shape: Shape) -> torch.Tensor:
+        """The logits of the batch's sampled requests; the tokens a decode graph sampled are in
+        `tokens(shape, n)`."""
         if not self.capture:
             with self.ctx.running(batch), torch.inference_mode():
-                self.outputs[bs] = self._run(bs)
+                self.outputs[shape] = self._run(shape)
         else:
-            self.graphs[bs].replay()
-        return self.outputs[bs][0][: batch.size]
+            self.graphs[shape].replay()
+        return self.outputs[shape][0][: len(batch.sampled_reqs)]
 
-    def tokens(self, bs: int, count: int) -> torch.Tensor:
-        return self.outputs[bs][1][:count]
+    def tokens(self, shape: Shape, count: int) -> torch.Tensor:
+        return self.outputs[shape][1][:count]
 
 
 def capture(run: Callable[[], T], pool, stream: torch.cuda.Stream, tp_size: int):
@@ -194,8 +326,12 @@ def counted_forward(
         ctx.counted = None
 
 
-def send_staged(ring: Staging, host: np.ndarray, staged: torch.Tensor) -> None:
-    """`host` to the graph's device buffer `staged` in one copy, through the staging ring."""
+def send_staged(ring: Staging | None, host: np.ndarray, staged: torch.Tensor) -> None:
+    """`host` to the graph's device buffer `staged` in one copy, through the staging ring on a
+    GPU (None: the device is the CPU)."""
+    if ring is None:
+        staged[: len(host)].copy_(torch.from_numpy(host))
+        return
     pinned_np, pinned = ring.region(len(host))
     pinned_np[:] = host
     staged[: len(host)].copy_(pinned, non_blocking=True)
@@ -221,25 +357,6 @@ class Layout:
             name: buffer[at : at + n * dt.itemsize].view(_TORCH_DTYPES[dt.type])
             for name, dt, at, n in self.fields
         }
-
-
-class Staged(Layout):
-    FIELDS = (  # name, dtype, length beyond bs
-        ("rows", np.int64, 0),
-        ("positions", np.int64, 0),
-        ("out_loc", np.int64, 0),
-        ("following", np.int64, 0),  # the position its sampled token takes
-        ("keys", np.int64, 0),
-        ("temperatures", np.float32, 0),  # 0: greedy
-        ("slots", np.int32, 0),  # out_loc again, as the page table holds it
-        ("indptr", np.int32, 1),
-        ("last_page_len", np.int32, 0),
-        ("kv_lens", np.int32, 0),  # read on the host only, by the planner
-        ("counted", np.int32, 0),  # 1: a row of the batch, 0: padding (its routing not counted)
-    )
-
-    def __init__(self, bs: int) -> None:
-        super().__init__((name, dtype, bs + extra) for name, dtype, extra in self.FIELDS)
 
 
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32, np.float32: torch.float32}

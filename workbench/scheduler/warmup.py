@@ -73,9 +73,9 @@ def _passes(engine: Engine) -> list[tuple]:
         (first, [(chunked, greedy), (short, sampled)]),
         (mixed, [(short, top), (chunked, greedy)]),
     ]
-    graphs = engine.prefill_graphs
+    graphs = engine.graphs
     largest = config.cuda_graph_max_tokens + 1
-    if graphs is not None and largest + 2 <= room:
+    if graphs is not None and graphs.prompt_shapes and largest + 2 <= room:
         # NOTE: a prompt step beyond the captured graphs runs eagerly, on kernels not yet loaded
         eager = SamplingParams(max_tokens=1, ignore_eos=True)
         passes.append(

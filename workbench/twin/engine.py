@@ -16,8 +16,7 @@ from ..config import EngineConfig
 from ..core import Batch
 from ..distributed import SINGLE
 from ..engine.engine import Launch
-from ..engine.graph import capture_sizes
-from ..engine.prefill_graph import graph_shapes, shape_for
+from ..engine.graph import capture_sizes, graph_shapes, shape_for
 from ..history.routing import experts_touched
 from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
