@@ -194,17 +194,18 @@ def test_bench_splits_the_run_by_phase_and_batch_size():
     assert r["gc_collections"] >= r["gc_full_collections"] >= 0
 
 
-def test_bench_counts_the_wait_for_arrivals_apart_from_the_steps():
+def test_bench_counts_the_wait_for_arrivals_apart_from_the_steps(tmp_path):
     """Requests arriving slowly: the run waits between them with nothing to step, and that
     time is not charged to the step that follows (it was a prefill's)."""
-    r = json.loads(_bench("--json", "--request-rate", "4", "--output-len", "2", "3"))
-    assert r["idle_seconds"] > 0.2  # 4 requests at 4/s, each done in a few steps
+    result = tmp_path / "result.json"
+    out = _bench("--request-rate", "2", "--output-len", "2", "3", "--output-json", str(result))
+    r = json.loads(result.read_text())
+    assert r["idle_seconds"] > 0.2  # 4 requests at 2/s, each done in a few steps
     stepped = sum(r["phase_seconds"].values())
     assert stepped + r["idle_seconds"] == pytest.approx(r["seconds"], rel=0.05, abs=0.02)
     assert stepped < r["seconds"] - 0.2
     # the throughput printed says whose rate it is when the run mostly waited
-    slow = _bench("--request-rate", "2", "--output-len", "2", "3")
-    assert "(the arrivals' rate, not the engine's: it waited for them" in slow
+    assert "(the arrivals' rate, not the engine's: it waited for them" in out
 
 
 def test_bench_profile_reads_the_probes_profiled_steps(tmp_path):
