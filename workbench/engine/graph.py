@@ -73,6 +73,38 @@ def shape_for(shapes: list[tuple[int, int]], tokens: int, rows: int) -> tuple[in
     return min((s for s in shapes if s[0] >= tokens and s[1] >= rows), default=None)
 
 
+class GraphShapes:
+    """The shapes captured, and the one a batch runs padded to: the smallest that holds it (None:
+    it runs eagerly). The engine's runner and the twin pad alike through it."""
+
+    def __init__(self, max_bs: int, max_tokens: int, max_rows: int, max_seq_len: int) -> None:
+        sizes = capture_sizes(max_bs)
+        self.max_bs = sizes[-1] if sizes else 0
+        self.decode = [Shape(bs, bs, True) for bs in sizes]
+        # the decode shape of each batch size up to max_bs (0: none)
+        self._padded = [None] + [
+            next(s for s in self.decode if s.rows >= n) for n in range(1, self.max_bs + 1)
+        ]
+        self._prompt = graph_shapes(max_tokens, max_rows, max_seq_len) if max_tokens else []
+
+    @property
+    def prompt(self) -> list[Shape]:
+        return [Shape(t, r, False) for t, r in self._prompt]
+
+    def drop_prompt(self) -> None:
+        self._prompt = []
+
+    def of(self, batch: Batch) -> Shape | None:
+        """The smallest shape that holds the batch (None: none; it runs eagerly)."""
+        if batch.phase == "decode":
+            return self._padded[batch.size] if batch.size <= self.max_bs else None
+        if not batch.is_prefill or not self._prompt:
+            return None
+        _, cached, device_len = batch.ledger
+        found = shape_for(self._prompt, int((device_len - cached).sum()), batch.size)
+        return None if found is None else Shape(*found, False)
+
+
 def graph_fields(tokens: int, rows: int) -> list[tuple[str, type, int]]:
     """A shape's inputs: name, dtype, length."""
     return [
@@ -115,13 +147,9 @@ class GraphRunner:
     ) -> None:
         self.model, self.ctx, self.wrappers, self.table = model, ctx, wrappers, table
         self.dummy_slot, self.capture, self.sample = dummy_slot, capture, sample
-        sizes = capture_sizes(max_bs)
-        self.max_bs = sizes[-1]
-        decode = [Shape(bs, bs, True) for bs in sizes]
-        self._padded = [next(s for s in decode if s.rows >= n) for n in range(self.max_bs + 1)]
         max_rows = table.max_running_reqs
-        self._prompt = graph_shapes(max_tokens, max_rows, table.max_seq_len) if max_tokens else []
-        self.shapes = decode + [Shape(t, r, False) for t, r in self._prompt]
+        self.padding = GraphShapes(max_bs, max_tokens, max_rows, table.max_seq_len)
+        self.shapes = self.padding.decode + self.padding.prompt
         self.layouts = {s: Layout(graph_fields(s.tokens, s.rows)) for s in self.shapes}
         nbytes = max(layout.nbytes for layout in self.layouts.values())
         self.staged = torch.zeros(nbytes, dtype=torch.uint8, device=device)
@@ -129,7 +157,7 @@ class GraphRunner:
         self.host = {s: np.zeros(self.layouts[s].nbytes, dtype=np.uint8) for s in self.shapes}
         self.host_inputs = {s: self.layouts[s].views(self.host[s]) for s in self.shapes}
         self.ring = staging(device) if device.type == "cuda" else None
-        self._arange = np.arange(max(self.max_bs, max_rows) + 1, dtype=np.int64)
+        self._arange = np.arange(max(max_bs, max_rows) + 1, dtype=np.int64)
         vocab = model.model_cfg.vocab_size
         dtype = next(model.parameters()).dtype
         # NOTE: one logits buffer for the prompt shapes: each step's sampling reads it before
@@ -147,13 +175,7 @@ class GraphRunner:
 
     def shape(self, batch: Batch) -> Shape | None:
         """The shape the batch runs padded to (None: none holds it; it runs eagerly)."""
-        if batch.phase == "decode":
-            return self._padded[batch.size] if batch.size <= self.max_bs else None
-        if not batch.is_prefill:
-            return None
-        _, cached, device_len = batch.ledger
-        found = shape_for(self._prompt, int((device_len - cached).sum()), batch.size)
-        return None if found is None else Shape(*found, False)
+        return self.padding.of(batch)
 
     def padded(self, shape: Shape) -> tuple[int, int]:
         """The rows and tokens the shape runs."""
@@ -190,7 +212,8 @@ class GraphRunner:
         for shape in self.prompt_shapes:
             for table in (self.layouts, self.inputs, self.host, self.host_inputs):
                 del table[shape]
-        self.shapes, self._prompt = [s for s in self.shapes if s.decode], []
+        self.shapes = [s for s in self.shapes if s.decode]
+        self.padding.drop_prompt()
 
     def _stage_dummies(self, shape: Shape) -> dict[str, torch.Tensor]:
         """A capture's batch: every row the dummy request, its tokens spread over the rows."""

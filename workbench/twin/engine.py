@@ -7,7 +7,6 @@ that is never EOS, so each runs to its `max_tokens`.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 
 import numpy as np
 import torch
@@ -16,7 +15,7 @@ from ..config import EngineConfig
 from ..core import Batch
 from ..distributed import SINGLE
 from ..engine.engine import Launch
-from ..engine.graph import capture_sizes, graph_shapes, shape_for
+from ..engine.graph import GraphShapes
 from ..history.routing import experts_touched
 from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
@@ -46,14 +45,14 @@ class TwinEngine:
         dummy_slot = self.num_pages * config.page_size
         self.table.write_row(self.table.dummy_row, 0, np.full(width, dummy_slot, np.int32))
         self.table.sync_device()
-        # NOTE: prompt steps run as graphs only when the recorded runs fitted such costs
-        self._sizes, self._shapes = None, []
-        if str(meta["device"]).startswith("cuda"):
-            self._sizes = capture_sizes(min(config.cuda_graph_max_bs, config.max_running_reqs))
-            if config.cuda_graph_max_tokens and "prompt_graph" in costs.device:
-                rows = config.max_running_reqs
-                self._shapes = graph_shapes(config.cuda_graph_max_tokens, rows, width)
-        self.captures_graphs = self._sizes is not None and config.cuda_graph
+        # NOTE: padded as the recorded engine pads (on a GPU); prompt steps run as graphs only
+        # when the recorded runs fitted such costs
+        gpu = str(meta["device"]).startswith("cuda")
+        max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs) if gpu else 0
+        prompt = gpu and "prompt_graph" in costs.device
+        max_tokens = config.cuda_graph_max_tokens if prompt else 0
+        self.padding = GraphShapes(max_bs, max_tokens, config.max_running_reqs, width)
+        self.captures_graphs = gpu and config.cuda_graph
         self._token = next(t for t in range(100, model_cfg.vocab_size) if t not in _eos(model_cfg))
         self.moe_layers: tuple[int, ...] = tuple(model_cfg.moe_layers) if model_cfg.is_moe else ()
 
@@ -63,16 +62,10 @@ class TwinEngine:
         _, cached, device_len = batch.ledger
         tokens = int((device_len - cached).sum())
         launch.padded_rows, launch.padded_tokens = batch.size, tokens
-        if batch.phase == "decode":
-            if self._sizes is not None and batch.size <= self._sizes[-1]:
-                bs = self._sizes[bisect_left(self._sizes, batch.size)]
-                launch.padded_rows = launch.padded_tokens = bs
-                launch.cuda_graph, launch.shape = self.captures_graphs, bs
-        elif self._shapes:
-            shape = shape_for(self._shapes, tokens, batch.size)
-            if shape is not None:
-                launch.padded_tokens, launch.padded_rows = shape
-                launch.cuda_graph, launch.shape = self.captures_graphs, shape
+        shape = self.padding.of(batch)
+        if shape is not None:
+            launch.padded_rows, launch.padded_tokens = shape.rows, shape.tokens
+            launch.cuda_graph, launch.shape = self.captures_graphs, shape
         return launch
 
     def forward(self, launch: Launch) -> None:
