@@ -111,3 +111,41 @@ def test_without_padded_steps_the_cpu_runs_steps_unpadded():
         assert np.all(llm.history.steps.num_tokens > 0)
     finally:
         llm.close()
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def test_an_engine_whose_graphs_fail_to_build_gives_its_memory_back(monkeypatch):
+    """A shape that fails to plan (on the GPU: a kernel FlashInfer cannot run) fails the build
+    with its own error, and nothing of the half-built engine stays alive while that error does
+    (a notebook keeps it, as pytest does): on a GPU the next engine found the memory taken."""
+    import weakref
+
+    from workbench.attention.torch_backend import TorchGraphs
+    from workbench.engine.graph import GraphRunner
+
+    planned, held = [], {}
+    plan_all, metadata = GraphRunner._plan_all, TorchGraphs.metadata
+
+    def watched(runner):
+        held.update(runner=weakref.ref(runner), model=weakref.ref(runner.model))
+        return plan_all(runner)
+
+    def failing(graphs, shape, x):
+        planned.append(shape)
+        if len(planned) == 3:
+            raise InjectedFault(f"cannot plan {shape}")
+        return metadata(graphs, shape, x)
+
+    monkeypatch.setattr(GraphRunner, "_plan_all", watched)
+    monkeypatch.setattr(TorchGraphs, "metadata", failing)
+    with pytest.raises(InjectedFault, match="cannot plan") as info:
+        LLM("tiny-llama", max_running_reqs=4, padded_steps=True, cuda_graph_max_tokens=32)
+    assert info.value.__traceback__ is not None and set(held) == {"runner", "model"}
+    assert held["runner"]() is None and held["model"]() is None
+    monkeypatch.undo()
+    llm = LLM("tiny-llama", max_running_reqs=4, padded_steps=True, cuda_graph_max_tokens=32)
+    assert llm.generate(PROMPTS[:2], greedy(3))[0]["completion_tokens"] == 3
+    llm.close()

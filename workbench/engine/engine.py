@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import traceback
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,8 +50,9 @@ class Engine:
             release_cupti_at_stop()
         try:
             self._build(config, model_cfg)
-        except BaseException:
+        except BaseException as exc:
             self.close()  # the other ranks too: a failed engine leaves nothing running
+            give_back(exc, self.device)
             raise
 
     def _build(self, config: EngineConfig, model_cfg: ModelConfig) -> None:
@@ -288,6 +290,17 @@ class Engine:
             raise AssertionError(
                 f"tensor-parallel ranks {differ} hold a request table unlike rank 0's"
             )
+
+
+def give_back(exc: BaseException, device: torch.device) -> None:
+    """The memory of an engine whose build raised `exc`: its half-built parts (weights, pool,
+    graphs) are held by the locals of the frames its traceback keeps (a notebook keeps the last
+    error, pytest every failure's), so a next engine would find the GPU full. The frames keep
+    their lines, not their locals."""
+    traceback.clear_frames(exc.__traceback__)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 @dataclass(slots=True, eq=False)
