@@ -157,7 +157,10 @@ class GraphRunner:
         self.host = {s: np.zeros(self.layouts[s].nbytes, dtype=np.uint8) for s in self.shapes}
         self.host_inputs = {s: self.layouts[s].views(self.host[s]) for s in self.shapes}
         self.ring = staging(device) if device.type == "cuda" else None
-        self._arange = np.arange(max(max_bs, max_rows) + 1, dtype=np.int64)
+        for shape in self.padding.decode:  # every row sampled, a token each: the same each step
+            arange = np.arange(shape.rows + 1)
+            self.host_inputs[shape]["sample_idx"][:] = arange[:-1]
+            self.host_inputs[shape]["qo_indptr"][:] = arange
         vocab = model.model_cfg.vocab_size
         dtype = next(model.parameters()).dtype
         # NOTE: one logits buffer for the prompt shapes: each step's sampling reads it before
@@ -199,7 +202,6 @@ class GraphRunner:
                     self._drop_prompt_shapes()
                     continue
                 self.metadata[shape] = metadata
-                self.outputs[shape] = self.logits[: shape.rows], None
                 if self.capture:
                     self._capture(shape, pool, stream)
         if stream is not None:
@@ -270,8 +272,6 @@ class GraphRunner:
             total = count = n
             sampled = slice(None)
             x["token_rows"][:n], x["positions"][:n] = table_rows, cached
-            x["sample_idx"][:] = self._arange[: shape.rows]
-            x["qo_indptr"][:] = self._arange[: shape.rows + 1]
         else:  # padding tokens belong to no request, padding requests have no token
             extend = device_len - cached
             sampled = batch.sampled_mask()
