@@ -1,10 +1,10 @@
 """FlashInfer's decode attention choices, alone, at a model's head shape (GPU only).
 
-    python benchmarks/decode_attention.py [--model dummy:qwen3-0.6b dummy:qwen3-8b]
+    python benchmarks/decode_attention.py [--model dummy:qwen3-0.6b ...] [--batch 8 64 256]
 
-Batch 256 with 156,674 KV tokens (nano-vllm's workload mid-run), one layer's KV in the engine's
-layout (K and V apart, token slots in a random order), each kernel replayed in a CUDA graph as
-the engine runs it: the decode wrapper on CUDA cores and on tensor cores (FlashInfer's "fa2"
+At each batch size, about 612 KV tokens a request (nano-vllm's workload mid-run: 156,674 at batch
+256), one layer's KV in the engine's layout (K and V apart, token slots in a random order), each
+kernel replayed in a CUDA graph as the engine runs it: the decode wrapper on CUDA cores and on tensor cores (FlashInfer's "fa2"
 and its default backend), and the prefill wrapper used for decode ("fa2" and the default), at
 page sizes 1 and 16. Prints ms per layer, the KV read in TB/s, and the host time of `plan()`.
 """
@@ -19,14 +19,14 @@ import torch
 
 from workbench.models import ModelConfig, resolve
 
-BATCH, KV_TOKENS = 256, 156_674
+KV_PER_REQUEST = 156_674 / 256  # nano-vllm's workload mid-run
 WORKSPACE = 256 * 2**20
 
 
-def kv_lens(seed: int = 0) -> list[int]:
+def kv_lens(batch: int, seed: int = 0) -> list[int]:
     rng = random.Random(seed)
-    lens = [rng.randint(100, 1024) + rng.randint(0, 1024) // 2 for _ in range(BATCH)]
-    scale = KV_TOKENS / sum(lens)
+    lens = [rng.randint(100, 1024) + rng.randint(0, 1024) // 2 for _ in range(batch)]
+    scale = KV_PER_REQUEST * batch / sum(lens)
     return [max(1, int(n * scale)) for n in lens]
 
 
@@ -74,7 +74,7 @@ def measure(
     indices = torch.randperm(num_pages, device=dev, dtype=torch.int32)
     indptr = torch.tensor([0, *torch.tensor(pages_per).cumsum(0).tolist()], dtype=torch.int32)
     last = torch.tensor([(n - 1) % page + 1 for n in lens], dtype=torch.int32)
-    q = torch.randn(BATCH, heads, dim, device=dev, dtype=dtype)
+    q = torch.randn(len(lens), heads, dim, device=dev, dtype=dtype)
     kv_bytes = sum(lens) * kv_heads * dim * 2 * dtype.itemsize
     workspace = torch.zeros(WORKSPACE, dtype=torch.uint8, device=dev)
     shape = dict(q_data_type=dtype, kv_data_type=dtype)
@@ -92,7 +92,7 @@ def measure(
             w.plan(indptr, indices, last, heads, kv_heads, dim, page, **shape)
 
         rows.append(_row(name, wrapper, plan, q, (k, v), kv_bytes))
-    qo = torch.arange(BATCH + 1, dtype=torch.int32)
+    qo = torch.arange(len(lens) + 1, dtype=torch.int32)
     for name, backend in (("prefill wrapper, fa2", "fa2"), ("prefill wrapper, default", "auto")):
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
 
@@ -117,18 +117,22 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", nargs="+", default=["dummy:qwen3-0.6b", "dummy:qwen3-8b"])
     p.add_argument("--page-size", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--batch", type=int, nargs="+", default=[8, 64, 256])
     args = p.parse_args(argv)
-    lens = kv_lens()
-    print(f"batch {BATCH}, {sum(lens):,} KV tokens, bf16, {torch.cuda.get_device_name()}")
-    for model in args.model:
-        model_cfg = ModelConfig.from_dir(resolve(model))
-        for page in args.page_size:
-            for name, ms, tbs, plan_ms, error in measure(model_cfg, page, lens):
-                where = f"{model} page {page:2d} {name:30s}"
-                if error:
-                    print(f"{where} unavailable: {error[:120]}", flush=True)
-                else:
-                    print(f"{where} {ms:.4f} ms/layer {tbs:.2f} TB/s plan {plan_ms:.3f} ms")
+    print(f"bf16, {torch.cuda.get_device_name()}")
+    for batch in args.batch:
+        lens = kv_lens(batch)
+        print(f"batch {batch}, {sum(lens):,} KV tokens")
+        for model in args.model:
+            model_cfg = ModelConfig.from_dir(resolve(model))
+            for page in args.page_size:
+                rows = measure(model_cfg, page, lens)
+                for name, ms, tbs, plan_ms, error in rows:
+                    where = f"{model} batch {batch:3d} page {page:2d} {name:30s}"
+                    if error:
+                        print(f"{where} unavailable: {error[:120]}", flush=True)
+                    else:
+                        print(f"{where} {ms:.4f} ms/layer {tbs:.2f} TB/s plan {plan_ms:.3f} ms")
 
 
 if __name__ == "__main__":
