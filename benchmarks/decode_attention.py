@@ -4,9 +4,11 @@
 
 At each batch size, about 612 KV tokens a request (nano-vllm's workload mid-run: 156,674 at batch
 256), one layer's KV in the engine's layout (K and V apart, token slots in a random order), each
-kernel replayed in a CUDA graph as the engine runs it: the decode wrapper on CUDA cores and on tensor cores (FlashInfer's "fa2"
-and its default backend), and the prefill wrapper used for decode ("fa2" and the default), at
-page sizes 1 and 16. Prints ms per layer, the KV read in TB/s, and the host time of `plan()`.
+kernel replayed in a CUDA graph: the decode wrapper on CUDA cores and on tensor cores
+(FlashInfer's "fa2" and its default backend), the same as the engine's graphs make it
+(`use_cuda_graph=True`: fixed buffers, a plan that holds for any lengths), and the prefill
+wrapper used for decode ("fa2" and the default), at page sizes 1 and 16. Prints ms per layer,
+the KV read in TB/s, and the host time of `plan()`.
 """
 
 from __future__ import annotations
@@ -86,6 +88,25 @@ def measure(
     ):
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             workspace, "NHD", use_tensor_cores=tensor_cores, backend=backend
+        )
+
+        def plan(w=wrapper):
+            w.plan(indptr, indices, last, heads, kv_heads, dim, page, **shape)
+
+        rows.append(_row(name, wrapper, plan, q, (k, v), kv_bytes))
+    for name, tensor_cores in (
+        ("graph wrapper, CUDA cores", False),
+        ("graph wrapper, tensor cores", True),
+    ):  # the engine's: fixed buffers, a plan that holds for any lengths of this batch size
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=tensor_cores,
+            paged_kv_indptr_buffer=indptr.to(dev),
+            paged_kv_indices_buffer=indices,
+            paged_kv_last_page_len_buffer=last.to(dev),
+            backend="fa2",
         )
 
         def plan(w=wrapper):
