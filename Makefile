@@ -81,7 +81,7 @@ gpu-check:
 # dummy models copy, in .gpupayload/ (git-ignored): carry it there and `make gpu-check` installs
 # them (the server's too). Left out: what that image has (GPU_HAS) and what nothing there
 # imports (GPU_SKIP).
-GPU_WHEELS = altair nbclient ipykernel ipywidgets anywidget fastapi uvicorn prometheus_client
+GPU_WHEELS = altair nbclient ipykernel ipywidgets anywidget fastapi uvicorn prometheus_client openai
 GPU_HAS = numpy pandas packaging typing_extensions jinja2 markupsafe python_dateutil tzdata psutil
 GPU_SKIP = debugpy jedi widgetsnbextension
 gpu-payload: $(STAMP)

@@ -1,20 +1,24 @@
 """Does the HTTP server slow the engine? The same requests through `LLM.generate` and through the
-server, from N concurrent streaming clients in another process (as real clients are).
+server, from N concurrent streaming clients in processes of their own (as real clients are).
 
     python benchmarks/serve_load.py [--model smollm2] [--clients 64 256] [--output-len 64]
+        [--openai] [--client-processes P]
     python benchmarks/serve_load.py --model dummy:qwen3-0.6b --clients 256 --per-client 1 \
         --input-len 100 1024 --output-len 100 1024        # nano-vllm's workload, on a GPU
 
 For each number of clients: output tokens per second of `LLM.generate` on the requests (the
 engine with as many request slots as clients), then, the prefix cache emptied, of the server
-with that many clients, each
-sending its share of the requests one after another, streamed (`stream: true`, the token ids
-asked for so the clients count tokens without detokenising); the ratio; the clients' TTFT and
-ITL percentiles; and where the server's time went: the engine's steps (how many, how long, how
-much of the wall time they filled) against generate's, and the engine's thread while served:
-its time in steps, exchanging with the HTTP process (reading requests, sending each step's
-tokens: a step waiting on the HTTP side would show here, as a send blocked on a full pipe) and
-idle with nothing to step (`serve.loop.LoopTimes`); and how far behind the HTTP process ran
+with that many clients, each sending its share of the requests one after another, streamed
+(`stream: true`, usage asked for). The clients are raw HTTP streams that read the bytes as they
+come (a load generator made for this server's OpenAI-compatible API, cheap enough not to be what
+is measured), or with `--openai` the `openai` library's `AsyncOpenAI`, which parses every event
+(spread over P processes). Printed: the ratio; the clients' TTFT and ITL percentiles (ITL: the
+gaps between a stream's successive events with tokens, as they arrived); and where the server's
+time went: the engine's steps (how many, how long, how much of the wall time they filled)
+against generate's, the CPU time of each process, and the engine's thread while served: its
+time in steps, exchanging with the HTTP process (reading requests, sending each step's tokens:
+a step waiting on the HTTP side would show here, as a send blocked on a full pipe) and idle with
+nothing to step (`serve.loop.LoopTimes`); and how far behind the HTTP process ran
 (`workbench_step_delivery_seconds`: a step's tokens from the engine's send to the responses).
 """
 
@@ -33,6 +37,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+PERCENTILES = (50, 95, 99)
 
 
 def workload(
@@ -63,44 +69,25 @@ def run_generate(llm, requests: list[tuple[list[int], int]]) -> dict:
     return {"tokens": tokens, "seconds": seconds, **_steps(llm, steps_before, seconds)}
 
 
-def run_served(llm, requests: list[tuple[list[int], int]], clients: int) -> dict:
-    """The requests from `clients` streaming clients in a process of their own; the CPU time
-    each process spent while they ran (the engine's, the HTTP process's, the clients'), and the
-    engine's thread's time (`LoopTimes`) over the same span."""
+def run_served(
+    llm, requests: list[tuple[list[int], int]], clients: int, processes: int, kind: str
+) -> dict:
+    """The requests from `clients` streaming clients in `processes` processes of their own; the
+    CPU time each process spent while they ran (the engine's, the HTTP process's, the clients'),
+    and the engine's thread's time (`LoopTimes`) over the same span."""
     server = llm.serve(port=0)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            spec = Path(tmp) / "spec.json"
-            spec.write_text(
-                json.dumps(
-                    {
-                        "url": server.url,
-                        "requests": requests,
-                        "clients": clients,
-                        "model": server.name,
-                    }
-                )
-            )
-            client = subprocess.Popen(
-                [sys.executable, __file__, "--client", str(spec)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-            )
-            assert client.stdout.readline().strip() == "ready"  # its imports done
-            pids = {"http": server._process.pid, "clients": client.pid}
-            before = {name: _cpu_s(pid) for name, pid in pids.items()}
-            engine_before, steps_before = time.process_time(), len(llm.history)
-            loop_before = dataclasses.replace(server.loop.times)
-            client.stdin.write("go\n")
-            client.stdin.flush()
-            result = json.loads(client.stdout.readline())
-            loop = _since(server.loop.times, loop_before)
-            delivery = _delivery(server.url)
-            cpu = {name: _cpu_s(pid) - before[name] for name, pid in pids.items()}
-            cpu["engine"] = time.process_time() - engine_before
-            client.wait()
+        load = Clients(server.url, server.name, requests, clients, processes, kind)
+        pids = {"http": [server._process.pid], "clients": load.pids}
+        before = {name: _cpu_s(p) for name, p in pids.items()}
+        engine_before, steps_before = time.process_time(), len(llm.history)
+        loop_before = dataclasses.replace(server.loop.times)
+        result = load.run()
+        loop = _since(server.loop.times, loop_before)
+        delivery = _delivery(server.url)
+        cpu = {name: _cpu_s(p) - before[name] for name, p in pids.items()}
+        cpu["engine"] = time.process_time() - engine_before
+        load.close()
     finally:
         llm.stop_serving()
     steps = _steps(llm, steps_before, result["seconds"])
@@ -141,13 +128,13 @@ def _since(now, before):
     return dataclasses.replace(now, **since)
 
 
-def _cpu_s(pid: int) -> float:
-    """A process's CPU seconds so far (Linux's /proc; NaN elsewhere)."""
+def _cpu_s(pids: list[int]) -> float:
+    """Processes' CPU seconds so far (Linux's /proc; NaN elsewhere)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stats = [Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() for pid in pids]
     except OSError:
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(f[11]) + int(f[12]) for f in stats) / os.sysconf("SC_CLK_TCK")
 
 
 def _steps(llm, since: int, seconds: float) -> dict:
@@ -162,20 +149,72 @@ def _steps(llm, since: int, seconds: float) -> dict:
     }
 
 
-# -- the clients, in a process of their own ---------------------------------------------------
+# -- the clients, in processes of their own ---------------------------------------------------
+async def _raw_stream(url: str, body: bytes) -> tuple[float, list[float], int]:
+    """One streamed request over its own connection: the bytes are read as they come and nothing
+    is parsed but the last event (its usage): a client in Python parsing every event of hundreds
+    of streams through an HTTP library was the slowest part of the measurement (0.25 ms a read).
+    The arrival of each event with tokens (those of one read arrived together), and the
+    completion tokens."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
+        f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head + body)
+    times, tail, edge = [], b"", b""
+    while chunk := await reader.read(65536):
+        now = time.perf_counter()
+        times += [now] * (edge + chunk).count(b"data: {")  # the events that began in this read
+        edge, tail = chunk[-6:], (tail + chunk)[-4096:]
+    writer.close()
+    usage = json.loads(b"{" + tail.rsplit(b"data: {", 1)[-1].split(b"\n\n", 1)[0])["usage"]
+    return times[:-1], usage["completion_tokens"]  # the last event is the usage
+
+
+async def _openai_stream(client, model: str, prompt: list[int], max_tokens: int):
+    """One streamed request through the `openai` client: the arrival of each chunk with tokens,
+    and the completion tokens of the usage chunk."""
+    stream = await client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    reads, tokens = [], 0
+    async for chunk in stream:
+        if chunk.choices:
+            reads.append(time.perf_counter())
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return reads, tokens
+
+
 async def _client(spec: dict) -> dict:
-    """`clients` concurrent streams over the requests, each client's one after another. The
-    bytes are read as they come, with a connection per request, and nothing is parsed but the
-    last event (its usage): a client in Python parsing every event of hundreds of streams
-    through an HTTP library was the slowest part of the measurement (0.25 ms a read)."""
-    requests, clients = spec["requests"], spec["clients"]
-    shares = [requests[i::clients] for i in range(clients)]
-    host, port = spec["url"].split("//")[1].split("/")[0].split(":")
-    timings: list[tuple[float, int, float | None]] = []  # ttft, tokens, tpot
+    """This process's clients: each sends its share of the requests one after another, streamed.
+    For each request its TTFT (to the first event with tokens) and its ITL samples: the gaps
+    between its successive events as they arrived, as OpenAI-compatible load generators count
+    them (events that came in one read arrived together: a gap of 0)."""
+    shares = spec["shares"]
+    ttft, itl, tokens, events = [], [], 0, 0
+    if spec["openai"]:
+        import openai
+
+        client = openai.AsyncOpenAI(
+            base_url=spec["url"], api_key="none", max_retries=0, timeout=600
+        )
 
     async def one(prompt: list[int], max_tokens: int) -> None:
-        body = json.dumps(
-            {
+        nonlocal tokens, events
+        start = time.perf_counter()
+        if spec["openai"]:
+            reads, count = await _openai_stream(client, spec["model"], prompt, max_tokens)
+        else:
+            body = {
                 "model": spec["model"],
                 "prompt": prompt,
                 "max_tokens": max_tokens,
@@ -184,26 +223,10 @@ async def _client(spec: dict) -> dict:
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-        ).encode()
-        head = (
-            f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
-            f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        ).encode()
-        start = time.perf_counter()
-        reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(head + body)
-        first = last = None
-        tail = b""
-        while chunk := await reader.read(65536):
-            now = time.perf_counter()
-            if first is None and b"data: {" in chunk:
-                first = now
-            last, tail = now, (tail + chunk)[-4096:]
-        writer.close()
-        event = b"{" + tail.rsplit(b"data: {", 1)[-1].split(b"\n\n", 1)[0]
-        count = json.loads(event)["usage"]["completion_tokens"]
-        tpot = (last - first) / (count - 1) if count > 1 and first is not None else None
-        timings.append(((first or start) - start, count, tpot))
+            reads, count = await _raw_stream(spec["url"], json.dumps(body).encode())
+        ttft.append((reads[0] if reads else time.perf_counter()) - start)
+        itl.extend(np.diff(reads).tolist())
+        tokens, events = tokens + count, events + len(reads)
 
     async def serve_share(share: list[list]) -> None:
         for prompt, max_tokens in share:
@@ -211,15 +234,64 @@ async def _client(spec: dict) -> dict:
 
     started = time.perf_counter()
     await asyncio.gather(*(serve_share(s) for s in shares))
-    seconds = time.perf_counter() - started
-    ttft = [t[0] * 1e3 for t in timings]
-    tpot = [t[2] * 1e3 for t in timings if t[2] is not None]
     return {
-        "tokens": sum(t[1] for t in timings),
-        "seconds": seconds,
-        "ttft_ms": [float(np.percentile(ttft, q)) for q in (50, 99)],
-        "tpot_ms": [float(np.percentile(tpot, q)) for q in (50, 99)] if tpot else [0, 0],
+        "started": started,
+        "ended": time.perf_counter(),
+        "tokens": tokens,
+        "events": events,
+        "ttft_s": ttft,
+        "itl_s": itl,
     }
+
+
+class Clients:
+    """`clients` streaming clients in `processes` processes of their own (as real clients are),
+    started and waiting; `run()` tells them to go at once and merges their samples, `close()`
+    ends them."""
+
+    def __init__(self, url: str, model: str, requests: list, clients: int, processes: int, kind):
+        shares = [requests[i::clients] for i in range(clients)]
+        self.tmp = tempfile.TemporaryDirectory()
+        self.procs = []
+        for p in range(processes):
+            spec = Path(self.tmp.name) / f"spec{p}.json"
+            mine = {"url": url, "model": model, "openai": kind == "openai"}
+            spec.write_text(json.dumps({**mine, "shares": shares[p::processes]}))
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "--client", str(spec)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                )
+            )
+        for proc in self.procs:
+            assert proc.stdout.readline().strip() == "ready"  # its imports done
+        self.pids = [proc.pid for proc in self.procs]
+
+    def run(self) -> dict:
+        for proc in self.procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        parts = [json.loads(proc.stdout.readline()) for proc in self.procs]
+        ttft = [t * 1e3 for part in parts for t in part["ttft_s"]]
+        itl = [t * 1e3 for part in parts for t in part["itl_s"]]
+        tokens = sum(part["tokens"] for part in parts)
+        events = sum(part["events"] for part in parts)
+        return {
+            "tokens": tokens,
+            "seconds": max(p["ended"] for p in parts) - min(p["started"] for p in parts),
+            "ttft_ms": [float(np.percentile(ttft, q)) for q in PERCENTILES],
+            "itl_ms": [float(np.percentile(itl, q)) for q in PERCENTILES] if itl else [0.0] * 3,
+            "tokens_per_event": tokens / events if events else float("nan"),
+        }
+
+    def close(self) -> None:
+        """After their CPU time is read: the processes end once they have answered."""
+        for proc in self.procs:
+            proc.wait()
+        self.tmp.cleanup()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -229,8 +301,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-client", type=int, default=4, help="requests each client sends")
     parser.add_argument("--input-len", type=int, nargs=2, default=[16, 64])
     parser.add_argument("--output-len", type=int, nargs="+", default=[64], help="N or MIN MAX")
+    parser.add_argument(
+        "--openai", action="store_true", help="clients of the `openai` library (AsyncOpenAI)"
+    )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        help="processes the clients are spread over (default: 1; with --openai, half the cores "
+        "up to 8: the library parses every event)",
+    )
     parser.add_argument("--client", help=argparse.SUPPRESS)  # the client process's spec
     args = parser.parse_args(argv)
+    kind = "openai" if args.openai else "raw"
+    processes = args.client_processes or (min(8, max(1, os.cpu_count() // 2)) if args.openai else 1)
+    if processes < 1:
+        parser.error(f"--client-processes must be >= 1, got {processes}")
     if args.client:  # ready once imported; then the requests, when told to go
         spec = json.loads(Path(args.client).read_text())
         print("ready", flush=True)
@@ -248,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         requests = workload(clients * args.per_client, vocab, tuple(args.input_len), output_len)
         base = run_generate(llm, requests)
         llm.reconfigure()  # the same settings, an empty prefix cache: no head start from above
-        served = run_served(llm, requests, clients)
+        served = run_served(llm, requests, clients, min(processes, clients), kind)
         llm.check_integrity()
         llm.close()
         rate = base["tokens"] / base["seconds"]
@@ -256,7 +341,9 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{args.model} on {'cuda' if torch.cuda.is_available() else 'cpu'}, {clients} "
             f"streaming clients, {len(requests)} requests of {args.input_len[0]}-"
-            f"{args.input_len[1]} prompt and {output_len[0]}-{output_len[1]} output tokens:"
+            f"{args.input_len[1]} prompt and {output_len[0]}-{output_len[1]} output tokens "
+            f"({'the openai client' if args.openai else 'raw HTTP clients'}, "
+            f"{min(processes, clients)} client process(es)):"
         )
         print(
             f"  LLM.generate {rate:,.0f} tok/s ({base['steps']} steps, median "
@@ -265,9 +352,12 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"  served       {served_rate:,.0f} tok/s = {served_rate / rate:.0%} of generate's "
             f"({served['steps']} steps, median {served['step_ms']:.2f} ms, {served['busy']:.0%} "
-            f"of the time in steps); TTFT p50 / p99 {served['ttft_ms'][0]:.1f} / "
-            f"{served['ttft_ms'][1]:.1f} ms, TPOT p50 / p99 {served['tpot_ms'][0]:.2f} / "
-            f"{served['tpot_ms'][1]:.2f} ms"
+            f"of the time in steps)"
+        )
+        ttft, itl = (" / ".join(f"{v:.1f}" for v in served[k]) for k in ("ttft_ms", "itl_ms"))
+        print(
+            f"  TTFT p50 / p95 / p99 {ttft} ms; ITL p50 / p95 / p99 {itl} ms "
+            f"({served['tokens_per_event']:.2f} tokens an event)"
         )
         cpu = served["cpu_s"]
         print(

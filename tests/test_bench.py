@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import SamplingParams
+from workbench import LLM, SamplingParams
 from workbench.bench.cli import add_arguments
 from workbench.bench.sweep import sweep_configs
 from workbench.bench.workload import random_workload
@@ -348,3 +348,24 @@ def _benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.parametrize("kind", ["raw", "openai"])
+def test_serve_load_counts_every_token_its_clients_received(kind):
+    """The load generator's own count: every requested token arrives, through raw streams and
+    through the real `openai` client over two processes, at least one token an event (the
+    server sends what a stream has when its writer gets to it)."""
+    pytest.importorskip("openai")
+    serve_load = _benchmark("serve_load")
+    llm = LLM("tiny-qwen3", max_running_reqs=4, record="light")
+    try:
+        requests = serve_load.workload(6, 256, (4, 12), (3, 9))
+        served = serve_load.run_served(llm, requests, clients=4, processes=2, kind=kind)
+        llm.check_integrity()
+    finally:
+        llm.close()
+    tokens = sum(n for _, n in requests)
+    assert served["tokens"] == tokens and served["tokens_per_event"] >= 1.0
+    assert 0 < served["ttft_ms"][0] <= served["ttft_ms"][2]
+    assert 0 <= served["itl_ms"][0] <= served["itl_ms"][1] <= served["itl_ms"][2]
+    assert served["steps"] > 0 and served["cpu_s"]["clients"] > 0
