@@ -267,6 +267,20 @@ CHARTS = """() => [
 ]"""
 
 
+def _wait_for_charts(page, timeout_ms: float = 15_000) -> list[bool]:
+    """Each chart's state once Vega has drawn them all (then half a second more, for outputs
+    still arriving), or at the timeout."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(f"({CHARTS})().every(Boolean)", timeout=timeout_ms)
+        page.wait_for_timeout(500)
+        page.wait_for_function(f"({CHARTS})().every(Boolean)", timeout=timeout_ms)
+    except PlaywrightTimeout:
+        pass  # the caller says which did not draw
+    return page.evaluate(CHARTS)
+
+
 @pytest.mark.parametrize(
     "notebook", [n.name for n in NOTEBOOKS if not n.name.startswith("01")], ids=lambda n: n[:2]
 )
@@ -281,8 +295,7 @@ def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
         _open_and_run(page, base, lab_log, notebook)
-        page.wait_for_timeout(3000)  # let vega finish drawing
-        drawn = page.evaluate(CHARTS)
+        drawn = _wait_for_charts(page)
         text = page.locator(".jp-Notebook").inner_text()
         page.screenshot(path=str(ARTIFACTS / f"{notebook[:2]}-notebook.png"), full_page=False)
         assert drawn and all(drawn), f"{notebook}: charts drawn {drawn}"
