@@ -1,16 +1,17 @@
 """A decode step's GEMMs alone, against what reading their weights must take.
 
     python benchmarks/decode_gemms.py [--model dummy:qwen3-0.6b] [--batch 8 64 256]
-                                      [--blas cublas cublaslt]
+                                      [--blas cublas cublaslt triton]
 
 For each projection of one decoder layer of a dense model (fused QKV, output, fused gate-up,
 down) and the LM head, at each batch size: the median time of one `F.linear` in bf16 (50 runs
 after 5, CUDA events) under each BLAS library torch can pick (`torch.backends.cuda.
-preferred_blas_library`), the bound (its weights, inputs and outputs once at the device's
-bandwidth, or its FLOPs at its peak: `history/roofline.py`'s H200 unless `--device-spec`), and
-the ratio; then a decode step's GEMMs in all (the layer's times the number of layers, and the LM
-head). On a CPU it times the same shapes with `time.perf_counter` (no bound: a check that the
-script runs).
+preferred_blas_library`) and of the engine's small-batch Triton kernel (`small_gemm`, batches
+of up to 16 rows; the engine keeps the LM head on cuBLAS), the bound (its weights, inputs and
+outputs once at the device's bandwidth, or its FLOPs at its peak: `history/roofline.py`'s H200
+unless `--device-spec`), and the ratio; then a decode step's GEMMs in all (the layer's times
+the number of layers, and the LM head). On a CPU it times the same shapes with
+`time.perf_counter` (no bound: a check that the script runs).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from kernels import _time as cuda_time_us
 
 from workbench.history.roofline import DEVICES
+from workbench.layers.parallel import SMALL_ROWS
 from workbench.models import ModelConfig, resolve
 
 
@@ -64,7 +66,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="dummy:qwen3-0.6b")
     parser.add_argument("--batch", type=int, nargs="+", default=[8, 64, 256])
-    parser.add_argument("--blas", nargs="+", default=["cublas", "cublaslt"])
+    parser.add_argument(
+        "--blas",
+        nargs="+",
+        default=["cublas", "cublaslt", "triton"],
+        help="triton: the engine's small-batch kernel (`small_gemm`; batches of up to 16 rows)",
+    )
     parser.add_argument("--device-spec", choices=sorted(DEVICES), default="h200")
     args = parser.parse_args(argv)
     cfg = ModelConfig.from_dir(resolve(args.model))
@@ -92,9 +99,17 @@ def main(argv: list[str] | None = None) -> None:
             step_bound += bound * count
             cells = []
             for library in blas:
-                if cuda:
-                    torch.backends.cuda.preferred_blas_library(library)
-                us = timed_us(lambda w=weights[name], a=inputs: F.linear(a, w), cuda)
+                if library == "triton" and m > SMALL_ROWS:
+                    step[library] = float("nan")
+                    cells.append(f" {'-':>12} {'':>6}")
+                    continue
+                if library == "triton":
+                    from workbench.kernels.small_gemm import small_linear as linear
+                else:
+                    linear = F.linear
+                    if cuda:
+                        torch.backends.cuda.preferred_blas_library(library)
+                us = timed_us(lambda w=weights[name], a=inputs, f=linear: f(a, w), cuda)
                 step[library] += us * count
                 cells.append(
                     f" {us:>12.1f} {us / bound:>5.1f}x" if cuda else f" {us:>12.1f} {'':>6}"

@@ -67,6 +67,9 @@ class EngineConfig:
     fused_rope: bool | None = None  # q/k norm + RoPE + KV store in one Triton kernel
     fused_sampling: bool | None = None  # one-pass Triton sampling (not for top-k / top-p)
     decode_tensor_cores: bool | None = None  # FlashInfer decode on tensor cores; None: for GQA
+    # linear layers of batches up to 16 rows in one Triton kernel, not cuBLAS (cuda only; off
+    # until measured on the GPU: kernels/small_gemm.py)
+    small_gemm: bool = False
     cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
     cuda_graph_max_tokens: int = 4096  # largest prefill or mixed step captured (0: none)
     # steps padded to the CUDA graphs' shapes, run eagerly, where graphs are not captured (the
@@ -116,6 +119,7 @@ class EngineConfig:
             fused_rope=V.optional_boolean("fused_rope", self.fused_rope),
             fused_sampling=V.optional_boolean("fused_sampling", self.fused_sampling),
             decode_tensor_cores=V.optional_boolean("decode_tensor_cores", self.decode_tensor_cores),
+            small_gemm=V.boolean("small_gemm", self.small_gemm),
             cuda_graph_max_bs=V.integer("cuda_graph_max_bs", self.cuda_graph_max_bs, 1),
             cuda_graph_max_tokens=V.integer(
                 "cuda_graph_max_tokens", self.cuda_graph_max_tokens, 0, MAX_GRAPH_TOKENS
@@ -212,6 +216,10 @@ class EngineConfig:
     @property
     def fused_rope_enabled(self) -> bool:
         return self._triton_kernel(self.fused_rope)
+
+    @property
+    def small_gemm_enabled(self) -> bool:
+        return self.small_gemm and self._triton_kernel(True)
 
     @property
     def moe_backend_used(self) -> str:

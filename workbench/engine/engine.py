@@ -70,6 +70,7 @@ class Engine:
             self.tp,
         )
         self.model.use_fused_kernels(config.fused_kernels_enabled, config.fused_rope_enabled)
+        self.model.use_small_gemm(config.small_gemm_enabled)
         self.model.use_moe_backend(config.moe_backend_used)
         self._build_memory(config, model_cfg)
         self.ctx = ForwardContext(self.backend)

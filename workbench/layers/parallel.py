@@ -11,6 +11,8 @@ from torch import nn
 
 from ..distributed import SINGLE, TPGroup
 
+SMALL_ROWS = 16  # kernels.small_gemm.MAX_ROWS (imported only where Triton is)
+
 
 class Unfilled:
     """A layer whose parameters start empty: `models.weights` fills every one, so `nn`'s default
@@ -20,6 +22,20 @@ class Unfilled:
         pass
 
 
+class SmallBatch:
+    """`linear`: `F.linear`, or for a few rows the small-batch Triton kernel when `small_gemm`
+    is set (`Decoder.use_small_gemm`)."""
+
+    small_gemm = False
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.small_gemm and 0 < x.shape[0] <= SMALL_ROWS:
+            from ..kernels.small_gemm import small_linear
+
+            return small_linear(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
+
+
 def split(total: int, tp: TPGroup, what: str) -> int:
     """One rank's share of `total` rows; refuses a split that leaves ranks unequal."""
     if total % tp.size:
@@ -27,7 +43,7 @@ def split(total: int, tp: TPGroup, what: str) -> int:
     return total // tp.size
 
 
-class ColumnParallelLinear(Unfilled, nn.Linear):
+class ColumnParallelLinear(SmallBatch, Unfilled, nn.Linear):
     """Outputs made of parts (q | k | v, gate | up), each split evenly: rank r holds slice r."""
 
     def __init__(
@@ -40,6 +56,9 @@ class ColumnParallelLinear(Unfilled, nn.Linear):
         self.local_sizes = tuple(split(p, tp, "output part") for p in part_sizes)
         super().__init__(in_features, sum(self.local_sizes), bias=bias)
         self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x, self.bias)
 
     @torch.no_grad()
     def load_shard(self, attr: str, full: torch.Tensor, part: int | None = None) -> None:
@@ -54,7 +73,7 @@ class ColumnParallelLinear(Unfilled, nn.Linear):
             dst[local_start : local_start + n].copy_(full[full_start : full_start + n])
 
 
-class RowParallelLinear(Unfilled, nn.Linear):
+class RowParallelLinear(SmallBatch, Unfilled, nn.Linear):
     """Inputs split over the ranks; one all-reduce sums the partial products, then bias is added."""
 
     def __init__(
@@ -65,8 +84,8 @@ class RowParallelLinear(Unfilled, nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return super().forward(x)
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+            return self.linear(x, self.bias)
+        out = self.tp.all_reduce(self.linear(x, None))
         return out if self.bias is None else out + self.bias
 
     @torch.no_grad()

@@ -144,6 +144,13 @@ class Decoder(nn.Module):
             if hasattr(module, "fused_rope"):
                 module.fused_rope = rope
 
+    def use_small_gemm(self, on: bool) -> None:
+        """Compute the linear layers of batches up to `kernels.small_gemm.MAX_ROWS` rows with the
+        small-batch Triton kernel instead of cuBLAS (or back); the LM head stays on cuBLAS."""
+        for module in self.layers.modules():
+            if hasattr(module, "small_gemm"):
+                module.small_gemm = on
+
     def use_moe_backend(self, name: str) -> None:
         """Compute the experts of every MoE block with backend `name` (`layers.moe.MOE_BACKENDS`:
         "torch" anywhere, "triton" on a GPU); a dense model ignores it."""

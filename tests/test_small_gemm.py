@@ -1,0 +1,176 @@
+"""The small-batch GEMM Triton kernel (workbench/kernels/small_gemm.py) against `F.linear`: on the
+CPU through Triton's interpreter (float32 and float16; ragged edges, bias, leading dimensions),
+on the GPU compiled (bfloat16 at decode shapes of real models, in a CUDA graph)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton", reason="the small-batch GEMM needs triton (pip install triton)")
+
+from workbench.kernels import small_gemm as compiled  # noqa: E402
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def make_inputs(lead, n, k, bias, dtype, device, seed=0):
+    """x of shape (*lead, k) of order one, W scaled so that outputs are of order one."""
+    gen = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(*lead, k, generator=gen, device=device).to(dtype)
+    w = (torch.randn(n, k, generator=gen, device=device) * k**-0.5).to(dtype)
+    b = torch.randn(n, generator=gen, device=device).to(dtype) if bias else None
+    return x, w, b
+
+
+def reference(x, w, b) -> torch.Tensor:
+    return F.linear(x.float(), w.float(), None if b is None else b.float())
+
+
+# rows 1 to 16 (a tile's), columns across several tiles with a ragged last one, K across several
+# BLOCK_K steps with a ragged last one, a bias, a leading batch dimension
+SHAPES = {
+    "1x16x32": ((1,), 16, 32, False),
+    "8x40x300": ((8,), 40, 300, False),
+    "16x72x513-bias": ((16,), 72, 513, True),
+    "2x3x24x64-bias": ((2, 3), 24, 64, True),
+    "5x9000x40": ((5,), 9000, 40, False),  # wider tiles past 8,192 columns
+}
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3}
+CASES = {
+    f"{name}-{str(dtype).removeprefix('torch.')}": make_inputs(*shape, dtype, "cpu")
+    for name, shape in SHAPES.items()
+    for dtype in (torch.float32, torch.float16)
+}
+
+# NOTE: @triton.jit functions become interpreted only when TRITON_INTERPRET is set before triton
+# is imported: so the kernel runs in a child process (as in test_fused_moe.py)
+CHILD = """
+import sys, torch
+from workbench.kernels.small_gemm import small_linear
+cases = torch.load(sys.argv[1])
+torch.save({name: small_linear(*inputs) for name, inputs in cases.items()}, sys.argv[2])
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """Each case's output from the kernel run by Triton's interpreter (numpy, on the CPU)."""
+    folder = tmp_path_factory.mktemp("small_gemm")
+    torch.save(CASES, folder / "cases.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-c", CHILD, str(folder / "cases.pt"), str(folder / "outputs.pt")]
+    child = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, f"the interpreted kernel failed:\n{child.stderr[-4000:]}"
+    return torch.load(folder / "outputs.pt")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_interpreted_kernel_matches_f_linear(interpreted, case):
+    x, w, b = CASES[case]
+    y = interpreted[case]
+    assert y.shape == (*x.shape[:-1], w.shape[0]) and y.dtype == x.dtype
+    tol = TOLERANCE[x.dtype]
+    torch.testing.assert_close(y.float(), reference(x, w, b), atol=tol, rtol=tol)
+
+
+def test_more_rows_than_a_tile_are_refused_naming_the_limit():
+    x, w, b = make_inputs((compiled.MAX_ROWS + 1,), 16, 32, False, torch.float32, "cpu")
+    with pytest.raises(ValueError, match=f"at most {compiled.MAX_ROWS} rows"):
+        compiled.small_linear(x, w, b)
+
+
+# A decode step's projections of dummy Qwen3-0.6B and Qwen3-8B (fused QKV, output, fused
+# gate-up, down) at batch 1, 8 and 16. bf16: inputs rounded to bf16, float32 sums in another
+# order than cuBLAS's: within 1e-2 of outputs of order one.
+GPU_SHAPES = [
+    (m, n, k)
+    for m in (1, 8, 16)
+    for n, k in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (6144, 4096))
+] + [(8, 8192, 4096), (8, 24576, 4096), (8, 4096, 12288)]
+
+
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_kernel_matches_f_linear(shape):
+    m, n, k = shape
+    x, w, b = make_inputs((m,), n, k, False, torch.bfloat16, "cuda", seed=5)
+    y = compiled.small_linear(x, w, b)
+    want = reference(x, w, b)
+    err = (y.float() - want).abs().max().item()
+    print(f"\nsmall gemm {shape}: max |err| {err:.2e} (max |y| {want.abs().max():.2f})")
+    torch.testing.assert_close(y.float(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_kernel_replays_in_a_cuda_graph_on_new_inputs():
+    x, w, b = make_inputs((8,), 1024, 2048, True, torch.bfloat16, "cuda", seed=2)
+    compiled.small_linear(x, w, b)  # compiles outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = compiled.small_linear(x, w, b)
+    fresh, _, _ = make_inputs((8,), 1024, 2048, False, torch.bfloat16, "cuda", seed=3)
+    x.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, compiled.small_linear(x, w, b))  # one order of sums: the same bits
+
+
+def test_the_layers_limit_is_the_kernels():
+    from workbench.layers.parallel import SMALL_ROWS
+
+    assert SMALL_ROWS == compiled.MAX_ROWS
+
+
+def test_small_gemm_is_a_boolean_and_off_where_no_gpu_is():
+    from workbench.config import EngineConfig
+
+    with pytest.raises(TypeError, match="small_gemm must be True or False, got"):
+        EngineConfig(model="tiny-qwen3", small_gemm="yes")
+    assert not EngineConfig(model="tiny-qwen3", small_gemm=True, device="cpu").small_gemm_enabled
+
+
+@pytest.fixture(scope="module")
+def planted_engines():
+    from workbench import Workbench
+
+    engines = {}
+
+    def engine(graphs: bool):
+        if graphs not in engines:
+            engines[graphs] = Workbench(
+                "dummy:qwen3-induction",
+                small_gemm=True,
+                cuda_graph=graphs,
+                num_pages=16384,
+                max_running_reqs=8,
+                cuda_graph_max_bs=8,
+            )
+        return engines[graphs]
+
+    yield engine
+    for wb in engines.values():
+        wb.close()
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+@pytest.mark.parametrize("chunk, policy", [(16, "mixed"), (8192, "prefill_first")])
+@pytest.mark.gpu
+@needs_cuda
+def test_the_planted_model_answers_with_the_small_gemm(planted_engines, graphs, chunk, policy):
+    """The GPU matrix's workload with the layers' small batches on the kernel: every answer the
+    pattern's continuation, aborts and integrity as there (`tests/planted.py`)."""
+    from .planted import run_workload
+
+    wb = planted_engines(graphs)
+    layers = wb.engine.model.layers
+    assert layers[0].self_attn.qkv_proj.small_gemm and layers[-1].mlp.down_proj.small_gemm
+    run_workload(wb, chunk, policy, overlap=True, graphs=graphs)
