@@ -6,9 +6,10 @@ At each batch size, about 612 KV tokens a request (nano-vllm's workload mid-run:
 256), one layer's KV in the engine's layout (K and V apart, token slots in a random order), each
 kernel replayed in a CUDA graph: the decode wrapper on CUDA cores and on tensor cores
 (FlashInfer's "fa2" and its default backend), the same as the engine's graphs make it
-(`use_cuda_graph=True`: fixed buffers, a plan that holds for any lengths), and the prefill
-wrapper used for decode ("fa2" and the default), at page sizes 1 and 16. Prints ms per layer,
-the KV read in TB/s, and the host time of `plan()`.
+(`use_cuda_graph=True`: fixed buffers, a plan that holds for any lengths; also with the KV
+split off, `disable_split_kv`), and the prefill wrapper used for decode ("fa2" and the
+default), at page sizes 1 and 16. Prints ms per layer, the KV read in TB/s, and the host time
+of `plan()`.
 """
 
 from __future__ import annotations
@@ -94,9 +95,10 @@ def measure(
             w.plan(indptr, indices, last, heads, kv_heads, dim, page, **shape)
 
         rows.append(_row(name, wrapper, plan, q, (k, v), kv_bytes))
-    for name, tensor_cores in (
-        ("graph wrapper, CUDA cores", False),
-        ("graph wrapper, tensor cores", True),
+    for name, tensor_cores, no_split in (
+        ("graph wrapper, CUDA cores", False, False),
+        ("graph wrapper, tensor cores", True, False),
+        ("graph wrapper, tensor cores, no split", True, True),
     ):  # the engine's: fixed buffers, a plan that holds for any lengths of this batch size
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             workspace,
@@ -109,8 +111,9 @@ def measure(
             backend="fa2",
         )
 
-        def plan(w=wrapper):
-            w.plan(indptr, indices, last, heads, kv_heads, dim, page, **shape)
+        def plan(w=wrapper, whole=no_split):  # no split: one program per request and KV head
+            split = {"disable_split_kv": True} if whole else {}
+            w.plan(indptr, indices, last, heads, kv_heads, dim, page, **shape, **split)
 
         rows.append(_row(name, wrapper, plan, q, (k, v), kv_bytes))
     qo = torch.arange(len(lens) + 1, dtype=torch.int32)
