@@ -9,6 +9,7 @@ FAMILY_COLORS = {
     "norm/rope/act": "#f4a261",
     "communication": "#8338ec",
     "experts": "#9b2226",  # a mixture of experts' fused expert kernels
+    "router": "#bb3e03",  # their routing and sort into blocks, in one launch at small batches
     "other": "#b0b0b0",
     "between kernels": "#d9d9d9",  # the device's time outside the kernels it ran
     "idle": "#f2f2f2",

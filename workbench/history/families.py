@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 _FAMILIES = [
     # NOTE: first: NCCL's kernel names also mention the reduction ("AllReduce_Sum_bf16")
     ("communication", re.compile(r"nccl|all_?reduce|all_?gather|gloo|c10d::", re.I)),
+    # an MoE layer's one-launch routing at small batches (`kernels/moe_route.py`)
+    ("router", re.compile(r"moe_route", re.I)),
     # the fused MoE kernels (`kernels/fused_moe.py`; before "act": one's name holds "silu")
     ("experts", re.compile(r"moe_gate_up_silu|moe_down_weighted|fused_moe", re.I)),
     ("attention", re.compile(r"attention|flash|BatchDecode|BatchPrefill|sdpa|fmha", re.I)),

@@ -182,12 +182,15 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     blocks: MoeBlocks | None = None,
+    aligned: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """y [tokens, hidden] in x's dtype: ``sum_k topk_weights[t, k] * w2[e] @ (silu(w13[e, :I] @
     x[t]) * w13[e, I:] @ x[t])`` with ``e = topk_ids[t, k]``.
     x: [tokens, hidden] (bf16, fp16 or fp32); w13: [experts, 2 * I, hidden], gate rows then up;
     w2: [experts, hidden, I]; topk_weights: [tokens, top_k] in x's dtype; topk_ids: [tokens,
-    top_k] int, each in [0, experts). `blocks`: the tiles, by default chosen from the shapes."""
+    top_k] int, each in [0, experts). `blocks`: the tiles, by default chosen from the shapes.
+    `aligned`: the pairs already sorted into blocks of `blocks.block_m` (`sorted_pairs`,
+    `block_experts`, as `align_to_blocks` gives them; `moe_route.route_and_align` does)."""
     tokens, hidden = x.shape
     num_experts, inter = w2.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
@@ -200,7 +203,9 @@ def fused_moe(
     x = x if x.stride(1) == 1 else x.contiguous()
     w13 = w13 if w13.stride(2) == 1 else w13.contiguous()
     w2 = w2 if w2.stride(2) == 1 else w2.contiguous()
-    sorted_pairs, block_experts = align_to_blocks(topk_ids, num_experts, blocks.block_m)
+    if aligned is None:
+        aligned = align_to_blocks(topk_ids, num_experts, blocks.block_m)
+    sorted_pairs, block_experts = aligned
     # NOTE: torch computes float32 matmuls in full precision by default; so do these (no TF32)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty(len(sorted_pairs), inter, dtype=x.dtype, device=x.device)

@@ -29,6 +29,8 @@ ExpertsFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
 ]
 
+ROUTE_MAX_PAIRS = 256  # kernels.moe_route.MAX_PAIRS (imported only where Triton is)
+
 # name -> "module:function", imported on first use (a GPU-only kernel costs nothing elsewhere);
 # `EngineConfig.moe_backend` accepts these names and "auto"
 MOE_BACKENDS = {
@@ -116,10 +118,27 @@ class SparseMoE(nn.Module):
         return topk_weights.to(x.dtype), topk_ids
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        topk_weights, topk_ids = self.route(x)
-        ctx.route(self.moe_index, topk_ids)
-        y = self.experts(x, self.w13, self.w2, topk_weights, topk_ids)
+        if self.backend == "triton" and 0 < x.shape[0] * self.top_k <= ROUTE_MAX_PAIRS:
+            y = self._small_batch(x, ctx)
+        else:
+            topk_weights, topk_ids = self.route(x)
+            ctx.route(self.moe_index, topk_ids)
+            y = self.experts(x, self.w13, self.w2, topk_weights, topk_ids)
         return y if self.tp.size == 1 else self.tp.all_reduce(y)
+
+    def _small_batch(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """A decode batch's routing, its count in the record and its sort into blocks in one
+        launch (`kernels/moe_route.py`), then the fused experts on those blocks."""
+        from ..kernels.fused_moe import choose_blocks, fused_moe
+        from ..kernels.moe_route import route_and_align
+
+        blocks = choose_blocks(x.shape[0] * self.top_k, self.num_experts)
+        routing = None if ctx.routing is None else ctx.routing[self.moe_index]
+        logits = self.gate(x)
+        weights, ids, *aligned = route_and_align(
+            logits, self.top_k, self.renormalize, x.dtype, blocks.block_m, routing, ctx.counted
+        )
+        return fused_moe(x, self.w13, self.w2, weights, ids, blocks=blocks, aligned=aligned)
 
     @torch.no_grad()
     def load_shard(self, attr: str, full: torch.Tensor, part: int | None = None) -> None:
