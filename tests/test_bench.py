@@ -337,19 +337,6 @@ def test_record_cost_says_where_full_recordings_time_went(capsys):
     assert out.count("  full step ") == 5
 
 
-def _benchmark(name: str):
-    """A script of the top-level `benchmarks/` (not in the package), imported from its file."""
-    import importlib.util
-
-    folder = Path(__file__).resolve().parents[1] / "benchmarks"
-    if str(folder) not in sys.path:  # (its scripts import each other by name)
-        sys.path.insert(0, str(folder))
-    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_serve_load_counts_every_token_its_clients_received():
     """The load generator's own count: every requested token arrives, through raw streams and
     through the real `openai` client over two processes, at least one token an event (the
@@ -375,13 +362,23 @@ def test_serve_load_counts_every_token_its_clients_received():
 
 
 def _benchmark(name: str):
-    """A script of the top-level `benchmarks/` (not in the package), imported from its file."""
+    """A script of the top-level `benchmarks/` (not in the package), imported from its file. Its
+    folder is on `sys.path` only while it loads (its scripts import each other by name), and
+    what it loaded from there leaves `sys.modules` after: `benchmarks/kernels.py` left behind
+    hides the `kernels` package transformers imports."""
     import importlib.util
 
     folder = Path(__file__).resolve().parents[1] / "benchmarks"
-    if str(folder) not in sys.path:  # (its scripts import each other by name)
-        sys.path.insert(0, str(folder))
-    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    before = set(sys.modules)
+    sys.path.insert(0, str(folder))
+    try:
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+        for loaded in set(sys.modules) - before:
+            origin = getattr(sys.modules[loaded], "__file__", None)
+            if origin and Path(origin).parent == folder:
+                del sys.modules[loaded]
     return module
