@@ -259,7 +259,7 @@ class LLM:
             "tp_size": config.tp_size,
             "num_pages": engine.num_pages,
             "overlap": self.scheduler.overlap,
-            "cuda_graph": config.cuda_graph_enabled,
+            "cuda_graph": engine.captures_graphs,  # (asked for, with no capturable backend: off)
             "cuda_graph_max_bs": config.cuda_graph_max_bs,
             "cuda_graph_max_tokens": config.cuda_graph_max_tokens,
             "record": self.record,

@@ -65,7 +65,8 @@ def _settings_line(r: dict) -> str:
         + ", overlap "
         f"{on('overlap')}, cuda graphs {on('cuda_graph')}, fused kernels {on('fused_kernels')}, "
         f"fused rope {on('fused_rope')}, fused sampling {on('fused_sampling')}, "
-        f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, policy {r['policy']}, "
+        + (f"small-batch GEMM {on('small_gemm')}, " if "small_gemm" in r else "")
+        + f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, policy {r['policy']}, "
         f"record {r['record']}"
     )
 
