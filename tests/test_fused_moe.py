@@ -4,10 +4,6 @@ compiled (bfloat16 at decode and prefill sizes, float32, a CUDA graph with no ho
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +11,8 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="the fused MoE kernel needs triton (pip install triton)")
 
 from workbench.kernels import fused_moe as compiled  # noqa: E402
+
+from .interpreted import run_interpreted  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -110,9 +108,7 @@ CASES = {
     for dtype in (torch.float32, torch.float16)
 }
 
-# NOTE: @triton.jit functions, triton.language's own among them, become interpreted only when
-# TRITON_INTERPRET is set before triton is imported: so the kernel runs in a child process, and
-# every other Triton kernel in this one stays compiled
+# run by `interpreted.run_interpreted` in a child process
 CHILD = """
 import sys, torch
 from workbench.kernels.fused_moe import MoeBlocks, fused_moe
@@ -128,13 +124,7 @@ torch.save(outputs, sys.argv[2])
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
     """Each case's output from the kernel run by Triton's interpreter (numpy, on the CPU)."""
-    folder = tmp_path_factory.mktemp("fused_moe")
-    torch.save(CASES, folder / "cases.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-c", CHILD, str(folder / "cases.pt"), str(folder / "outputs.pt")]
-    child = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    assert child.returncode == 0, f"the interpreted kernel failed:\n{child.stderr[-4000:]}"
-    return torch.load(folder / "outputs.pt")
+    return run_interpreted(tmp_path_factory.mktemp("fused_moe"), CHILD, CASES)
 
 
 @pytest.mark.parametrize("case", CASES)

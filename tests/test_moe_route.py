@@ -5,10 +5,6 @@ planted MoE model's answers."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -16,6 +12,8 @@ pytest.importorskip("triton", reason="the routing kernel needs triton (pip insta
 
 from workbench.kernels import moe_route  # noqa: E402
 from workbench.kernels.fused_moe import align_to_blocks  # noqa: E402
+
+from .interpreted import run_interpreted  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -63,8 +61,7 @@ CASES = {
     for dtype in (torch.float32, torch.float16)
 }
 
-# NOTE: @triton.jit functions become interpreted only when TRITON_INTERPRET is set before triton
-# is imported: so the kernel runs in a child process (as in test_fused_moe.py)
+# run by `interpreted.run_interpreted` in a child process
 CHILD = """
 import sys, torch
 from workbench.kernels.moe_route import route_and_align
@@ -79,13 +76,8 @@ torch.save(outputs, sys.argv[2])
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict[str, tuple]:
-    folder = tmp_path_factory.mktemp("moe_route")
-    torch.save(CASES, folder / "cases.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-c", CHILD, str(folder / "cases.pt"), str(folder / "outputs.pt")]
-    child = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    assert child.returncode == 0, f"the interpreted kernel failed:\n{child.stderr[-4000:]}"
-    return torch.load(folder / "outputs.pt")
+    """Each case's output from the kernel run by Triton's interpreter (numpy, on the CPU)."""
+    return run_interpreted(tmp_path_factory.mktemp("moe_route"), CHILD, CASES)
 
 
 def _check(got: tuple, want: tuple) -> None:

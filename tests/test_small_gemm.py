@@ -4,10 +4,6 @@ on the GPU compiled (bfloat16 at decode shapes of real models, in a CUDA graph).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +11,8 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="the small-batch GEMM needs triton (pip install triton)")
 
 from workbench.kernels import small_gemm as compiled  # noqa: E402
+
+from .interpreted import run_interpreted  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -48,8 +46,7 @@ CASES = {
     for dtype in (torch.float32, torch.float16)
 }
 
-# NOTE: @triton.jit functions become interpreted only when TRITON_INTERPRET is set before triton
-# is imported: so the kernel runs in a child process (as in test_fused_moe.py)
+# run by `interpreted.run_interpreted` in a child process
 CHILD = """
 import sys, torch
 from workbench.kernels.small_gemm import small_linear
@@ -61,13 +58,7 @@ torch.save({name: small_linear(*inputs) for name, inputs in cases.items()}, sys.
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
     """Each case's output from the kernel run by Triton's interpreter (numpy, on the CPU)."""
-    folder = tmp_path_factory.mktemp("small_gemm")
-    torch.save(CASES, folder / "cases.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-c", CHILD, str(folder / "cases.pt"), str(folder / "outputs.pt")]
-    child = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    assert child.returncode == 0, f"the interpreted kernel failed:\n{child.stderr[-4000:]}"
-    return torch.load(folder / "outputs.pt")
+    return run_interpreted(tmp_path_factory.mktemp("small_gemm"), CHILD, CASES)
 
 
 @pytest.mark.parametrize("case", CASES)
