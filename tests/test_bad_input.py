@@ -169,6 +169,8 @@ def test_bad_sampling_values(llm, kwargs, error, message):
         (dict(policy="shortest_first"), ValueError, "policy must be one of .*mixed"),
         (dict(overlap="no"), TypeError, "overlap must be True or False, got 'no'"),
         (dict(cuda_graph=1), TypeError, "cuda_graph must be True or False"),
+        (dict(small_gemm="yes"), TypeError, "small_gemm must be True or False, got 'yes'"),
+        (dict(decode_split_kv=0), TypeError, "decode_split_kv must be True or False"),
         (
             dict(cuda_graph_max_tokens=20000),
             ValueError,

@@ -121,11 +121,9 @@ def test_the_layers_limit_is_the_kernels():
     assert SMALL_ROWS == compiled.MAX_ROWS
 
 
-def test_small_gemm_is_a_boolean_and_off_where_no_gpu_is():
+def test_small_gemm_is_off_where_no_gpu_is():
     from workbench.config import EngineConfig
 
-    with pytest.raises(TypeError, match="small_gemm must be True or False, got"):
-        EngineConfig(model="tiny-qwen3", small_gemm="yes")
     assert not EngineConfig(model="tiny-qwen3", small_gemm=True, device="cpu").small_gemm_enabled
 
 

@@ -67,6 +67,9 @@ class EngineConfig:
     fused_rope: bool | None = None  # q/k norm + RoPE + KV store in one Triton kernel
     fused_sampling: bool | None = None  # one-pass Triton sampling (not for top-k / top-p)
     decode_tensor_cores: bool | None = None  # FlashInfer decode on tensor cores; None: for GQA
+    # FlashInfer's KV split in captured decode steps on tensor cores (False: a program per
+    # request and KV head, no merge launch; benchmarks/decode_attention.py times both)
+    decode_split_kv: bool = True
     # linear layers of batches up to 16 rows in one Triton kernel, not cuBLAS (cuda only; off
     # until measured on the GPU: kernels/small_gemm.py)
     small_gemm: bool = False
@@ -120,6 +123,7 @@ class EngineConfig:
             fused_sampling=V.optional_boolean("fused_sampling", self.fused_sampling),
             decode_tensor_cores=V.optional_boolean("decode_tensor_cores", self.decode_tensor_cores),
             small_gemm=V.boolean("small_gemm", self.small_gemm),
+            decode_split_kv=V.boolean("decode_split_kv", self.decode_split_kv),
             cuda_graph_max_bs=V.integer("cuda_graph_max_bs", self.cuda_graph_max_bs, 1),
             cuda_graph_max_tokens=V.integer(
                 "cuda_graph_max_tokens", self.cuda_graph_max_tokens, 0, MAX_GRAPH_TOKENS

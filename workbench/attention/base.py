@@ -50,10 +50,12 @@ class AttentionBackend(ABC):
         num_heads: int,
         head_dim: int,
         decode_tensor_cores: bool | None = None,
+        decode_split_kv: bool = True,
     ) -> None:
-        """`decode_tensor_cores`: decode attention on tensor cores (None: the backend decides)."""
+        """`decode_tensor_cores`: decode attention on tensor cores (None: the backend decides);
+        `decode_split_kv`: a captured decode step may split a request's KV over programs."""
         self.pool, self.table = pool, table
-        self.decode_tensor_cores = decode_tensor_cores
+        self.decode_tensor_cores, self.decode_split_kv = decode_tensor_cores, decode_split_kv
         self.num_heads, self.head_dim = num_heads, head_dim
 
     @abstractmethod

@@ -15,11 +15,17 @@ from .flashinfer_plan import PagedKV, Planner
 
 class FlashInferBackend(AttentionBackend):
     def __init__(
-        self, pool, table, num_heads: int, head_dim: int, decode_tensor_cores: bool | None = None
+        self,
+        pool,
+        table,
+        num_heads: int,
+        head_dim: int,
+        decode_tensor_cores: bool | None = None,
+        decode_split_kv: bool = True,
     ) -> None:
         import flashinfer
 
-        super().__init__(pool, table, num_heads, head_dim, decode_tensor_cores)
+        super().__init__(pool, table, num_heads, head_dim, decode_tensor_cores, decode_split_kv)
         self.device = pool.buffer.device
         self.num_kv_heads = pool.buffer.shape[3]
         self.page_size = pool.page_size
@@ -37,7 +43,12 @@ class FlashInferBackend(AttentionBackend):
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend="fa2"
         )
         self.graphs = GraphWrappers(
-            flashinfer, self.planner, table, self.workspace, self.use_tensor_cores
+            flashinfer,
+            self.planner,
+            table,
+            self.workspace,
+            self.use_tensor_cores,
+            split_kv=decode_split_kv or not self.use_tensor_cores,
         )
 
     def _kv_indices(self, rows: np.ndarray, kv: PagedKV) -> torch.Tensor:

@@ -38,9 +38,13 @@ class GraphWrappers:
         table: TableManager,
         workspace: torch.Tensor,
         use_tensor_cores: bool,
+        split_kv: bool = True,
     ) -> None:
+        """`split_kv` False: decode shapes (on tensor cores) plan without FlashInfer's KV split."""
         self.flashinfer, self.planner, self.table = flashinfer, planner, table
         self.workspace, self.use_tensor_cores = workspace, use_tensor_cores
+        # NOTE: passed only when off, so the default plans are the calls they always were
+        self._decode_split = {} if split_kv else {"disable_split_kv": True}
         self.device, self.page_size = planner.device, planner.page_size
         self.wrappers: dict[int, Any] = {}  # decode: batch size -> wrapper
         self._indices: torch.Tensor | None = None
@@ -85,9 +89,12 @@ class GraphWrappers:
         )
         self.wrappers[bs] = wrapper
         kv_lens = np.ones(bs, dtype=np.int32)
-        self.planner.plan(wrapper, None, self.planner.paged(kv_lens), self._indices[:0])
+        split = self._decode_split
+        self.planner.plan(wrapper, None, self.planner.paged(kv_lens), self._indices[:0], **split)
         known = self.use_tensor_cores  # CUDA-core decode has a planner of its own
-        self._replans[bs] = Replan.of(wrapper, self.planner.heads, bs, bs, False) if known else None
+        no_split = bool(split)
+        replan = Replan.of(wrapper, self.planner.heads, bs, bs, False, no_split) if known else None
+        self._replans[bs] = replan
         if self._replans[bs] is not None:  # it must plan what plan() planned
             indptr, last = np.empty(bs + 1, np.int32), np.empty(bs, np.int32)
             self.paged_lens(kv_lens, indptr, last)
@@ -108,6 +115,7 @@ class GraphWrappers:
                     q_data_type=self.planner.dtype,
                     kv_data_type=self.planner.dtype,
                     seq_lens=kv.seq_lens,
+                    **self._decode_split,
                 )
             else:
                 replan(indptr, kv_lens)

@@ -49,12 +49,20 @@ class Planner:
         return PagedKV(*host, indptr)
 
     def plan(
-        self, wrapper: Any, qo_indptr: torch.Tensor | None, kv: PagedKV, indices: torch.Tensor
+        self,
+        wrapper: Any,
+        qo_indptr: torch.Tensor | None,
+        kv: PagedKV,
+        indices: torch.Tensor,
+        **options,
     ) -> None:
+        """`options`: more of the wrapper's `plan()` arguments (`disable_split_kv`)."""
         # NOTE: every host tensor handed to plan() is pinned: a pageable one would make the
         # copy wait for the GPU to finish the batch in flight, and undo overlap.
         with self.planning():
-            common = dict(q_data_type=self.dtype, kv_data_type=self.dtype, seq_lens=kv.seq_lens)
+            common = dict(
+                q_data_type=self.dtype, kv_data_type=self.dtype, seq_lens=kv.seq_lens, **options
+            )
             if qo_indptr is None:
                 wrapper.plan(kv.indptr, indices, kv.last_page_len, *self.heads, **common)
             else:

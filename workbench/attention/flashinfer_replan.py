@@ -25,8 +25,10 @@ class Replan:
         rows: int,
         total_rows: int,
         causal: bool,
+        no_split: bool = False,
     ) -> None:
-        """`heads`: query heads, KV heads, head size and page size, as planned."""
+        """`heads`: query heads, KV heads, head size and page size, as planned; `no_split`: as
+        planned with `disable_split_kv`."""
         num_heads, num_kv_heads, head_dim, page_size = heads
         self.module, self.expected = wrapper._cached_module, list(wrapper._plan_info)
         self.workspaces = (
@@ -37,8 +39,8 @@ class Replan:
         self.decode_qo_indptr = torch.arange(rows + 1, dtype=torch.int32)
         self.checks = 2
         self.middle = (total_rows, rows, num_heads, num_kv_heads, page_size, True)
-        # window_left, fixed split size, split-KV on, colocated CTAs, uniform q len
-        self.tail = (head_dim, head_dim, causal, -1, -1, False, 0, 0)
+        # window_left, fixed split size, disable_split_kv, colocated CTAs, uniform q len
+        self.tail = (head_dim, head_dim, causal, -1, -1, no_split, 0, 0)
         self.rows, self.total_rows = rows, total_rows
 
     @classmethod

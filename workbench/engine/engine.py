@@ -116,6 +116,7 @@ class Engine:
             num_heads=model_cfg.num_heads // self.tp.size,
             head_dim=model_cfg.head_dim,
             decode_tensor_cores=config.decode_tensor_cores,
+            decode_split_kv=config.decode_split_kv,
         )
         # padded (dummy) requests read the dummy slot, never a live request's KV
         self.table.write_row(
