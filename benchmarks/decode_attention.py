@@ -19,6 +19,7 @@ import random
 import time
 
 import torch
+from kernels import graph_time
 
 from workbench.models import ModelConfig, resolve
 
@@ -31,24 +32,6 @@ def kv_lens(batch: int, seed: int = 0) -> list[int]:
     lens = [rng.randint(100, 1024) + rng.randint(0, 1024) // 2 for _ in range(batch)]
     scale = KV_PER_REQUEST * batch / sum(lens)
     return [max(1, int(n * scale)) for n in lens]
-
-
-def graph_time(fn, replays: int = 20, per_graph: int = 10) -> float:
-    """Seconds per call of `fn`, replayed in a CUDA graph of `per_graph` calls."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(per_graph):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(replays):
-        graph.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / (replays * per_graph)
 
 
 def host_time(fn, repeat: int = 20) -> float:

@@ -4,8 +4,9 @@
                                       [--blas cublas cublaslt triton]
 
 For each projection of one decoder layer of a dense model (fused QKV, output, fused gate-up,
-down) and the LM head, at each batch size: the median time of one `F.linear` in bf16 (50 runs
-after 5, CUDA events) under each BLAS library torch can pick (`torch.backends.cuda.
+down) and the LM head, at each batch size: the device's time of one `F.linear` in bf16 (replayed
+in a CUDA graph: CUDA events around one call time its launch, 24-40 us at batch 8 on an H100
+where the device takes 4-6 us) under each BLAS library torch can pick (`torch.backends.cuda.
 preferred_blas_library`) and of the engine's small-batch Triton kernel (`small_gemm`, batches
 of up to 16 rows; the engine keeps the LM head on cuBLAS), the bound (its weights, inputs and
 outputs once at the device's bandwidth, or its FLOPs at its peak: `history/roofline.py`'s H200
@@ -22,7 +23,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from kernels import _time as cuda_time_us
+from kernels import graph_time
 
 from workbench.history.roofline import DEVICES
 from workbench.layers.parallel import SMALL_ROWS
@@ -43,10 +44,11 @@ def projections(cfg: ModelConfig) -> list[tuple[str, int, int, int]]:
 
 
 def timed_us(fn, cuda: bool, repeat: int = 50) -> float:
-    """The median of `repeat` runs after 5: CUDA events on a GPU (`kernels.py`'s), else the
-    wall clock."""
+    """On a GPU the device's time per call, replayed in a CUDA graph of 20 calls as the engine
+    replays its decode steps (`kernels.graph_time`); else the median of `repeat` runs after 5 on
+    the wall clock."""
     if cuda:
-        return cuda_time_us(fn, repeat)
+        return graph_time(fn, replays=repeat // 2, per_graph=20) * 1e6
     for _ in range(5):
         fn()
     times = []

@@ -9,6 +9,7 @@ median time of 50 runs (CUDA events) and the largest difference between the two 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -16,6 +17,25 @@ from workbench.layers.mlp import GatedMLP
 from workbench.layers.norm import RMSNorm
 from workbench.layers.rotary import Rotary
 from workbench.models import ModelConfig, resolve
+
+
+def graph_time(fn, replays: int = 20, per_graph: int = 10) -> float:
+    """Seconds per call of `fn`, replayed in a CUDA graph of `per_graph` calls: the device's
+    time, where CUDA events around one call of a small kernel time its launch."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / (replays * per_graph)
 
 
 def _time(fn, repeat: int = 50) -> float:
