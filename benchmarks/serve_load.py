@@ -78,16 +78,18 @@ def run_served(
     server = llm.serve(port=0)
     try:
         load = Clients(server.url, server.name, requests, clients, processes, kind)
-        pids = {"http": [server._process.pid], "clients": load.pids}
-        before = {name: _cpu_s(p) for name, p in pids.items()}
-        engine_before, steps_before = time.process_time(), len(llm.history)
-        loop_before = dataclasses.replace(server.loop.times)
-        result = load.run()
-        loop = _since(server.loop.times, loop_before)
-        delivery = _delivery(server.url)
-        cpu = {name: _cpu_s(p) - before[name] for name, p in pids.items()}
-        cpu["engine"] = time.process_time() - engine_before
-        load.close()
+        try:
+            pids = {"http": [server._process.pid], "clients": load.pids}
+            before = {name: _cpu_s(p) for name, p in pids.items()}
+            engine_before, steps_before = time.process_time(), len(llm.history)
+            loop_before = dataclasses.replace(server.loop.times)
+            result = load.run()
+            loop = _since(server.loop.times, loop_before)
+            delivery = _delivery(server.url)
+            cpu = {name: _cpu_s(p) - before[name] for name, p in pids.items()}
+            cpu["engine"] = time.process_time() - engine_before
+        finally:
+            load.close()
     finally:
         llm.stop_serving()
     steps = _steps(llm, steps_before, result["seconds"])
@@ -150,7 +152,7 @@ def _steps(llm, since: int, seconds: float) -> dict:
 
 
 # -- the clients, in processes of their own ---------------------------------------------------
-async def _raw_stream(url: str, body: bytes) -> tuple[float, list[float], int]:
+async def _raw_stream(url: str, body: bytes) -> tuple[list[float], int]:
     """One streamed request over its own connection: the bytes are read as they come and nothing
     is parsed but the last event (its usage): a client in Python parsing every event of hundreds
     of streams through an HTTP library was the slowest part of the measurement (0.25 ms a read).
@@ -288,9 +290,13 @@ class Clients:
         }
 
     def close(self) -> None:
-        """After their CPU time is read: the processes end once they have answered."""
+        """After their CPU time is read: the processes end once they have answered (one that
+        has not within a minute, after a failure, is killed)."""
         for proc in self.procs:
-            proc.wait()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         self.tmp.cleanup()
 
 
