@@ -6,7 +6,7 @@ At each batch size, about 612 KV tokens a request (nano-vllm's workload mid-run:
 256), one layer's KV in the engine's layout (K and V apart, token slots in a random order), each
 kernel replayed in a CUDA graph: the decode wrapper on CUDA cores and on tensor cores
 (FlashInfer's "fa2" and its default backend), the same as the engine's graphs make it
-(`use_cuda_graph=True`: fixed buffers, a plan that holds for any lengths; also with the KV
+(`use_cuda_graph=True`: fixed buffers, a work layout fixed for the batch size; also with the KV
 split off, `disable_split_kv`), and the prefill wrapper used for decode ("fa2" and the
 default), at page sizes 1 and 16. Prints ms per layer, the KV read in TB/s, and the host time
 of `plan()`.
@@ -82,7 +82,7 @@ def measure(
         ("graph wrapper, CUDA cores", False, False),
         ("graph wrapper, tensor cores", True, False),
         ("graph wrapper, tensor cores, no split", True, True),
-    ):  # the engine's: fixed buffers, a plan that holds for any lengths of this batch size
+    ):  # the engine's: fixed buffers, a work layout fixed for this batch size
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             workspace,
             "NHD",
