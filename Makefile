@@ -80,16 +80,23 @@ gpu-check:
 # lent H200): wheels of what `gpu-check` needs beyond its image, and the SmolLM2 tokenizer the
 # dummy models copy, in .gpupayload/ (git-ignored): carry it there and `make gpu-check` installs
 # them (the server's too). Left out: what that image has (GPU_HAS) and what nothing there
-# imports (GPU_SKIP).
-GPU_WHEELS = altair nbclient ipykernel ipywidgets anywidget fastapi uvicorn prometheus_client openai
+# imports (GPU_SKIP). The `openai` client (serve_load.py --openai) and what only it needs go to
+# .gpupayload/openai/, which gpu-check does not install: a call carries 64 MiB, and the tree, the
+# FlashInfer kit and the wheels fill 61 of them.
+GPU_WHEELS = altair nbclient ipykernel ipywidgets anywidget fastapi uvicorn prometheus_client
 GPU_HAS = numpy pandas packaging typing_extensions jinja2 markupsafe python_dateutil tzdata psutil
 GPU_SKIP = debugpy jedi widgetsnbextension
 gpu-payload: $(STAMP)
-	rm -rf .gpupayload && mkdir -p .gpupayload/wheels .gpupayload/cache/models
+	rm -rf .gpupayload && mkdir -p .gpupayload/wheels .gpupayload/openai .gpupayload/cache/models
 	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 		--platform manylinux_2_28_x86_64 -d .gpupayload/wheels $(GPU_WHEELS)
 	cd .gpupayload/wheels && for p in $(GPU_HAS) $(GPU_SKIP); do rm -f $$p-*.whl; done
+	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		--platform manylinux_2_28_x86_64 -d .gpupayload/openai openai
+	cd .gpupayload/openai && for w in *.whl; do [ ! -e ../wheels/$$w ] || rm $$w; done && \
+		for p in $(GPU_HAS); do rm -f $$p-*.whl; done
 	WORKBENCH_CACHE=$(CURDIR)/.gpupayload/cache $(PY) -c \
 		"from workbench.models.catalog import resolve; resolve('dummy:qwen3-0.6b')"
 	find .gpupayload/cache/models -mindepth 1 -maxdepth 1 ! -name smollm2-tokenizer \
