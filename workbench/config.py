@@ -70,8 +70,8 @@ class EngineConfig:
     # FlashInfer's KV split in captured decode steps on tensor cores (False: a program per
     # request and KV head, no merge launch; benchmarks/decode_attention.py times both)
     decode_split_kv: bool = True
-    # linear layers of batches up to 16 rows in one Triton kernel, not cuBLAS (cuda only; off
-    # until measured on the GPU: kernels/small_gemm.py)
+    # linear layers of batches up to 16 rows in one Triton kernel, not cuBLAS (cuda only; off:
+    # slower than cuBLAS on an H100, kernels/small_gemm.py says by how much)
     small_gemm: bool = False
     cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
     cuda_graph_max_tokens: int = 4096  # largest prefill or mixed step captured (0: none)
