@@ -53,9 +53,10 @@ class AttentionBackend(ABC):
         decode_split_kv: bool = True,
     ) -> None:
         """`decode_tensor_cores`: decode attention on tensor cores (None: the backend decides);
-        `decode_split_kv`: a captured decode step may split a request's KV over programs."""
+        `decode_split_kv`: a captured decode step may split a request's KV over programs (read
+        by the FlashInfer backend; the torch backend has no split)."""
         self.pool, self.table = pool, table
-        self.decode_tensor_cores, self.decode_split_kv = decode_tensor_cores, decode_split_kv
+        self.decode_tensor_cores = decode_tensor_cores
         self.num_heads, self.head_dim = num_heads, head_dim
 
     @abstractmethod

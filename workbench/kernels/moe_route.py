@@ -2,12 +2,13 @@
 over the router's logits, its top-k experts (renormalised), the expert counts of the routing
 record, and the pairs sorted into blocks of one expert each for `fused_moe`.
 
-Why: the same work in torch is about 25 small kernels a layer (softmax, top-k, the division, a
-cast, the count's index-add, and the sort into blocks: scatter-add, cumulative sums, a radix sort,
-gathers, a search), each a few microseconds even inside a CUDA graph, for a handful of tokens;
-Qwen3-30B-A3B has 48 such layers a step. One program does it all here, token after token, so it
-is for small batches (at most `MAX_PAIRS` token-expert pairs); larger ones keep the torch path,
-whose kernels are wide enough to fill the GPU.
+Why: the same work in torch is about 25 small operations a layer, by count of the code (softmax,
+top-k, the division, a cast, the count's index-add, and the sort into blocks: scatter-add,
+cumulative sums, a radix sort, gathers, a search; not yet profiled on a GPU), each a kernel of a
+few microseconds even inside a CUDA graph, for a handful of tokens; Qwen3-30B-A3B has 48 such
+layers a step. One program does it all here, token after token, so it is for small batches (at
+most `MAX_PAIRS` token-expert pairs); larger ones keep the torch path, whose kernels are wide
+enough to fill the GPU.
 
 Its results are the torch path's: the top-k picks in decreasing weight (equal weights, which
 bfloat16 logits often give, in expert order: `torch.topk` leaves theirs unspecified), the pairs
