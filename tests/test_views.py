@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import sys
 
 import pytest
 
@@ -240,6 +241,32 @@ def test_dashboard_steps_and_redraws():
     wb.add_request(PROMPTS[0], greedy(2))
     wb.step()
     assert "no steps yet" in dash.status.value
+
+
+def test_without_vl_convert_the_report_and_dashboard_load_vega_from_the_cdn(
+    run, tmp_path, monkeypatch
+):
+    """vl-convert-python carries Vega's JavaScript for pages that open offline; where it is
+    missing (the lent GPU machine's image lacks it) the views still come, loading Vega from the
+    CDN, and say so."""
+    import altair as alt
+
+    _, loaded = run
+    monkeypatch.setitem(sys.modules, "vl_convert", None)  # `import vl_convert` fails
+    monkeypatch.setattr(viz.common, "_CDN_NOTED", False)
+    monkeypatch.setattr(alt.JupyterChart, "_is_offline", False)
+    with pytest.warns(UserWarning, match="vl-convert-python is not installed"):
+        text = write_report(loaded, tmp_path / "report.html").read_text()
+    assert text.count("vegaEmbed('#fig") == 9
+    sources = re.findall(r'<script src="([^"]+)"></script>', text)
+    assert [s.rsplit("/", 1)[1].split("@")[0] for s in sources] == [
+        "vega",
+        "vega-lite",
+        "vega-embed",
+    ]
+    assert "stay blank without a network" in text
+    dash = Dashboard(loaded)  # asked vl-convert for its bundle before
+    assert dash.slider.max == len(loaded) - 1 and not alt.JupyterChart._is_offline
 
 
 def test_dashboard_on_a_saved_run_has_no_engine_buttons(run):

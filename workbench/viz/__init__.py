@@ -16,7 +16,9 @@ def _render_offline() -> None:
     # NOTE: Altair's default renderer loads Vega from a CDN; a user's own choice is kept
     import altair as alt
 
-    if alt.renderers.active != "default":
+    from .common import vega_offline
+
+    if alt.renderers.active != "default" or not vega_offline(warn=False):
         return
     try:
         import anywidget  # noqa: F401 (the "jupyter" renderer draws through it)

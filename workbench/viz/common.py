@@ -119,3 +119,26 @@ def fitted_y(alt, field: str, title: str, values):
         scale=alt.Scale(type="log", domain=[low, high], nice=False),
         axis=alt.Axis(values=log_ticks(low, high)),
     )
+
+
+_CDN_NOTED = False
+
+
+def vega_offline(warn: bool = True) -> bool:
+    """Whether charts can draw without a network: vl-convert-python (the notebook extra) carries
+    Vega's JavaScript. Without it they load Vega from a CDN; `warn`: say so, once a process."""
+    global _CDN_NOTED
+    try:
+        import vl_convert  # noqa: F401
+    except ImportError:
+        if warn and not _CDN_NOTED:
+            _CDN_NOTED = True
+            import warnings
+
+            warnings.warn(
+                "vl-convert-python is not installed, so charts load Vega from a CDN and stay "
+                "blank without a network; pip install vl-convert-python to draw them offline",
+                stacklevel=2,
+            )
+        return False
+    return True

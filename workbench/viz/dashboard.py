@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..timing import device_on_host
 from . import charts
-from .common import empty_chart
+from .common import empty_chart, vega_offline
 
 # During a run the views redraw only after the engine has stepped for REDRAW_RATIO times what
 # the last redraw cost (at least REDRAW_MIN_S): redrawing then adds at most 1 / REDRAW_RATIO.
@@ -31,7 +31,8 @@ class Dashboard(w.VBox):
     def __init__(self, source: Any) -> None:
         import altair as alt
 
-        alt.JupyterChart.enable_offline()
+        if vega_offline():
+            alt.JupyterChart.enable_offline()
         self.workbench = source if hasattr(source, "scheduler") else None
         self.source = source
         self.status = w.HTML()

@@ -1,5 +1,6 @@
 """The static report: one self-contained HTML file with the run's summary, every chart and the
-request table. The Vega bundle is inlined once (from vl-convert), so it opens offline."""
+request table. The Vega bundle is inlined once (from vl-convert), so it opens offline; without
+vl-convert-python the page loads Vega from a CDN instead, and says so."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pandas as pd
 from ..history.latency import inter_token_latencies, output_throughput, run_seconds
 from . import charts
 from .causes import describe, run_causes
+from .common import vega_offline
 
 
 def summary(history) -> dict:
@@ -56,9 +58,6 @@ def write_report(
     history, path: str | Path, title: str | None = None, meta: dict | None = None
 ) -> Path:
     """Write `history` as one HTML file that opens offline, `meta` added to its settings."""
-    import altair as alt
-    import vl_convert as vlc
-
     step = focus_step(history)  # the per-step charts' step; the others show the whole run
     figures = [
         (chart.title.format(step=step), chart.draw(history, step if chart.per_step else None))
@@ -80,11 +79,12 @@ def write_report(
         figure_html.append(f'<h3>{html.escape(name)}</h3><div id="fig{i}"></div>')
         spec = json.dumps(chart.to_dict())
         scripts.append(f"vegaEmbed('#fig{i}', {spec}, {{actions: false}}).catch(console.error);")
-    bundle = vlc.javascript_bundle(vl_version=alt.VEGALITE_VERSION.rsplit(".", 1)[0])
+    vega, offline = vega_scripts()
     facts = {**summary(history), **{f"config: {k}": v for k, v in meta.items()}}
     doc = _PAGE.format(
         title=html.escape(title),
-        bundle=bundle,
+        vega=vega,
+        online="" if offline else f"<p>{_ONLINE}</p>",
         summary=_table(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]})),
         said=html.escape(describe("This run", run_causes(history))) if len(history.steps) else "",
         figures="\n".join(figure_html),
@@ -96,6 +96,34 @@ def write_report(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(doc, encoding="utf-8")
     return path
+
+
+_ONLINE = (
+    "The charts load Vega from cdn.jsdelivr.net: vl-convert-python was not installed when this "
+    "page was written, so they stay blank without a network."
+)
+
+
+def vega_scripts() -> tuple[str, bool]:
+    """The page's Vega, Vega-Lite and vega-embed: one inline bundle from vl-convert, or where it
+    is not installed the CDN's; and whether the page opens offline."""
+    import altair as alt
+
+    vl = alt.VEGALITE_VERSION
+    if vega_offline():
+        import vl_convert as vlc
+
+        bundle = vlc.javascript_bundle(vl_version=vl.rsplit(".", 1)[0])
+        return f'<script type="text/javascript">\n{bundle}\n</script>', True
+    cdn = "https://cdn.jsdelivr.net/npm"
+    return "\n".join(
+        f'<script src="{cdn}/{name}"></script>'
+        for name in (
+            f"vega@{alt.VEGA_VERSION}",
+            f"vega-lite@{vl}",
+            f"vega-embed@{alt.VEGAEMBED_VERSION}",
+        )
+    ), False
 
 
 def save_png(chart, path: str | Path, scale: float = 2.0) -> Path:
@@ -147,12 +175,10 @@ body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width
 .vega-embed {{ max-width: 100%; overflow-x: auto; }}
 h3 {{ margin-bottom: 4px; }}
 </style>
-<script type="text/javascript">
-{bundle}
-</script></head>
+{vega}</head>
 <body>
 <h1>{title}</h1>
-<h2>Summary</h2>
+{online}<h2>Summary</h2>
 <p>{said}</p>
 {summary}
 <h2>Charts</h2>
