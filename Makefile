@@ -49,26 +49,38 @@ bench:
 # every notebook executed there on a dummy model. One summary line per part; logs in out/gpu-check/.
 GPU_PYTHON ?= python3
 GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -q -p no:cacheprovider
-# PART=tests or PART=notebooks runs one half (a call on the lent machine stops at 10 minutes),
-# GPU_TESTS="tests/test_a.py ..." some of the tests
+# PART=tests or PART=notebooks runs one half; a call on the lent machine stops at 10 minutes, so
+# PART=tests-a and PART=tests-b split the tests (tests-b took 216 s on an H100), or
+# GPU_TESTS="tests/test_a.py ..." runs some of them
 PART ?= all
+GPU_TESTS_B = test_gpu_matrix test_moe_planted test_fused_moe test_gpu_prefill_graphs \
+	test_gpu_overlap_graphs test_moe_models
+ifeq ($(PART),tests-b)
+GPU_TESTS ?= $(GPU_TESTS_B:%=tests/%.py)
+else ifeq ($(PART),tests-a)
+GPU_TESTS ?= tests --ignore=tests/test_notebooks.py $(GPU_TESTS_B:%=--ignore=tests/%.py)
+else
 GPU_TESTS ?= tests --ignore=tests/test_notebooks.py
+endif
 # carried from `make gpu-payload` (below) to a GPU machine without a network: installed first
 PAYLOAD_SITE = $(HOME)/.cache/wb-payload
 gpu-check: export PYTHONPATH := $(if $(wildcard .gpupayload/wheels),$(PAYLOAD_SITE):)$(PYTHONPATH)
 gpu-check: export WORKBENCH_CACHE := $(if $(wildcard .gpupayload/cache),$(CURDIR)/.gpupayload/cache,$(WORKBENCH_CACHE))
 gpu-check:
-	@case "$(PART)" in all|tests|notebooks) ;; \
-		*) echo "PART must be all, tests or notebooks, got '$(PART)'"; exit 2;; esac
-	@if [ -d .gpupayload/wheels ]; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps \
-		--target $(PAYLOAD_SITE) .gpupayload/wheels/*.whl; fi
+	@case "$(PART)" in all|tests|tests-a|tests-b|notebooks) ;; \
+		*) echo "PART must be all, tests, tests-a, tests-b or notebooks, got '$(PART)'"; exit 2;; esac
+	@# once a machine (a second install would print a warning for every file it finds there)
+	@if [ -d .gpupayload/wheels ] && [ ! -f $(PAYLOAD_SITE)/.installed ]; then \
+		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --target $(PAYLOAD_SITE) \
+		.gpupayload/wheels/*.whl && touch $(PAYLOAD_SITE)/.installed; fi
 	@mkdir -p out/gpu-check; fail=0; start=$$(date +%s); \
 	if [ "$(PART)" != notebooks ]; then \
 		$(GPU_PYTEST) $(GPU_TESTS) > out/gpu-check/tests.log 2>&1 || fail=1; \
 		echo "gpu tests: $$(tail -n 1 out/gpu-check/tests.log)"; \
-		grep -h "^GPU matrix:" out/gpu-check/tests.log || echo "GPU matrix: no summary (see the log)"; \
+		[ "$(PART)" = tests-a ] || grep -h "^GPU matrix:" out/gpu-check/tests.log || \
+			echo "GPU matrix: no summary (see the log)"; \
 	fi; \
-	if [ "$(PART)" != tests ]; then \
+	if [ "$(PART)" = all ] || [ "$(PART)" = notebooks ]; then \
 		$(GPU_PYTEST) tests/test_notebooks.py > out/gpu-check/notebooks.log 2>&1 || fail=1; \
 		grep -h "^notebook " out/gpu-check/notebooks.log; \
 		echo "notebooks: $$(tail -n 1 out/gpu-check/notebooks.log)"; \
@@ -80,23 +92,22 @@ gpu-check:
 # lent H200): wheels of what `gpu-check` needs beyond its image, and the SmolLM2 tokenizer the
 # dummy models copy, in .gpupayload/ (git-ignored): carry it there and `make gpu-check` installs
 # them (the server's too). Left out: what that image has (GPU_HAS) and what nothing there
-# imports (GPU_SKIP). The `openai` client (serve_load.py --openai) and what only it needs go to
-# .gpupayload/openai/, which gpu-check does not install: a call carries 64 MiB, and the tree, the
-# FlashInfer kit and the wheels fill 61 of them.
+# imports (GPU_SKIP). The server's wheels and the `openai` client's (serve_load.py --openai) go to
+# .gpupayload/serve/ too, which gpu-check does not install: a call carries 64 MiB, and the tree,
+# the FlashInfer kit and the wheels fill 61 of them, so a serving call carries serve/ alone.
 GPU_WHEELS = altair nbclient ipykernel ipywidgets anywidget fastapi uvicorn prometheus_client
 GPU_HAS = numpy pandas packaging typing_extensions jinja2 markupsafe python_dateutil tzdata psutil
 GPU_SKIP = debugpy jedi widgetsnbextension
 gpu-payload: $(STAMP)
-	rm -rf .gpupayload && mkdir -p .gpupayload/wheels .gpupayload/openai .gpupayload/cache/models
+	rm -rf .gpupayload && mkdir -p .gpupayload/wheels .gpupayload/serve .gpupayload/cache/models
 	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 		--platform manylinux_2_28_x86_64 -d .gpupayload/wheels $(GPU_WHEELS)
 	cd .gpupayload/wheels && for p in $(GPU_HAS) $(GPU_SKIP); do rm -f $$p-*.whl; done
 	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-		--platform manylinux_2_28_x86_64 -d .gpupayload/openai openai
-	cd .gpupayload/openai && for w in *.whl; do [ ! -e ../wheels/$$w ] || rm $$w; done && \
-		for p in $(GPU_HAS); do rm -f $$p-*.whl; done
+		--platform manylinux_2_28_x86_64 -d .gpupayload/serve fastapi uvicorn prometheus_client openai
+	cd .gpupayload/serve && for p in $(GPU_HAS); do rm -f $$p-*.whl; done
 	WORKBENCH_CACHE=$(CURDIR)/.gpupayload/cache $(PY) -c \
 		"from workbench.models.catalog import resolve; resolve('dummy:qwen3-0.6b')"
 	find .gpupayload/cache/models -mindepth 1 -maxdepth 1 ! -name smollm2-tokenizer \
