@@ -48,7 +48,10 @@ bench:
 # (`pip install -e '.[gpu,notebook,dev]'`): the GPU tests (the correctness matrix among them), then
 # every notebook executed there on a dummy model. One summary line per part; logs in out/gpu-check/.
 GPU_PYTHON ?= python3
-GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -q -p no:cacheprovider
+# the slowest tests at the end of a log; a test still running after 200 s writes every thread's
+# stack into it (a call killed at its limit leaves no other word of where it was)
+GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -q -p no:cacheprovider --durations=15 \
+	-o faulthandler_timeout=200
 # PART=tests or PART=notebooks runs one half; a call on the lent machine stops at 10 minutes, so
 # PART=tests-a and PART=tests-b split the tests (tests-b took 216 s on an H100), or
 # GPU_TESTS="tests/test_a.py ..." runs some of them
