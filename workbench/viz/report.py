@@ -57,7 +57,8 @@ def focus_step(history) -> int:
 def write_report(
     history, path: str | Path, title: str | None = None, meta: dict | None = None
 ) -> Path:
-    """Write `history` as one HTML file that opens offline, `meta` added to its settings."""
+    """Write `history` as one HTML file that opens offline (where vl-convert-python is
+    installed), `meta` added to its settings."""
     step = focus_step(history)  # the per-step charts' step; the others show the whole run
     figures = [
         (chart.title.format(step=step), chart.draw(history, step if chart.per_step else None))
