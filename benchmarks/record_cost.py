@@ -160,10 +160,13 @@ def arriving(model: str, count: int, repeat: int, when: str | None = None) -> No
     if "window" in tables:
         window_cost(tables, when)
     where_time_went(tables, totals)
-    started, stopped = sessions["full"]["start"], sessions["full"]["stop"]
-    print(
-        f"full's profiler sessions (last round): starting {started:.3f} s, stopping {stopped:.3f} s"
-    )
+    for level in ("full", "window"):
+        if level in sessions:  # a window's steps may make several sessions, each stopped
+            n, started, stopped = (sessions[level][k] for k in ("sessions", "start", "stop"))
+            print(
+                f"{level}'s profiler sessions (last round): {n:.0f}, starting {started:.3f} s, "
+                f"stopping {stopped:.3f} s"
+            )
 
 
 def window_cost(tables: dict[str, list], when: str) -> None:

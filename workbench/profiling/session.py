@@ -65,6 +65,7 @@ class ProfilerSession:
         _RUNNING.add(self)
         seconds = time.perf_counter() - began
         self.start_ms, _SECONDS["start"] = seconds * 1e3, _SECONDS["start"] + seconds
+        _SECONDS["sessions"] += 1
 
     def stop(self) -> Callable[[], Capture]:
         """End the session; returns the (slow) reader of its events."""
@@ -102,11 +103,12 @@ def clock_offset_us(clock: Callable[[], float], tries: int = 7) -> float:
 _RUNNING: set[ProfilerSession] = set()
 
 
-_SECONDS = {"start": 0.0, "stop": 0.0}
+_SECONDS = {"start": 0.0, "stop": 0.0, "sessions": 0}
 
 
 def session_seconds() -> dict[str, float]:
-    """Host seconds this process spent starting ("start") and stopping ("stop") sessions."""
+    """Host seconds this process spent starting ("start") and stopping ("stop") sessions, and
+    how many it started ("sessions")."""
     return dict(_SECONDS)
 
 
