@@ -247,7 +247,7 @@ def test_without_vl_convert_the_report_and_dashboard_load_vega_from_the_cdn(
     run, tmp_path, monkeypatch
 ):
     """vl-convert-python carries Vega's JavaScript for pages that open offline; where it is
-    missing (the lent GPU machine's image lacks it) the views still come, loading Vega from the
+    missing (the lent H100's image lacked it) the views still come, loading Vega from the
     CDN, and say so."""
     import altair as alt
 
