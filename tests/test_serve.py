@@ -510,3 +510,36 @@ def test_a_step_that_fails_while_serving_ends_its_request_with_a_500_and_serves_
         client.completions.create(model=MODEL, prompt="Hi", **greedy(2)).usage.completion_tokens
         == 2
     )
+
+
+def test_requests_sent_while_the_engine_is_in_a_long_step_all_reach_it():
+    """The HTTP process sends requests faster than the engine reads them (one long step, as an
+    8B model's prefill is): more bytes than the pipe holds wait in the HTTP process, nothing is
+    lost or torn, the event loop serves on, and every request is answered."""
+    import random
+
+    wb = Workbench(MODEL, max_running_reqs=32, max_extend_tokens=4096)
+    try:
+        server = wb.serve(port=0)
+        rng = random.Random(0)
+        prompts = [[rng.randrange(300, 49_000) for _ in range(4000)] for _ in range(24)]
+        replies: list = [None] * len(prompts)
+
+        def send(i: int) -> None:
+            body = {"model": MODEL, "prompt": prompts[i], "max_tokens": 2, "ignore_eos": True}
+            replies[i] = httpx.post(server.url + "/completions", json=body, timeout=120)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(prompts))]
+        with server.loop.lock:  # the engine's thread is held, as in a step that takes seconds
+            for thread in threads:
+                thread.start()
+            time.sleep(3)  # ~290 KB of token ids: more than a socket's buffer
+            models = httpx.get(server.url + "/models", timeout=5)  # the loop is not blocked
+        for thread in threads:
+            thread.join(120)
+        assert models.status_code == 200
+        assert [r.status_code for r in replies] == [200] * len(prompts)
+        assert all(r.json()["usage"]["prompt_tokens"] == 4000 for r in replies)
+        wb.check_integrity()
+    finally:
+        wb.close()

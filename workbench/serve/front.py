@@ -5,7 +5,8 @@ steps (a thread would share its interpreter lock) and no script of the caller's 
 Messages, engine -> here: ("step", tokens by request, ends, cached tokens at admission, the
 engine's state, refusals by reason, step seconds, when it was sent), ("stop",). Here -> engine:
 ("ready", port), ("failed", message), ("adds", [(rid, token ids, sampling, received), ...]),
-("abort", rid), ("stopped",).
+("abort", rid). On the event loop the connection is an asyncio transport (`EngineLink`), never
+a blocking `Connection`: the engine may be seconds into a step while clients send requests.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import pickle
 import socket
+import struct
 import sys
-import threading
 import time
 
 from .service import Limits, Service
@@ -39,16 +42,10 @@ def _address(address):
 
 def serve(conn, limits: Limits) -> None:
     """Listen, and serve until the engine says stop (or is gone); `conn` goes both ways."""
-    send_lock = threading.Lock()
-
-    def send(message: tuple) -> None:
-        with send_lock:
-            conn.send(message)
-
     try:
         sock = _bind(limits.host, limits.port)
     except OSError as exc:
-        send(("failed", f"the server could not listen on {limits.host}:{limits.port}: {exc}"))
+        conn.send(("failed", f"the server could not listen on {limits.host}:{limits.port}: {exc}"))
         return
     import uvicorn
     from transformers import AutoTokenizer
@@ -56,24 +53,23 @@ def serve(conn, limits: Limits) -> None:
     from .app import create_app
 
     tokenizer = AutoTokenizer.from_pretrained(limits.model_dir)
-    service = Service(limits, tokenizer, send)
     server: uvicorn.Server | None = None
+    link = EngineLink(lambda message: _deliver(message, service, link, lambda: server))
+    service = Service(limits, tokenizer, link.send)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         # NOTE: the event loop reads the engine's messages itself: a reader thread would wait for
         # the interpreter lock while the loop writes many streams, delaying every token
-        loop = asyncio.get_running_loop()
-        loop.add_reader(conn.fileno(), _read, conn, service, loop, lambda: server)
-        send(("ready", sock.getsockname()[1]))
+        engine = socket.socket(fileno=os.dup(conn.fileno()))
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: link, engine)
+        link.send(("ready", sock.getsockname()[1]))
         yield
 
     app = create_app(service, lifespan)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
-    with contextlib.suppress(OSError, EOFError):
-        send(("stopped",))
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -85,19 +81,60 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _read(conn, service: Service, loop, server) -> None:
-    """On the event loop: the engine's messages; at "stop" (or the engine gone), shut down."""
-    while conn.poll():
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            message = ("stop",)
-        if message[0] == "stop":
-            loop.remove_reader(conn.fileno())
-            service.serving = False
-            loop.create_task(_shut_down(service, server))
-            return
+class EngineLink(asyncio.Protocol):
+    """The engine's connection on the event loop, framed as `multiprocessing.connection` frames
+    a message (a 4-byte big-endian length, -1 and 8 bytes past 2 GiB; then the pickle), so the
+    engine's side stays a plain `Connection`. A message out is buffered by the transport while
+    the engine is inside a step, never written in part nor waited for (uvloop makes the socket
+    non-blocking, where `Connection.send` tears a message that does not fit); a message in is
+    handed on once whole."""
+
+    def __init__(self, on_message) -> None:
+        self._on_message = on_message
+        self._received = bytearray()
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self._transport = transport
+
+    def send(self, message: tuple) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return  # the engine is gone or stopping: `service.serving` already refuses requests
+        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        size = len(data)
+        header = struct.pack("!i", size) if size < 0x7FFFFFFF else struct.pack("!iQ", -1, size)
+        self._transport.writelines([header, data])
+
+    def data_received(self, data: bytes) -> None:
+        received, start = self._received, 0
+        received += data
+        while len(received) - start >= 4:
+            (size,) = struct.unpack_from("!i", received, start)
+            body = start + 4
+            if size == -1:
+                if len(received) - start < 12:
+                    break
+                (size,) = struct.unpack_from("!Q", received, body)
+                body += 8
+            if len(received) - body < size:
+                break
+            message = pickle.loads(received[body : body + size])
+            start = body + size
+            self._on_message(message)
+        del received[:start]
+
+    def connection_lost(self, exc) -> None:
+        self._on_message(("stop",))
+
+
+def _deliver(message: tuple, service: Service, link: EngineLink, server) -> None:
+    """On the event loop: one of the engine's messages; at "stop" (or the engine gone), shut
+    down."""
+    if message[0] != "stop":
         service.deliver(message)
+    elif service.serving:
+        service.serving = False
+        asyncio.get_running_loop().create_task(_shut_down(service, server))
 
 
 async def _shut_down(service: Service, server) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -48,7 +47,7 @@ class Service:
         self.serving = True
         self.responses = 0  # responses under way (the stop waits for them to end)
         self.outputs: dict[int, Output] = {}
-        self._send, self._send_lock = send, threading.Lock()
+        self.send = send  # to the engine, on the event loop (its transport buffers)
         self._ids = itertools.count()
         self._unseen = 0  # requests sent since the engine last said how many wait
         self._adds: list[tuple] = []  # checked requests not sent yet (sent once a loop turn)
@@ -65,10 +64,6 @@ class Service:
     def room_for(self, ids: list[int]) -> int:
         """The most tokens a request of this prompt may ask for: the context, and the KV pool."""
         return min(self.limits.max_seq_len, self.limits.kv_capacity) - len(ids)
-
-    def send(self, message: tuple) -> None:
-        with self._send_lock:
-            self._send(message)
 
     def accept(self, parsed: Parsed) -> Output:
         """Send a checked request to the engine; a 503 when stopping or the queue is full."""
