@@ -5,6 +5,7 @@ comparisons of several runs, `write_report` and `Dashboard` (imported on first u
 
 from . import charts
 from .charts import CHARTS, Chart
+from .common import vega_offline
 from .compare import compare_chart, compare_table, request_latencies
 from .compare_summary import compare_summary
 from .pool_charts import hit_rate_chart
@@ -15,8 +16,6 @@ from .sweep import sweep_chart
 def _render_offline() -> None:
     # NOTE: Altair's default renderer loads Vega from a CDN; a user's own choice is kept
     import altair as alt
-
-    from .common import vega_offline
 
     if alt.renderers.active != "default" or not vega_offline(warn=False):
         return
@@ -41,6 +40,7 @@ __all__ = [
     "hit_rate_chart",
     "sweep_chart",
     "request_latencies",
+    "vega_offline",
     "write_report",
 ]
 
