@@ -9,9 +9,9 @@ in a CUDA graph: CUDA events around one call time its launch, 24-40 us at batch 
 where the device takes 4-6 us) under each BLAS library torch can pick (`torch.backends.cuda.
 preferred_blas_library`) and of the engine's small-batch Triton kernel (`small_gemm`, batches
 of up to 16 rows; the engine keeps the LM head on cuBLAS), the bound (its weights, inputs and
-outputs once at the device's bandwidth, or its FLOPs at its peak: `history/roofline.py`'s H200
-unless `--device-spec`), and the ratio; then a decode step's GEMMs in all (the layer's times
-the number of layers, and the LM head). On a CPU it times the same shapes with
+outputs once at the device's bandwidth, or its FLOPs at its peak: `history/roofline.py`'s spec
+of the GPU it runs on, or `--device-spec`'s), and the ratio; then a decode step's GEMMs in all
+(the layer's times the number of layers, and the LM head). On a CPU it times the same shapes with
 `time.perf_counter` (no bound: a check that the script runs).
 """
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from kernels import graph_time
 
-from workbench.history.roofline import DEVICES
+from workbench.history.roofline import DEVICES, roofline_spec
 from workbench.layers.parallel import SMALL_ROWS
 from workbench.models import ModelConfig, resolve
 
@@ -61,6 +61,8 @@ def timed_us(fn, cuda: bool, repeat: int = 50) -> float:
 
 def bound_us(m: int, n: int, k: int, spec, dtype_bytes: int) -> float:
     nbytes = (n * k + m * k + m * n) * dtype_bytes
+    if spec is None:  # a CPU, or a GPU of no known spec
+        return float("nan")
     return max(nbytes / spec.bandwidth, 2 * m * n * k / spec.flops) * 1e6
 
 
@@ -74,18 +76,23 @@ def main(argv: list[str] | None = None) -> None:
         default=["cublas", "cublaslt", "triton"],
         help="triton: the engine's small-batch kernel (`small_gemm`; batches of up to 16 rows)",
     )
-    parser.add_argument("--device-spec", choices=sorted(DEVICES), default="h200")
+    parser.add_argument(
+        "--device-spec", choices=sorted(DEVICES), help="the bound's GPU (default: the one here)"
+    )
     args = parser.parse_args(argv)
     cfg = ModelConfig.from_dir(resolve(args.model))
     cuda = torch.cuda.is_available()
     dev, dtype = torch.device("cuda" if cuda else "cpu"), torch.bfloat16
-    spec = DEVICES[args.device_spec]
+    spec = roofline_spec(dev, args.device_spec)
     blas = args.blas if cuda else ["cpu"]
     weights = {
         name: torch.randn(n, k, device=dev, dtype=dtype) * 0.02
         for name, n, k, _ in projections(cfg)
     }
-    print(f"{args.model}: a decode step's GEMMs in bf16 on {dev} ({cfg.num_layers} layers)")
+    against = f", bounds of the {spec.name}" if spec else ""
+    print(
+        f"{args.model}: a decode step's GEMMs in bf16 on {dev} ({cfg.num_layers} layers{against})"
+    )
     head = f"{'batch':>5} {'gemm':<8} {'n x k':>13} {'bound us':>9}"
     print(head + "".join(f" {b + ' us':>12} {'x':>6}" for b in blas))
     for m in args.batch:

@@ -12,8 +12,17 @@ import torch
 
 from workbench import LLM, Workbench, load_run
 from workbench.bench.bound import decode_step_bound
+from workbench.bench.printout import _print_decode_step
 from workbench.history.history import TABLES, History, _build_tables
-from workbench.history.roofline import H100, H200, Roofline, device_spec, streamed_weights
+from workbench.history.roofline import (
+    H100,
+    H200,
+    Roofline,
+    device_spec,
+    roofline_spec,
+    spec_named,
+    streamed_weights,
+)
 from workbench.runs import RunHistory
 from workbench.viz import compare_table, step_breakdown
 
@@ -173,6 +182,26 @@ def test_the_step_chart_draws_the_bound_where_the_run_has_one(tmp_path):
     assert table.loc["h200", "mean step bound (ms)"] > 0
     assert table.loc["h200", "mean achieved GB/s"] == table.loc["cpu", "mean achieved GB/s"] > 0
     assert (table["p50 ITL (ms)"] > 0).all()
+
+
+def test_the_bench_draws_its_roofline_for_the_gpu_it_ran_on(capsys):
+    """`bench` on an H100 drew the H200's bound (its old default): the GPU's own spec by its
+    name now, none for a GPU of neither name unless `--device-spec` names one, none on a CPU."""
+    assert spec_named("NVIDIA H100 80GB HBM3") is H100 and spec_named("NVIDIA H200") is H200
+    assert spec_named("NVIDIA A100-SXM4-80GB") is None
+    assert roofline_spec("cpu") is None and roofline_spec("cpu", "h100") is None
+    row = dict(decode_batch=8, decode_step_kv_tokens=800, decode_step_ms=2.0, decode_launch_ms=0.1)
+    row |= dict(decode_wait_ms=1.8, decode_collect_ms=0.1, roofline_tokens_per_s=None)
+    _print_decode_step({**row, "device": "NVIDIA A100-SXM4-80GB"})
+    _print_decode_step({**row, "device": "cpu"})
+    known = dict(roofline_device="H100", roofline_tokens_per_s=9000.0, roofline_fraction=0.5)
+    _print_decode_step(
+        {**row, **known, "device": "NVIDIA H100 80GB HBM3", "decode_step_bound_ms": 1.0}
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert "no roofline for a GPU of no known spec: give --device-spec h200 or h100" in out[0]
+    assert "no roofline on the cpu" in out[2]
+    assert out[4].startswith("roofline bound (H100) 9,000 tokens/s: achieved 50%")
 
 
 @pytest.mark.gpu

@@ -108,7 +108,9 @@ def _length_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--device-spec", default="h200", choices=sorted(DEVICES), help="for the roofline"
+        "--device-spec",
+        choices=sorted(DEVICES),
+        help="the roofline's GPU (default: the one it runs on, by its name)",
     )
     p.add_argument(
         "--step-costs",

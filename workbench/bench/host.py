@@ -15,9 +15,8 @@ from typing import NamedTuple
 
 from ..clocks import HOST_STAGES
 from ..core import SamplingParams
-from ..history.roofline import decode_step_bound, routed_experts
+from ..history.roofline import decode_step_bound, roofline_spec, routed_experts
 from ..llm import LLM
-from .bound import DEVICES
 from .profile import profile_decode_steps
 from .steps import median_experts
 from .workload import random_workload
@@ -102,8 +101,8 @@ def _medians(llm: LLM, args, batch_size: int, measured: list, ends: list[float])
     stages = {s: med(o.stage_ms()[s] for o in measured) for s in HOST_STAGES}
     kv_tokens = int(med(sum(r.cached_len for r in o.rows) for o in measured))
     bound = math.nan
-    if llm.engine.device.type == "cuda":
-        spec = DEVICES[args.device_spec].times(llm.engine.num_devices)
+    spec = roofline_spec(llm.engine.device, args.device_spec, llm.engine.num_devices)
+    if spec is not None:
         experts = median_experts([routed_experts(o.routing) for o in measured])
         model_cfg = llm.engine.model_config
         bound = decode_step_bound(model_cfg, batch_size, kv_tokens, spec, experts=experts) * 1e3

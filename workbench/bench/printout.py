@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..history.roofline import DEVICES
 from .dataset import reuse_line, trace_line
 from .goodput import print_slo
 
@@ -92,12 +93,17 @@ def _print_decode_step(r: dict) -> None:
         f"{r['decode_step_ms']:.2f} ms"
     )
     if r["roofline_tokens_per_s"] is None:  # the roofline models a GPU's run (--device-spec)
-        print(f"{step} (no roofline {'on the cpu' if r['device'] == 'cpu' else 'for a twin'})")
+        if r["device"] == "cpu" or r["device"].startswith("a twin"):
+            why = "on the cpu" if r["device"] == "cpu" else "for a twin"
+        else:
+            why = f"for a GPU of no known spec: give --device-spec {' or '.join(DEVICES)}"
+        print(f"{step} (no roofline {why})")
     else:
         touched = r.get("decode_step_experts_touched")
         reads = "" if touched is None else f" (reading the {touched:g} experts a layer routed to)"
         print(
-            f"roofline bound {r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "
+            f"roofline bound ({r['roofline_device']}) "
+            f"{r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "
             f"{r['roofline_fraction']:.0%}; {step}, bound {r['decode_step_bound_ms']:.2f} ms"
             f"{reads}"
         )

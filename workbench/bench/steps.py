@@ -142,8 +142,11 @@ class DecodeStep(NamedTuple):
     experts_touched: float = float("nan")
 
 
-def decode_step(steps: list[StepTime], model_cfg: ModelConfig, spec: DeviceSpec) -> DecodeStep:
-    """The decode step at the largest batch, and its bound for `model_cfg` on `spec`."""
+def decode_step(
+    steps: list[StepTime], model_cfg: ModelConfig, spec: DeviceSpec | None
+) -> DecodeStep:
+    """The decode step at the largest batch, and its bound for `model_cfg` on `spec` (NaN
+    without one)."""
     nan = float("nan")
     top = max((s.batch_size for s in steps if s.phase == "decode"), default=0)
     at_top = [s.host for s in steps if s.phase == "decode" and s.batch_size == top]
@@ -161,7 +164,11 @@ def decode_step(steps: list[StepTime], model_cfg: ModelConfig, spec: DeviceSpec)
     step_ms = statistics.median(b.end - a.end for a, b in pairs) * 1e3
     kv_tokens = int(statistics.median(b.kv_tokens for _, b in pairs))
     experts = median_experts([b.experts for _, b in pairs])
-    bound_ms = decode_step_bound(model_cfg, top, kv_tokens, spec, experts=experts) * 1e3
+    bound_ms = (
+        nan
+        if spec is None
+        else decode_step_bound(model_cfg, top, kv_tokens, spec, experts=experts) * 1e3
+    )
     touched = experts.touched / len(model_cfg.moe_layers) if experts else float("nan")
     return DecodeStep(top, step_ms, kv_tokens, bound_ms, host, touched)
 

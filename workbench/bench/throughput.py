@@ -18,9 +18,10 @@ from tqdm.auto import tqdm
 
 from ..core import SamplingParams
 from ..flags import llm_options
+from ..history.roofline import roofline_spec
 from ..history.trace import export_trace
 from ..llm import LLM
-from .bound import DEVICES, workload_bound
+from .bound import workload_bound
 from .dataset import bench_workload, reuse_result
 from .goodput import slo_result
 from .host import host_splits, split_table
@@ -166,13 +167,15 @@ def _generate(
 
 def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -> dict:
     """The result: what ran, then what it measured (the JSON fields, in their order)."""
-    spec = DEVICES[args.device_spec].times(llm.engine.num_devices)  # the step split over GPUs
-    model_cfg = llm.engine.model_config
-    bound = workload_bound(model_cfg, work.prompt_lens, work.output_lens, spec)
+    # the step split over GPUs; None on the CPU, in a twin, or on a GPU of no known spec
+    twin = llm.step_costs is not None
+    engine, model_cfg = llm.engine, llm.engine.model_config
+    spec = None if twin else roofline_spec(engine.device, args.device_spec, engine.num_devices)
+    gpu = spec is not None
+    bound = workload_bound(model_cfg, work.prompt_lens, work.output_lens, spec) if gpu else None
     split = split_time(run.steps, run.start, run.idle)
     top = decode_step(run.steps, model_cfg, spec)
     prompt = prompt_steps(run.steps)
-    gpu = llm.engine.device.type == "cuda"  # (the roofline models a GPU: none on the CPU)
     return dict(
         **settings(llm, args, work),
         output_tokens=run.output_tokens,
@@ -180,6 +183,7 @@ def summary(llm: LLM, args: argparse.Namespace, work: Workload, run: TimedRun) -
         events_read_seconds=round(run.read_seconds, 3) if args.record == "full" else None,
         output_tokens_per_s=round(run.output_tokens / run.seconds, 1),
         steps=len(run.steps),
+        roofline_device=spec.name if gpu else None,
         roofline_tokens_per_s=round(bound.tokens_per_second, 1) if gpu else None,
         roofline_fraction=round(bound.seconds / run.seconds, 3) if gpu else None,
         phase_seconds={p: round(sum(v), 3) for p, v in split.by_phase.items()},

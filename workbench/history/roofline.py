@@ -103,6 +103,20 @@ def spec_named(name: str) -> DeviceSpec | None:
     return next((spec for spec in (H200, H100) if spec.name in name.upper()), None)
 
 
+def roofline_spec(device, chosen: str | None = None, devices: int = 1) -> DeviceSpec | None:
+    """The device a GPU run's roofline is drawn for: `chosen` (a key of `DEVICES`), else the GPU
+    it ran on, by its name; over `devices` GPUs. None on a CPU, or on a GPU of neither name
+    (another GPU's bound would say nothing true of this one)."""
+    if torch_device_type(device) != "cuda":
+        return None
+    spec = DEVICES[chosen] if chosen else device_spec(device)
+    return None if spec is None else spec.times(devices)
+
+
+def torch_device_type(device) -> str:
+    return device.type if hasattr(device, "type") else str(device).split(":")[0]
+
+
 class StepBound(NamedTuple):
     bytes_read: float
     flops: float
