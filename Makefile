@@ -48,20 +48,24 @@ bench:
 # (`pip install -e '.[gpu,notebook,dev]'`): the GPU tests (the correctness matrix among them), then
 # every notebook executed there on a dummy model. One summary line per part; logs in out/gpu-check/.
 GPU_PYTHON ?= python3
-# the slowest tests at the end of a log; a test still running after 200 s writes every thread's
-# stack into it (a call killed at its limit leaves no other word of where it was)
-GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -q -p no:cacheprovider --durations=15 \
+# each test by name as it starts (a call killed at its limit shows which one it was in), the
+# slowest at the end of a log; a test still running after 200 s writes every thread's stack there
+GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -v -p no:cacheprovider --durations=15 \
 	-o faulthandler_timeout=200
 # PART=tests or PART=notebooks runs one half; a call on the lent machine stops at 10 minutes, so
-# PART=tests-a and PART=tests-b split the tests (tests-b took 216 s on an H100), or
-# GPU_TESTS="tests/test_a.py ..." runs some of them
+# PART=tests-a, tests-b and tests-c split the tests (on an H100: tests-b 216 s; tests-a did not end
+# in 420 s before it was cut from tests-c), or GPU_TESTS="tests/test_a.py ..." runs some of them
 PART ?= all
+GPU_TESTS_A = test_gpu_memory test_gpu_numerics test_gpu_tp
 GPU_TESTS_B = test_gpu_matrix test_moe_planted test_fused_moe test_gpu_prefill_graphs \
 	test_gpu_overlap_graphs test_moe_models
-ifeq ($(PART),tests-b)
+ifeq ($(PART),tests-a)
+GPU_TESTS ?= $(GPU_TESTS_A:%=tests/%.py)
+else ifeq ($(PART),tests-b)
 GPU_TESTS ?= $(GPU_TESTS_B:%=tests/%.py)
-else ifeq ($(PART),tests-a)
-GPU_TESTS ?= tests --ignore=tests/test_notebooks.py $(GPU_TESTS_B:%=--ignore=tests/%.py)
+else ifeq ($(PART),tests-c)
+GPU_TESTS ?= tests --ignore=tests/test_notebooks.py $(GPU_TESTS_A:%=--ignore=tests/%.py) \
+	$(GPU_TESTS_B:%=--ignore=tests/%.py)
 else
 GPU_TESTS ?= tests --ignore=tests/test_notebooks.py
 endif
@@ -70,8 +74,9 @@ PAYLOAD_SITE = $(HOME)/.cache/wb-payload
 gpu-check: export PYTHONPATH := $(if $(wildcard .gpupayload/wheels),$(PAYLOAD_SITE):)$(PYTHONPATH)
 gpu-check: export WORKBENCH_CACHE := $(if $(wildcard .gpupayload/cache),$(CURDIR)/.gpupayload/cache,$(WORKBENCH_CACHE))
 gpu-check:
-	@case "$(PART)" in all|tests|tests-a|tests-b|notebooks) ;; \
-		*) echo "PART must be all, tests, tests-a, tests-b or notebooks, got '$(PART)'"; exit 2;; esac
+	@case "$(PART)" in all|tests|tests-a|tests-b|tests-c|notebooks) ;; \
+		*) echo "PART must be all, tests, tests-a, tests-b, tests-c or notebooks, got '$(PART)'"; \
+		exit 2;; esac
 	@# once a machine (a second install would print a warning for every file it finds there)
 	@if [ -d .gpupayload/wheels ] && [ ! -f $(PAYLOAD_SITE)/.installed ]; then \
 		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --target $(PAYLOAD_SITE) \
@@ -80,7 +85,7 @@ gpu-check:
 	if [ "$(PART)" != notebooks ]; then \
 		$(GPU_PYTEST) $(GPU_TESTS) > out/gpu-check/tests.log 2>&1 || fail=1; \
 		echo "gpu tests: $$(tail -n 1 out/gpu-check/tests.log)"; \
-		[ "$(PART)" = tests-a ] || grep -h "^GPU matrix:" out/gpu-check/tests.log || \
+		case "$(PART)" in tests-a|tests-c) ;; *) false;; esac || grep -h "^GPU matrix:" out/gpu-check/tests.log || \
 			echo "GPU matrix: no summary (see the log)"; \
 	fi; \
 	if [ "$(PART)" = all ] || [ "$(PART)" = notebooks ]; then \
