@@ -522,7 +522,8 @@ def test_requests_sent_while_the_engine_is_in_a_long_step_all_reach_it():
     try:
         server = wb.serve(port=0)
         rng = random.Random(0)
-        prompts = [[rng.randrange(300, 49_000) for _ in range(4000)] for _ in range(24)]
+        prompt = [rng.randrange(300, 49_000) for _ in range(4000)]
+        prompts = [prompt] * 24  # (one prefill: the others hit the prefix cache)
         replies: list = [None] * len(prompts)
 
         def send(i: int) -> None:
@@ -533,7 +534,7 @@ def test_requests_sent_while_the_engine_is_in_a_long_step_all_reach_it():
         with server.loop.lock:  # the engine's thread is held, as in a step that takes seconds
             for thread in threads:
                 thread.start()
-            time.sleep(3)  # ~290 KB of token ids: more than a socket's buffer
+            time.sleep(1.5)  # ~290 KB of token ids: more than a socket's buffer
             models = httpx.get(server.url + "/models", timeout=5)  # the loop is not blocked
         for thread in threads:
             thread.join(120)
