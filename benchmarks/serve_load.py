@@ -16,9 +16,10 @@ is measured), or with `--openai` the `openai` library's `AsyncOpenAI`, which par
 gaps between a stream's successive events with tokens, as they arrived); and where the server's
 time went: the engine's steps (how many, how long, how much of the wall time they filled)
 against generate's, the CPU time of each process, and the engine's thread while served: its
-time in steps, exchanging with the HTTP process (reading requests, sending each step's tokens:
-a step waiting on the HTTP side would show here, as a send blocked on a full pipe) and idle with
-nothing to step (`serve.loop.LoopTimes`); and how far behind the HTTP process ran
+time in steps, exchanging with the HTTP process (reading and adding requests, sending each
+step's tokens: neither waits on the HTTP process, whose socket the engine never blocks on) and
+idle with nothing to step, and the most bytes that waited for the HTTP process to read them
+(`serve.loop.LoopTimes`); and how far behind the HTTP process ran
 (`workbench_step_delivery_seconds`: a step's tokens from the engine's send to the responses).
 """
 

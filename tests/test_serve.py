@@ -225,6 +225,46 @@ def test_malformed_and_huge_bodies_are_refused_and_the_pool_stays_whole(served):
         wb.resume()
 
 
+def test_the_engine_steps_on_while_the_http_process_reads_nothing(served):
+    """The HTTP process stopped (SIGSTOP) with requests in flight: the engine's thread steps
+    them to their end, its messages waiting in its outbox past the socket's buffer (made small
+    here); once the process goes on, every client gets every token, as `generate` gives them."""
+    wb, server, client = served
+    expected = reference(PROMPTS[:4], 120)
+    sock = server._channel._sock
+    buffer = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    answers: list = [None] * 4
+
+    def ask(i: int) -> None:
+        answers[i] = client.completions.create(model=MODEL, prompt=PROMPTS[i], **greedy(120))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    try:
+        with server.loop.lock:  # all four are in the engine before the HTTP process stops
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 30
+            while len(server.loop._uid_of) < 4 and time.monotonic() < deadline:
+                server.loop.drain()
+                time.sleep(0.01)
+            os.kill(server._process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while server.loop.live and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ended_while_stopped = not server.loop.live
+    finally:
+        os.kill(server._process.pid, signal.SIGCONT)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+    for thread in threads:
+        thread.join(60)
+    assert ended_while_stopped
+    assert server.loop.times.backlog_max > 8192  # more than the socket held
+    for answer, want in zip(answers, expected):
+        assert answer.choices[0].model_extra["token_ids"] == want["token_ids"]
+    wb.check_integrity()
+
+
 def test_pause_then_step_by_hand_then_resume_with_a_client_waiting(served):
     wb, server, client = served
     wb.pause()

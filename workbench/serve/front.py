@@ -5,8 +5,8 @@ steps (a thread would share its interpreter lock) and no script of the caller's 
 Messages, engine -> here: ("step", tokens by request, ends, cached tokens at admission, the
 engine's state, refusals by reason, step seconds, when it was sent), ("stop",). Here -> engine:
 ("ready", port), ("failed", message), ("adds", [(rid, token ids, sampling, received), ...]),
-("abort", rid). On the event loop the connection is an asyncio transport (`EngineLink`), never
-a blocking `Connection`: the engine may be seconds into a step while clients send requests.
+("abort", rid). Framed as `frames` says; on the event loop the connection is an asyncio transport
+(`EngineLink`): the engine may be seconds into a step while clients send requests.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import socket
-import struct
 import sys
 import time
 
+from .frames import Frames, encode
 from .service import Limits, Service
 
 log = logging.getLogger("workbench.serve")
@@ -82,16 +81,14 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class EngineLink(asyncio.Protocol):
-    """The engine's connection on the event loop, framed as `multiprocessing.connection` frames
-    a message (a 4-byte big-endian length, -1 and 8 bytes past 2 GiB; then the pickle), so the
-    engine's side stays a plain `Connection`. A message out is buffered by the transport while
-    the engine is inside a step, never written in part nor waited for (uvloop makes the socket
-    non-blocking, where `Connection.send` tears a message that does not fit); a message in is
-    handed on once whole."""
+    """The engine's connection on the event loop (`frames`): a message out is kept by the
+    transport while the engine is inside a step, never written in part nor waited for (uvloop
+    makes the socket non-blocking, where `Connection.send` raised and tore a message that did
+    not fit); a message in is handed on once whole."""
 
     def __init__(self, on_message) -> None:
         self._on_message = on_message
-        self._received = bytearray()
+        self._frames = Frames()
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport) -> None:
@@ -100,28 +97,11 @@ class EngineLink(asyncio.Protocol):
     def send(self, message: tuple) -> None:
         if self._transport is None or self._transport.is_closing():
             return  # the engine is gone or stopping: `service.serving` already refuses requests
-        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        size = len(data)
-        header = struct.pack("!i", size) if size < 0x7FFFFFFF else struct.pack("!iQ", -1, size)
-        self._transport.writelines([header, data])
+        self._transport.write(encode(message))
 
     def data_received(self, data: bytes) -> None:
-        received, start = self._received, 0
-        received += data
-        while len(received) - start >= 4:
-            (size,) = struct.unpack_from("!i", received, start)
-            body = start + 4
-            if size == -1:
-                if len(received) - start < 12:
-                    break
-                (size,) = struct.unpack_from("!Q", received, body)
-                body += 8
-            if len(received) - body < size:
-                break
-            message = pickle.loads(received[body : body + size])
-            start = body + size
+        for message in self._frames.feed(data):
             self._on_message(message)
-        del received[:start]
 
     def connection_lost(self, exc) -> None:
         self._on_message(("stop",))

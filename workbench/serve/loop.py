@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing import connection as mp_connection
 from typing import Any
 
 log = logging.getLogger("workbench.serve")
@@ -30,9 +30,10 @@ class Host:
 
 @dataclass
 class LoopTimes:
-    """Where the engine's thread spent its time while serving, in seconds. A step waiting on
-    the HTTP side would show in `send_s`: a send blocks when the HTTP process falls behind
-    reading its pipe."""
+    """Where the engine's thread spent its time while serving, in seconds. Neither reading nor
+    sending waits on the HTTP process (`frames.Channel`: a message in part waits for the next
+    turn, one the socket cannot take yet waits in the outbox), so `read_s` and `send_s` are the
+    engine's own work; `backlog_max` says how far the HTTP process fell behind reading."""
 
     turns: int = 0  # the thread's turns: the HTTP process's messages read, a step, one sent
     steps: int = 0  # of them, those whose step ran a batch (the others found nothing to do)
@@ -41,6 +42,7 @@ class LoopTimes:
     send_s: float = 0.0  # sending it each step's tokens, ends and the engine's state
     exchange_max_s: float = 0.0  # the longest read and send of one step, together
     idle_s: float = 0.0  # waiting with nothing to step (nothing queued, running or due)
+    backlog_max: int = 0  # the most bytes of the engine's messages the HTTP process had not read
 
     def __str__(self) -> str:
         def per_turn(seconds: float) -> float:
@@ -50,14 +52,15 @@ class LoopTimes:
             f"{self.steps} steps in {self.stepping_s:.2f} s; reading requests "
             f"{per_turn(self.read_s):.3f} ms a turn, sending tokens {per_turn(self.send_s):.3f} "
             f"ms a turn ({self.turns} turns, both at most {self.exchange_max_s * 1e3:.2f} ms in "
-            f"one); idle with nothing to step {self.idle_s:.2f} s"
+            f"one); idle with nothing to step {self.idle_s:.2f} s; at most "
+            f"{self.backlog_max:,} bytes waited for the HTTP process to read"
         )
 
 
 class EngineLoop:
     def __init__(self, host: Host) -> None:
         self.host = host
-        self.conn = None  # to the HTTP process, set by `start`
+        self.conn = None  # to the HTTP process (a `frames.Channel`), set by `start`
         self.lock = threading.RLock()  # held while the scheduler is touched
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -134,15 +137,25 @@ class EngineLoop:
                 self.step_once()
 
     def _wait(self, timeout: float) -> None:
-        sources = [self._wake_r] if self.conn is None else [self.conn, self._wake_r]
-        ready = mp_connection.wait(sources, timeout)
-        if self._wake_r in ready:
+        """Until a message comes, `wake` is called or `timeout` passes; meanwhile what the
+        socket could not take is written as it can."""
+        conn = self.conn
+        readers = [self._wake_r] if conn is None else [conn, self._wake_r]
+        writers = [conn] if conn is not None and conn.pending else []
+        readable, writable, _ = select.select(readers, writers, [], timeout)
+        if writable:
+            self._flush_pending()
+        if self._wake_r in readable:
             with contextlib.suppress(OSError):
                 while self._wake_r.recv(4096):
                     pass
 
-    def _readable(self) -> bool:
-        return self.conn is not None and self.conn.poll()
+    def _flush_pending(self) -> None:
+        try:
+            self.conn.flush()
+        except OSError:
+            log.warning("the HTTP process is gone: its requests' tokens are not sent")
+            self.conn = None
 
     def step_once(self, raising: bool = False):
         """One step, the HTTP process's messages read first; None: nothing to do. A step that
@@ -180,14 +193,16 @@ class EngineLoop:
 
     def drain(self) -> None:
         """Add the requests the HTTP process sent, abort those it cancelled (the lock is held)."""
-        scheduler = self.host.llm.scheduler
-        while self._readable():
-            try:
-                message = self.conn.recv()
-            except (EOFError, OSError):
-                log.warning("the HTTP process is gone; the engine serves what it has")
-                self.conn = None
-                break
+        scheduler, conn = self.host.llm.scheduler, self.conn
+        if conn is None:
+            return
+        if conn.pending:  # the last message's rest, if the socket can take it now
+            self._flush_pending()
+        messages = conn.receive()
+        if conn.closed:
+            log.warning("the HTTP process is gone; the engine serves what it has")
+            self.conn = None
+        for message in messages:
             if message[0] == "adds":
                 now = time.perf_counter()
                 for rid, ids, sampling, received in message[1]:
@@ -266,5 +281,7 @@ class EngineLoop:
         try:
             if self.conn is not None:
                 self.conn.send(message)
-        except (OSError, EOFError):
+                self.times.backlog_max = max(self.times.backlog_max, self.conn.backlog_max)
+        except OSError:
             log.warning("the HTTP process is gone: its requests' tokens are not sent")
+            self.conn = None

@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import validate as V
+from .frames import Channel
 from .loop import EngineLoop, Host
 from .service import MAX_QUEUED_REQUESTS, Limits
 
@@ -60,7 +61,8 @@ class Server:
         self.loop = EngineLoop(host)
         self.serving = False
         self._process: subprocess.Popen | None = None
-        self._conn = None  # to the HTTP process, both ways (the engine's thread reads it)
+        self._conn = None  # to the HTTP process: the handshake's, then its socket as a Channel
+        self._channel: Channel | None = None
 
     @property
     def url(self) -> str:
@@ -92,7 +94,8 @@ class Server:
                 raise OSError(f"{detail}; give another port, or port=0 for any free one")
             raise RuntimeError(f"the HTTP process did not start in {START_TIMEOUT_S} s")
         self.port, self.serving = detail, True
-        self.loop.start(self._conn)
+        self._channel = Channel(self._conn)
+        self.loop.start(self._channel)
         return self
 
     def pause(self) -> None:
@@ -113,13 +116,15 @@ class Server:
             self.host.llm.scheduler.flush()
             self.loop.flush()
         self.loop.stop()
-        with contextlib.suppress(OSError, EOFError):  # the HTTP process may be gone already
-            self._conn.send(("stop",))
+        with contextlib.suppress(OSError):  # the HTTP process may be gone already
+            self._channel.send(("stop",))
+            self._channel.finish(timeout_s)
         try:
             self._process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait(timeout=10)
+        self._channel.close()
         self._conn.close()
 
     def __repr__(self) -> str:
