@@ -19,7 +19,7 @@ import random
 import time
 
 import torch
-from kernels import graph_time
+from fused_ops import graph_time
 
 from workbench.models import ModelConfig, resolve
 

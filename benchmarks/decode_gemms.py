@@ -23,7 +23,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from kernels import graph_time
+from fused_ops import graph_time
 
 from workbench.history.roofline import DEVICES, roofline_spec
 from workbench.layers.parallel import SMALL_ROWS

@@ -361,11 +361,22 @@ def test_serve_load_counts_every_token_its_clients_received():
         assert run["steps"] > 0 and run["cpu_s"]["clients"] > 0, kind
 
 
+def test_no_benchmark_hides_an_installed_package():
+    """`python benchmarks/x.py` puts `benchmarks/` first on `sys.path`: a script named as an
+    installed package hides it from every import (`benchmarks/kernels.py` hid the `kernels`
+    package transformers imports, and serve_load.py and trace_twin.py failed to start)."""
+    import importlib.util
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    hiding = [p.stem for p in folder.glob("*.py") if importlib.util.find_spec(p.stem) is not None]
+    assert hiding == []
+
+
 def _benchmark(name: str):
     """A script of the top-level `benchmarks/` (not in the package), imported from its file. Its
     folder is on `sys.path` only while it loads (its scripts import each other by name), and
-    what it loaded from there leaves `sys.modules` after: `benchmarks/kernels.py` left behind
-    hides the `kernels` package transformers imports."""
+    what it loaded from there leaves `sys.modules` after (a script's name must not hide an
+    installed package's: `test_no_benchmark_hides_an_installed_package`)."""
     import importlib.util
 
     folder = Path(__file__).resolve().parents[1] / "benchmarks"

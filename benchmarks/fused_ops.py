@@ -1,6 +1,6 @@
 """Fused FlashInfer kernels against plain torch, op by op, at decode and prefill shapes.
 
-    python benchmarks/kernels.py [--model dummy:qwen3-0.6b]
+    python benchmarks/fused_ops.py [--model dummy:qwen3-0.6b]
 
 Each op runs through the model's own layer modules with `fused` off and on; the table prints the
 median time of 50 runs (CUDA events) and the largest difference between the two outputs.
