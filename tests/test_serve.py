@@ -404,7 +404,8 @@ def test_a_full_queue_is_a_503_and_stopping_ends_what_is_in_flight():
 
 
 def test_the_server_as_a_process_answers_and_stops_on_ctrl_c():
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # (a process that does not stop writes every thread's stack, both processes', on SIGABRT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -435,8 +436,23 @@ def test_the_server_as_a_process_answers_and_stops_on_ctrl_c():
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
         answer = client.completions.create(model="tiny", prompt="Hello", **greedy(3))
         assert answer.usage.completion_tokens == 3 and answer.model == "tiny"
+        rest: list[str] = []
+        reader = threading.Thread(target=lambda: rest.extend(proc.stdout), daemon=True)
+        reader.start()
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            front = subprocess.run(
+                ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+            ).stdout.split()
+            for pid in [*map(int, front), proc.pid]:  # one at a time: their stacks apart
+                os.kill(pid, signal.SIGABRT)
+                time.sleep(1)
+            proc.wait(timeout=30)
+            reader.join(10)
+            pytest.fail("the server did not stop in 60 s after Ctrl-C:\n" + "".join(rest)[-20000:])
+        assert code == 0
     finally:
         if proc.poll() is None:
             proc.kill()
