@@ -406,26 +406,35 @@ def test_a_full_queue_is_a_503_and_stopping_ends_what_is_in_flight():
 def test_the_server_as_a_process_answers_and_stops_on_ctrl_c():
     # (a process that does not stop writes every thread's stack, both processes', on SIGABRT)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "workbench",
-            "serve",
-            "--model",
-            MODEL,
-            "--port",
-            "0",
-            "--max-num-seqs",
-            "4",
-            "--served-model-name",
-            "tiny",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    # NOTE: a child inherits an ignored SIGINT (Python then leaves it ignored, as in a shell's
+    # background job) and a blocked one: so the server starts with Ctrl-C's default, whatever
+    # this test process was left with by the tests before it
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "workbench",
+                "serve",
+                "--model",
+                MODEL,
+                "--port",
+                "0",
+                "--max-num-seqs",
+                "4",
+                "--served-model-name",
+                "tiny",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+    finally:  # (None: a handler set outside Python, which cannot be put back)
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
         url = None
         for line in proc.stdout:

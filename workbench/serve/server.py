@@ -106,7 +106,8 @@ class Server:
         self.loop.resume()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """End it: requests in flight end with finish_reason "abort"; the engine stays."""
+        """End it: requests in flight end with finish_reason "abort"; the engine stays. The
+        HTTP process has `timeout_s` to read what is left and end, or is killed."""
         if not self.serving:
             return
         self.serving = False
@@ -116,11 +117,12 @@ class Server:
             self.host.llm.scheduler.flush()
             self.loop.flush()
         self.loop.stop()
+        deadline = time.monotonic() + timeout_s
         with contextlib.suppress(OSError):  # the HTTP process may be gone already
             self._channel.send(("stop",))
             self._channel.finish(timeout_s)
         try:
-            self._process.wait(timeout=timeout_s)
+            self._process.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait(timeout=10)
