@@ -53,7 +53,7 @@ def serve(conn, limits: Limits) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(limits.model_dir)
     server: uvicorn.Server | None = None
-    link = EngineLink(lambda message: _deliver(message, service, link, lambda: server))
+    link = EngineLink(lambda message: _deliver(message, service, lambda: server))
     service = Service(limits, tokenizer, link.send)
 
     @contextlib.asynccontextmanager
@@ -107,7 +107,7 @@ class EngineLink(asyncio.Protocol):
         self._on_message(("stop",))
 
 
-def _deliver(message: tuple, service: Service, link: EngineLink, server) -> None:
+def _deliver(message: tuple, service: Service, server) -> None:
     """On the event loop: one of the engine's messages; at "stop" (or the engine gone), shut
     down."""
     if message[0] != "stop":
