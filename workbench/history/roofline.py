@@ -107,13 +107,13 @@ def roofline_spec(device, chosen: str | None = None, devices: int = 1) -> Device
     """The device a GPU run's roofline is drawn for: `chosen` (a key of `DEVICES`), else the GPU
     it ran on, by its name; over `devices` GPUs. None on a CPU, or on a GPU of neither name
     (another GPU's bound would say nothing true of this one)."""
-    if torch_device_type(device) != "cuda":
+    if _device_type(device) != "cuda":
         return None
     spec = DEVICES[chosen] if chosen else device_spec(device)
     return None if spec is None else spec.times(devices)
 
 
-def torch_device_type(device) -> str:
+def _device_type(device) -> str:
     return device.type if hasattr(device, "type") else str(device).split(":")[0]
 
 
