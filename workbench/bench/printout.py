@@ -93,8 +93,10 @@ def _print_decode_step(r: dict) -> None:
         f"{r['decode_step_ms']:.2f} ms"
     )
     if r["roofline_tokens_per_s"] is None:  # the roofline models a GPU's run (--device-spec)
-        if r["device"] == "cpu" or r["device"].startswith("a twin"):
-            why = "on the cpu" if r["device"] == "cpu" else "for a twin"
+        if r["device"] == "cpu":
+            why = "on the cpu"
+        elif r["device"].startswith("a twin"):
+            why = "for a twin"
         else:
             why = f"for a GPU of no known spec: give --device-spec {' or '.join(DEVICES)}"
         print(f"{step} (no roofline {why})")

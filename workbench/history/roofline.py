@@ -107,14 +107,12 @@ def roofline_spec(device, chosen: str | None = None, devices: int = 1) -> Device
     """The device a GPU run's roofline is drawn for: `chosen` (a key of `DEVICES`), else the GPU
     it ran on, by its name; over `devices` GPUs. None on a CPU, or on a GPU of neither name
     (another GPU's bound would say nothing true of this one)."""
-    if _device_type(device) != "cuda":
+    import torch
+
+    if torch.device(device).type != "cuda":
         return None
     spec = DEVICES[chosen] if chosen else device_spec(device)
     return None if spec is None else spec.times(devices)
-
-
-def _device_type(device) -> str:
-    return device.type if hasattr(device, "type") else str(device).split(":")[0]
 
 
 class StepBound(NamedTuple):

@@ -65,14 +65,14 @@ class Channel:
         self._frames = Frames()
         self._out = bytearray()
         self.closed = False  # the other end is gone
-        self.backlog_max = 0  # the most bytes that waited in the outbox
 
     def fileno(self) -> int:
         return self._sock.fileno()
 
     @property
-    def pending(self) -> bool:
-        return bool(self._out)
+    def pending(self) -> int:
+        """Bytes in the outbox: sent, not yet taken by the socket."""
+        return len(self._out)
 
     def receive(self) -> list[tuple]:
         messages: list[tuple] = []
@@ -93,7 +93,6 @@ class Channel:
         """Queue a message and write what the socket takes; OSError once the other end is gone."""
         self._out += encode(message)
         self.flush()
-        self.backlog_max = max(self.backlog_max, len(self._out))
 
     def flush(self) -> None:
         out = self._out

@@ -281,7 +281,7 @@ class EngineLoop:
         try:
             if self.conn is not None:
                 self.conn.send(message)
-                self.times.backlog_max = max(self.times.backlog_max, self.conn.backlog_max)
+                self.times.backlog_max = max(self.times.backlog_max, self.conn.pending)
         except OSError:
             log.warning("the HTTP process is gone: its requests' tokens are not sent")
             self.conn = None
