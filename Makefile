@@ -44,17 +44,17 @@ bench:
 		$(MAKE) $(STAMP) && $(PY) -m workbench bench $(ARGS); \
 	fi
 
-# On a GPU machine, with a python3 that has torch (CUDA), flashinfer-python and the notebook extra
-# (`pip install -e '.[gpu,notebook,dev]'`): the GPU tests (the correctness matrix among them), then
-# every notebook executed there on a dummy model. One summary line per part; logs in out/gpu-check/.
+# On a GPU machine, with a python3 that has torch (CUDA), flashinfer-python and the notebook,
+# server and dev extras (`pip install -e '.[gpu,notebook,serve,dev]'`): the GPU tests (the
+# correctness matrix among them), then every notebook executed there on a dummy model. One summary line per part; logs in out/gpu-check/.
 GPU_PYTHON ?= python3
 # each test by name as it starts (a call killed at its limit shows which one it was in), the
 # slowest at the end of a log; a test still running after 200 s writes every thread's stack there
 GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -v -p no:cacheprovider --durations=15 \
 	-o faulthandler_timeout=200
 # PART=tests or PART=notebooks runs one half; a call on the lent machine stops at 10 minutes, so
-# PART=tests-a, tests-b and tests-c split the tests (on an H100: tests-b 216 s; tests-a did not end
-# in 420 s before it was cut from tests-c), or GPU_TESTS="tests/test_a.py ..." runs some of them
+# PART=tests-a, tests-b and tests-c split the tests (on the H200, 2026-12-05: tests-a 317 s,
+# tests-b 189 s, tests-c 60 s, notebooks 257 s), or GPU_TESTS="tests/test_a.py ..." runs some
 PART ?= all
 GPU_TESTS_A = test_gpu_memory test_gpu_numerics test_gpu_tp
 GPU_TESTS_B = test_gpu_matrix test_moe_planted test_fused_moe test_gpu_prefill_graphs \
@@ -72,7 +72,7 @@ endif
 # carried from `make gpu-payload` (below) to a GPU machine without a network: installed first
 PAYLOAD_SITE = $(HOME)/.cache/wb-payload
 gpu-check: export PYTHONPATH := $(if $(wildcard .gpupayload/wheels),$(PAYLOAD_SITE):)$(PYTHONPATH)
-gpu-check: export WORKBENCH_CACHE := $(if $(wildcard .gpupayload/cache),$(CURDIR)/.gpupayload/cache,$(WORKBENCH_CACHE))
+gpu-check: export WORKBENCH_CACHE := $(if $(wildcard .gpupayload/cache .gpupayload/cache.tar.xz),$(CURDIR)/.gpupayload/cache,$(WORKBENCH_CACHE))
 gpu-check:
 	@case "$(PART)" in all|tests|tests-a|tests-b|tests-c|notebooks) ;; \
 		*) echo "PART must be all, tests, tests-a, tests-b, tests-c or notebooks, got '$(PART)'"; \
@@ -81,6 +81,8 @@ gpu-check:
 	@if [ -d .gpupayload/wheels ] && [ ! -f $(PAYLOAD_SITE)/.installed ]; then \
 		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --target $(PAYLOAD_SITE) \
 		.gpupayload/wheels/*.whl && touch $(PAYLOAD_SITE)/.installed; fi
+	@if [ -f .gpupayload/cache.tar.xz ] && [ ! -d .gpupayload/cache ]; then \
+		tar -C .gpupayload -xJf .gpupayload/cache.tar.xz; fi
 	@mkdir -p out/gpu-check; fail=0; start=$$(date +%s); \
 	if [ "$(PART)" != notebooks ]; then \
 		$(GPU_PYTEST) $(GPU_TESTS) > out/gpu-check/tests.log 2>&1 || fail=1; \
@@ -99,11 +101,13 @@ gpu-check:
 # For a GPU machine with no network whose Python 3.12 has torch but not the notebook extra (the
 # lent H200): wheels of what `gpu-check` needs beyond its image, and the SmolLM2 tokenizer the
 # dummy models copy, in .gpupayload/ (git-ignored): carry it there and `make gpu-check` installs
-# them (the server's too). Left out: what that image has (GPU_HAS) and what nothing there
-# imports (GPU_SKIP). The server's wheels and the `openai` client's (serve_load.py --openai) go to
-# .gpupayload/serve/ too, which gpu-check does not install: a call carries 64 MiB, and the tree,
-# the FlashInfer kit and the wheels fill 61 of them, so a serving call carries serve/ alone.
-GPU_WHEELS = altair nbclient ipykernel ipywidgets anywidget fastapi uvicorn prometheus_client
+# them (the server's and the `openai` client's, which notebook 07 drives it with, too; the
+# tokenizer from cache/ or, where only it was carried, cache.tar.xz). Left out:
+# what that image has (GPU_HAS) and what nothing there imports (GPU_SKIP). The server's and the
+# client's wheels alone go to .gpupayload/serve/ as well (for `serve_load.py --openai`), which
+# gpu-check does not install: a call carries 64 MiB, and the tree, the FlashInfer kit and the
+# wheels fill most of them, so a serving call carries serve/ instead of wheels/.
+GPU_WHEELS = altair nbclient ipykernel ipywidgets anywidget fastapi uvicorn prometheus_client openai
 GPU_HAS = numpy pandas packaging typing_extensions jinja2 markupsafe python_dateutil tzdata psutil
 GPU_SKIP = debugpy jedi widgetsnbextension
 gpu-payload: $(STAMP)
@@ -120,6 +124,8 @@ gpu-payload: $(STAMP)
 		"from workbench.models.catalog import resolve; resolve('dummy:qwen3-0.6b')"
 	find .gpupayload/cache/models -mindepth 1 -maxdepth 1 ! -name smollm2-tokenizer \
 		-exec rm -rf {} +
+	# the same, compressed (3.5 MB to 0.5): gpu-check unpacks it where cache/ was not carried
+	tar -C .gpupayload -cf - cache | xz -9 > .gpupayload/cache.tar.xz
 	du -sh .gpupayload
 
 # JupyterLab refuses to start as root unless told it may (a container's user often is root)
