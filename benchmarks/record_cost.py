@@ -21,16 +21,19 @@ holds for (`profile_steps`), its chosen and its other steps each against light.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import time
 
 import numpy as np
+import torch
 from vs_hf import PROMPTS
 
 from workbench.clocks import HOST_STAGES
 from workbench.config import RECORD_LEVELS
 from workbench.core import SamplingParams
+from workbench.instrument.profiler import SessionEvents
 from workbench.llm import LLM
 from workbench.profiling import session_seconds
 
@@ -103,25 +106,37 @@ def arriving(model: str, count: int, repeat: int, when: str | None = None) -> No
     options = {"light": {}, "full": {"profile_steps": None}, "window": {"profile_steps": when}}
     sessions: dict[str, dict[str, float]] = {}  # of the last round: profiler start/stop seconds
     tables = {}
-    for round_ in range(repeat + 1):  # round 0 warms up (kernels, graphs)
-        for level in totals:
-            wb.reset()
-            wb.reconfigure(record="full" if level == "window" else level, **options[level])
-            for prompt, sampling, step in requests:
-                wb.add_request(prompt, sampling, arrival_step=step)
-            profiler = session_seconds()
-            start = time.perf_counter()
-            wb.run(progress=False)
-            ran = time.perf_counter()
-            run = wb.snapshot()
-            table = run.steps
-            if level != "light":
-                len(run.events)
-            if round_:
-                totals[level].append((ran - start, time.perf_counter() - ran))
-                after = session_seconds()
-                sessions[level] = {k: after[k] - profiler[k] for k in after}
-                tables.setdefault(level, []).append(table)
+    afterwards: dict[str, list[float]] = {level: [] for level in totals}
+    # a session's events read and given to their steps
+    with timed(SessionEvents, "fill") as reading:
+        for round_ in range(repeat + 1):  # round 0 warms up (kernels, graphs)
+            for level in totals:
+                wb.reset()
+                wb.reconfigure(record="full" if level == "window" else level, **options[level])
+                for prompt, sampling, step in requests:
+                    wb.add_request(prompt, sampling, arrival_step=step)
+                profiler, read_before = session_seconds(), reading["s"]
+                start = time.perf_counter()
+                wb.run(progress=False)
+                ran = time.perf_counter()
+                if wb.engine.device.type == "cuda":  # (CUPTI's teardown waits for a runtime call)
+                    torch.cuda.synchronize()
+                    synced = time.perf_counter()
+                    if round_:
+                        afterwards[level].append(synced - ran)
+                    ran = synced
+                run = wb.snapshot()
+                table = run.steps
+                if level != "light":
+                    len(run.events)
+                if round_:
+                    totals[level].append((ran - start, time.perf_counter() - ran))
+                    after = session_seconds()
+                    sessions[level] = {k: after[k] - profiler[k] for k in after}
+                    sessions[level]["read"] = reading["s"] - read_before
+                    if level != "light":
+                        sessions[level]["events"] = run.events.category.value_counts().to_dict()
+                    tables.setdefault(level, []).append(table)
     wb.check_integrity()
     light_s = statistics.median(run + read for run, read in totals["light"])
     print(
@@ -162,10 +177,21 @@ def arriving(model: str, count: int, repeat: int, when: str | None = None) -> No
     where_time_went(tables, totals)
     for level in ("full", "window"):
         if level in sessions:  # a window's steps may make several sessions, each stopped
-            n, started, stopped = (sessions[level][k] for k in ("sessions", "start", "stop"))
+            n, started, stopped, read = (
+                sessions[level][k] for k in ("sessions", "start", "stop", "read")
+            )
+            events = ", ".join(f"{n} {c}" for c, n in sessions[level]["events"].items())
             print(
                 f"{level}'s profiler sessions (last round): {n:.0f}, starting {started:.3f} s, "
-                f"stopping {stopped:.3f} s"
+                f"stopping {stopped:.3f} s, reading {read:.3f} s (both inside the run; events "
+                f"kept: {events or 'none'})"
+            )
+    for level, seconds in afterwards.items():
+        if seconds:
+            print(
+                f"{level}: the first CUDA call after the run (a synchronize) took "
+                f"{1e3 * statistics.median(seconds):.1f} ms (median; max "
+                f"{1e3 * max(seconds):.1f}), outside the whole run's time"
             )
 
 
@@ -189,6 +215,25 @@ def window_cost(tables: dict[str, list], when: str) -> None:
     if chosen:
         line += f", those {statistics.median(chosen):.2f}x light per step"
     print(f"{line}; the others {statistics.median(others):.2f}x light per step")
+
+
+@contextlib.contextmanager
+def timed(cls: type, name: str):
+    """Meanwhile `cls.name` adds the seconds it takes to the yielded dict's "s"."""
+    method, spent = getattr(cls, name), {"s": 0.0}
+
+    def wrapper(self, *args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            spent["s"] += time.perf_counter() - began
+
+    setattr(cls, name, wrapper)
+    try:
+        yield spent
+    finally:
+        setattr(cls, name, method)
 
 
 def where_time_went(tables: dict[str, list], totals: dict[str, list]) -> None:

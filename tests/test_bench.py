@@ -332,8 +332,10 @@ def test_record_cost_says_where_full_recordings_time_went(capsys):
         outside = float(re.search(r"outside it (-?\d+) ms", line).group(1))
         assert outside >= -1  # the first launch to the last collect lies inside the run
         assert "host ms by stage: schedule" in line and "record" in line
-    stopped = re.search(r"stopping (\d+\.\d+) s", out)
+    stopped = re.search(r"stopping (\d+\.\d+) s, reading (\d+\.\d+) s .*kept: (\d+) ", out)
     assert stopped and float(stopped.group(1)) > 0  # full stopped a profiler session
+    assert float(stopped.group(2)) > 0 and int(stopped.group(3)) > 0  # and read its events
+    assert record_cost.SessionEvents.fill.__name__ == "fill"  # its timing wrapper is gone
     assert out.count("  full step ") == 5
 
 
