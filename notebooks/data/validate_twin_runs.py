@@ -32,6 +32,12 @@ from record_twin_runs import HELD_OUT, twin_requests  # noqa: E402
 def main(directory: Path, candidates: Path | None = None, calibration: list[str] = ()) -> None:
     index = json.loads((directory / "index.json").read_text())
     runs = {name: load_run(directory / r["file"]) for name, r in index["runs"].items()}
+    real = {n: r for n, r in runs.items() if not n.startswith("calib")}
+    if not real:
+        raise SystemExit(
+            f"{directory} has calibration runs only ({len(runs)}): nothing to validate against; "
+            "record_twin_runs.py's --budget-s ended before the first held-out run"
+        )
     chosen = {n: r for n, r in runs.items() if n.startswith("calib")}
     if calibration:  # among DIR's calibration runs and the candidates
         pool = dict(chosen)
@@ -44,7 +50,6 @@ def main(directory: Path, candidates: Path | None = None, calibration: list[str]
         chosen = {n: pool[n] for n in calibration}
     costs = fit_step_costs(chosen)
     print(costs)
-    real = {n: r for n, r in runs.items() if not n.startswith("calib")}
     recorded = {re.sub(r"\s*#\d+$", "", n) for n in real}
     twin = Workbench(index["model"], step_costs=costs, overlap=True)
     twins, started = {}, time.perf_counter()
