@@ -13,7 +13,9 @@ steps, then reading the tables a user looks at: steps and, with "full", the prof
 and per phase the median step time and the median of each step's ratio to the same step of the
 "light" run (arrivals by step: the two runs schedule the same batches), and with "full" the host
 time the profiler added per step by its own estimate (the steps table's `profiler_ms`) against
-the measured difference (full's step over the same step recorded light, minus one light step).
+the measured difference (full's step over the same step recorded light, minus one light step);
+what full's run spent stopping its profiler session and reading its events (both inside the
+run), and on a GPU what the first CUDA call after each run took (CUPTI's teardown waits for one).
 `--when EXPR` adds a third recording, "window": record="full" profiling only the steps EXPR
 holds for (`profile_steps`), its chosen and its other steps each against light.
 """
@@ -180,7 +182,8 @@ def arriving(model: str, count: int, repeat: int, when: str | None = None) -> No
             n, started, stopped, read = (
                 sessions[level][k] for k in ("sessions", "start", "stop", "read")
             )
-            events = ", ".join(f"{n} {c}" for c, n in sessions[level]["events"].items())
+            kept = sessions[level]["events"].items()
+            events = ", ".join(f"{count} {kind}" for kind, count in kept)
             print(
                 f"{level}'s profiler sessions (last round): {n:.0f}, starting {started:.3f} s, "
                 f"stopping {stopped:.3f} s, reading {read:.3f} s (both inside the run; events "
