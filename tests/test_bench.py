@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from workbench import LLM, SamplingParams
+from workbench.__main__ import main
 from workbench.bench.cli import add_arguments
 from workbench.bench.sweep import sweep_configs
 from workbench.bench.workload import random_workload
@@ -18,8 +21,12 @@ SMALL = ["--num-requests", "4", "--input-len", "8", "24", "--output-len", "4", "
 
 
 def _bench(*extra: str) -> str:
-    cmd = [sys.executable, "-m", "workbench", "bench", *SMALL, *extra]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    """What `python -m workbench bench SMALL extra` prints, run in this process (an interpreter
+    and its imports cost ~2 s a test; `test_save_without_recording_is_refused` runs the module)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["bench", *SMALL, *extra])
+    return out.getvalue()
 
 
 def test_sweep_runs_every_combination_on_the_same_work():
