@@ -54,7 +54,8 @@ GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -v -p no:cacheprovider --duration
 	-o faulthandler_timeout=200
 # PART=tests or PART=notebooks runs one half; a call on the lent machine stops at 10 minutes, so
 # PART=tests-a, tests-b and tests-c split the tests (on the H200, 2026-12-05: tests-a 317 s,
-# tests-b 189 s, tests-c 60 s, notebooks 257 s), or GPU_TESTS="tests/test_a.py ..." runs some
+# tests-b 189 s, tests-c 60 s, notebooks about 360 s
+# of cells: 01-08 in one call, 09 in the next), or GPU_TESTS="tests/test_a.py ..." runs some
 PART ?= all
 GPU_TESTS_A = test_gpu_memory test_gpu_numerics test_gpu_tp
 GPU_TESTS_B = test_gpu_matrix test_moe_planted test_fused_moe test_gpu_prefill_graphs \
