@@ -15,7 +15,9 @@ and per phase the median step time and the median of each step's ratio to the sa
 time the profiler added per step by its own estimate (the steps table's `profiler_ms`) against
 the measured difference (full's step over the same step recorded light, minus one light step);
 what full's run spent stopping its profiler session and reading its events (both inside the
-run), and on a GPU what the first CUDA call after each run took (CUPTI's teardown waits for one).
+run; reading split into kineto's list of them, our pass that keeps some, and giving those to
+their steps), and on a GPU what the first CUDA call after each run took (CUPTI's teardown
+waits for one).
 `--when EXPR` adds a third recording, "window": record="full" profiling only the steps EXPR
 holds for (`profile_steps`), its chosen and its other steps each against light.
 """
@@ -135,7 +137,7 @@ def arriving(model: str, count: int, repeat: int, when: str | None = None) -> No
                     totals[level].append((ran - start, time.perf_counter() - ran))
                     after = session_seconds()
                     sessions[level] = {k: after[k] - profiler[k] for k in after}
-                    sessions[level]["read"] = reading["s"] - read_before
+                    sessions[level]["fill"] = reading["s"] - read_before
                     if level != "light":
                         sessions[level]["events"] = run.events.category.value_counts().to_dict()
                     tables.setdefault(level, []).append(table)
@@ -179,15 +181,16 @@ def arriving(model: str, count: int, repeat: int, when: str | None = None) -> No
     where_time_went(tables, totals)
     for level in ("full", "window"):
         if level in sessions:  # a window's steps may make several sessions, each stopped
-            n, started, stopped, read = (
-                sessions[level][k] for k in ("sessions", "start", "stop", "read")
+            n, started, stopped, read, listed, passed = (
+                sessions[level][k] for k in ("sessions", "start", "stop", "fill", "list", "read")
             )
             kept = sessions[level]["events"].items()
             events = ", ".join(f"{count} {kind}" for kind, count in kept)
             print(
                 f"{level}'s profiler sessions (last round): {n:.0f}, starting {started:.3f} s, "
-                f"stopping {stopped:.3f} s, reading {read:.3f} s (both inside the run; events "
-                f"kept: {events or 'none'})"
+                f"stopping {stopped:.3f} s, reading {read:.3f} s (both inside the run; kineto's "
+                f"list {listed:.3f} s, our pass {passed:.3f} s, to steps "
+                f"{read - listed - passed:.3f} s; events kept: {events or 'none'})"
             )
     for level, seconds in afterwards.items():
         if seconds:

@@ -342,6 +342,11 @@ def test_record_cost_says_where_full_recordings_time_went(capsys):
     stopped = re.search(r"stopping (\d+\.\d+) s, reading (\d+\.\d+) s .*kept: (\d+) ", out)
     assert stopped and float(stopped.group(1)) > 0  # full stopped a profiler session
     assert float(stopped.group(2)) > 0 and int(stopped.group(3)) > 0  # and read its events
+    # reading's parts: kineto's list, our pass over it, giving the kept ones to their steps
+    parts = re.search(r"list (\d+\.\d+) s, our pass (\d+\.\d+) s, to steps (-?\d+\.\d+) s", out)
+    listed, passed, to_steps = map(float, parts.groups())
+    assert listed > 0 and passed > 0 and to_steps >= 0
+    assert listed + passed + to_steps == pytest.approx(float(stopped.group(2)), abs=0.002)
     assert record_cost.SessionEvents.fill.__name__ == "fill"  # its timing wrapper is gone
     assert out.count("  full step ") == 5
 

@@ -128,14 +128,14 @@ _HOST_KINDS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driv
 _LAUNCHES = frozenset({"cuda_runtime", "cuda_driver"})
 
 
-def read_events(results, offset_us: float, ranges: frozenset[str] = frozenset()) -> Capture:
-    """A stopped session's events (kineto's `results`), shifted by `offset_us` to its clock."""
+def read_events(events: list, offset_us: float, ranges: frozenset[str] = frozenset()) -> Capture:
+    """A stopped session's events (kineto's, `results.events()`), shifted by `offset_us` to its
+    clock."""
     offset, cuda, hooks = offset_us, torch.autograd.DeviceType.CUDA, ranges
     tracks: dict[tuple, str] = {}
     out, host = [], []
     append, counted = out.append, host.append
     # NOTE: each accessor is a call into C++, so dropped events are read as little as possible
-    events = results.events()
     kinds = bool(events) and hasattr(events[0], "activity_type")
     for e in events:
         kind = e.activity_type() if kinds else ""

@@ -77,7 +77,7 @@ class ProfilerSession:
         with _quiet_stderr():
             results = disable()
         _SECONDS["stop"] += time.perf_counter() - began
-        return functools.partial(read_events, results, self._offset_us, self._ranges)
+        return functools.partial(_read, results, self._offset_us, self._ranges)
 
     def discard(self) -> None:
         if self._results_of is not None:
@@ -103,13 +103,24 @@ def clock_offset_us(clock: Callable[[], float], tries: int = 7) -> float:
 _RUNNING: set[ProfilerSession] = set()
 
 
-_SECONDS = {"start": 0.0, "stop": 0.0, "sessions": 0}
+_SECONDS = {"start": 0.0, "stop": 0.0, "list": 0.0, "read": 0.0, "sessions": 0}
 
 
 def session_seconds() -> dict[str, float]:
     """Host seconds this process spent starting ("start") and stopping ("stop") sessions, and
-    how many it started ("sessions")."""
+    reading stopped ones' events: kineto's list of them ("list") and our pass over it that keeps
+    some ("read"); and how many sessions it started ("sessions")."""
     return dict(_SECONDS)
+
+
+def _read(results, offset_us: float, ranges: frozenset[str]) -> Capture:
+    began = time.perf_counter()
+    events = results.events()
+    listed = time.perf_counter()
+    capture = read_events(events, offset_us, ranges)
+    _SECONDS["list"] += listed - began
+    _SECONDS["read"] += time.perf_counter() - listed
+    return capture
 
 
 def session_running() -> bool:
