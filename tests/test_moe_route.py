@@ -1,7 +1,6 @@
-"""The one-launch MoE routing kernel (workbench/kernels/moe_route.py) against the torch path it
-replaces at small batches (`SparseMoE.route`, `ForwardContext.route`'s counts, `fused_moe.
-align_to_blocks`): on the CPU through Triton's interpreter, on the GPU compiled and in the
-planted MoE model's answers."""
+"""The MoE routing kernels (workbench/kernels/moe_route.py) against the torch path they replace
+(`SparseMoE.route`, `ForwardContext.route`'s counts, `fused_moe.align_to_blocks`): on the CPU
+through Triton's interpreter, on the GPU compiled and in the planted MoE model's answers."""
 
 from __future__ import annotations
 
@@ -35,16 +34,20 @@ def reference(logits, top_k, renormalize, dtype, block_m, counted):
     return weights.to(dtype), ids, sorted_pairs, block_experts, routing
 
 
-# (tokens, experts, top_k, block_m, renormalize): Qwen3-30B-A3B's router from one token to
-# MAX_PAIRS pairs, Mixtral's, an expert count that is no power of two, small blocks, no
-# renormalisation, and experts that get no pair
+# (tokens, experts, top_k, block_m, renormalize): Qwen3-30B-A3B's router from one token to a
+# batch of 256 (16 programs) and a tile's tail, Mixtral's, an expert count that is no power of
+# two, a top-k that is none (DeepSeek's 6), small blocks, no renormalisation, experts that get no
+# pair, and more tiles than MAX_PROGRAMS (programs of several tiles, the last one short)
 SHAPES = {
     "1x128x8": (1, 128, 8, 16, True),
     "8x128x8": (8, 128, 8, 16, True),
-    "32x128x8": (32, 128, 8, 16, True),
+    "37x128x8": (37, 128, 8, 16, True),
+    "256x128x8": (256, 128, 8, 16, True),
     "5x8x2": (5, 8, 2, 16, True),
     "13x6x2-block4": (13, 6, 2, 4, True),
     "7x60x4-raw": (7, 60, 4, 16, False),
+    "40x60x6": (40, 60, 6, 32, True),
+    "1090x8x2-many-tiles": (1090, 8, 2, 64, True),
 }
 
 
@@ -96,13 +99,15 @@ def test_interpreted_kernel_routes_and_sorts_as_the_torch_path(interpreted, case
     _check(interpreted[case], reference(*CASES[case]))
 
 
-def test_more_pairs_than_it_takes_are_refused_naming_the_limit():
-    logits = torch.zeros(moe_route.MAX_PAIRS // 2 + 1, 8)
-    with pytest.raises(ValueError, match=f"1 to {moe_route.MAX_PAIRS} pairs"):
-        moe_route.route_and_align(logits, 2, True, torch.float32, 16)
+@pytest.mark.parametrize(("tokens", "top_k"), [(0, 2), (4, 9), (4, 0)])
+def test_no_tokens_or_a_top_k_past_the_experts_is_refused_naming_both(tokens, top_k):
+    with pytest.raises(ValueError, match=f"got {tokens} tokens and top_k {top_k}"):
+        moe_route.route_and_align(torch.zeros(tokens, 8), top_k, True, torch.float32, 16)
 
 
-@pytest.mark.parametrize("case", ["1x128x8", "8x128x8", "32x128x8", "5x8x2"])
+@pytest.mark.parametrize(
+    "case", ["1x128x8", "8x128x8", "37x128x8", "256x128x8", "5x8x2", "40x60x6", "1090x8x2-many-tiles"]
+)
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_kernel_routes_and_sorts_as_the_torch_path(case):
@@ -113,17 +118,12 @@ def test_gpu_kernel_routes_and_sorts_as_the_torch_path(case):
     _check((*got, routing), reference(logits, top_k, renorm, logits.dtype, block_m, counted))
 
 
-def test_the_layers_limit_is_the_kernels():
-    from workbench.layers.moe import ROUTE_MAX_PAIRS
-
-    assert ROUTE_MAX_PAIRS == moe_route.MAX_PAIRS
-
-
 def test_the_kernel_is_counted_in_the_router_family():
-    """A profile's kernel breakdown names the routing kernel by its Triton name: "router", not
+    """A profile's kernel breakdown names the routing kernels by their Triton names: "router", not
     "sampling" (whose softmax and top-k the torch path's routing shares) or "other"."""
     from workbench.history.families import family
     from workbench.palette import FAMILY_COLORS
 
-    assert family(moe_route.moe_route_align.__name__, "kernel") == "router"
+    for kernel in (moe_route.moe_route_topk, moe_route.moe_route_align):
+        assert family(kernel.__name__, "kernel") == "router"
     assert "router" in FAMILY_COLORS

@@ -29,8 +29,6 @@ ExpertsFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
 ]
 
-ROUTE_MAX_PAIRS = 256  # kernels.moe_route.MAX_PAIRS (imported only where Triton is)
-
 # name -> "module:function", imported on first use (a GPU-only kernel costs nothing elsewhere);
 # `EngineConfig.moe_backend` accepts these names and "auto"
 MOE_BACKENDS = {
@@ -118,17 +116,17 @@ class SparseMoE(nn.Module):
         return topk_weights.to(x.dtype), topk_ids
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if self.backend == "triton" and 0 < x.shape[0] * self.top_k <= ROUTE_MAX_PAIRS:
-            y = self._small_batch(x, ctx)
+        if self.backend == "triton" and x.shape[0] > 0:
+            y = self._fused(x, ctx)
         else:
             topk_weights, topk_ids = self.route(x)
             ctx.route(self.moe_index, topk_ids)
             y = self.experts(x, self.w13, self.w2, topk_weights, topk_ids)
         return y if self.tp.size == 1 else self.tp.all_reduce(y)
 
-    def _small_batch(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """A decode batch's routing, its count in the record and its sort into blocks in one
-        launch (`kernels/moe_route.py`), then the fused experts on those blocks."""
+    def _fused(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """The routing, its count in the record and its sort into blocks in two launches
+        (`kernels/moe_route.py`), then the fused experts on those blocks."""
         from ..kernels.fused_moe import choose_blocks, fused_moe
         from ..kernels.moe_route import route_and_align
 
