@@ -106,7 +106,8 @@ def test_no_tokens_or_a_top_k_past_the_experts_is_refused_naming_both(tokens, to
 
 
 @pytest.mark.parametrize(
-    "case", ["1x128x8", "8x128x8", "37x128x8", "256x128x8", "5x8x2", "40x60x6", "1090x8x2-many-tiles"]
+    "case",
+    ["1x128x8", "8x128x8", "37x128x8", "256x128x8", "5x8x2", "40x60x6", "1090x8x2-many-tiles"],
 )
 @pytest.mark.gpu
 @needs_cuda
