@@ -5,9 +5,10 @@ record, and the pairs sorted into blocks of one expert each for `fused_moe`.
 Why: the same work in torch is about 25 operations a layer (softmax, top-k, the division, a cast,
 the count's index-add, and the sort into blocks: scatter-add, cumulative sums, a radix sort,
 gathers, a search), each a kernel of its own; Qwen3-30B-A3B has 48 such layers a step. On an
-H200 (2026-12-05, dummy Qwen3-30B-A3B, `bench --profile`) they took about 4.5 ms of a 28 ms
-decode step at batch 256, where the experts' GEMMs took 15. An earlier form of this file did it
-all in one program, token after token: 32 us a layer at batch 8, as long as the layer's experts.
+H200 (2026-12-05, dummy Qwen3-30B-A3B, `bench --profile`) a decode step of 28 ms at batch 256
+spent 5.5 ms in the families they fall in (`sampling`, `other`; 0.4 ms at batch 8), where the
+experts' GEMMs took 15. An earlier form of this file did it all in one program, token after
+token: 32 us a layer at batch 8, a quarter of the experts' time.
 
 The tokens are cut into tiles of `TILE_TOKENS`, and the tiles shared among at most `MAX_PROGRAMS`
 programs, each a contiguous run of tiles (so of pairs, in pair order):
