@@ -46,7 +46,8 @@ bench:
 
 # On a GPU machine, with a python3 that has torch (CUDA), flashinfer-python and the notebook,
 # server and dev extras (`pip install -e '.[gpu,notebook,serve,dev]'`): the GPU tests (the
-# correctness matrix among them), then every notebook executed there on a dummy model. One summary line per part; logs in out/gpu-check/.
+# correctness matrix among them), then every notebook executed there on a dummy model. One
+# summary line per part; logs in out/gpu-check/.
 GPU_PYTHON ?= python3
 # each test by name as it starts (a call killed at its limit shows which one it was in), the
 # slowest at the end of a log; a test still running after 200 s writes every thread's stack there
@@ -54,8 +55,8 @@ GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -v -p no:cacheprovider --duration
 	-o faulthandler_timeout=200
 # PART=tests or PART=notebooks runs one half; a call on the lent machine stops at 10 minutes, so
 # PART=tests-a, tests-b and tests-c split the tests (on the H200, 2026-12-05: tests-a 317 s,
-# tests-b 189 s, tests-c 60 s, notebooks about 360 s
-# of cells: 01-08 in one call, 09 in the next), or GPU_TESTS="tests/test_a.py ..." runs some
+# tests-b 189 s, tests-c 60 s; the notebooks' cells about 360 s), or GPU_TESTS="tests/a.py ..."
+# runs some
 PART ?= all
 GPU_TESTS_A = test_gpu_memory test_gpu_numerics test_gpu_tp
 GPU_TESTS_B = test_gpu_matrix test_moe_planted test_fused_moe test_gpu_prefill_graphs \
