@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from workbench import LLM, Workbench, load_run
-from workbench.bench.bound import decode_step_bound
+from workbench.bench.bound import decode_step_bound, prefill_bound, workload_bound
 from workbench.bench.printout import _print_decode_step
 from workbench.history.history import TABLES, History, _build_tables
 from workbench.history.roofline import (
@@ -19,6 +19,7 @@ from workbench.history.roofline import (
     H200,
     Roofline,
     device_spec,
+    expert_weights,
     roofline_spec,
     spec_named,
     streamed_weights,
@@ -116,6 +117,29 @@ def test_a_chunked_prompt_does_the_work_of_one_prefill_and_reads_the_weights_per
     assert chunked_flops == whole_flops
     # the weights once per chunk, and each chunk reads the KV of the chunks before it
     assert chunked_bytes > whole_bytes + (chunks - 1) * weight_bytes
+
+
+def test_an_moe_prompt_computes_its_tokens_top_k_experts_not_all_of_them():
+    """Qwen3-30B-A3B: a prompt token computes the dense weights and 8 of each MoE layer's 128
+    experts, so prefilling costs about a tenth of the FLOPs of its 30B weights; the workload's
+    bound counts prompts as a prompt step's FLOPs are counted."""
+    from workbench.models import ModelConfig, resolve
+
+    cfg = ModelConfig.from_dir(resolve("dummy:qwen3-30b-a3b"))
+    lens = [100, 1024]
+    active = streamed_weights(cfg) - expert_weights(cfg)
+    active += len(cfg.moe_layers) * cfg.num_experts_per_tok * cfg.expert_params()
+    pairs = sum(n * (n + 1) // 2 for n in lens)
+    flops = 2 * active * sum(lens) + 4 * cfg.num_heads * cfg.head_dim * cfg.num_layers * pairs
+    assert prefill_bound(cfg, lens, H200) == pytest.approx(flops / H200.flops, rel=1e-12)
+    assert (
+        prefill_bound(cfg, lens, H200) < 0.15 * 2 * streamed_weights(cfg) * sum(lens) / H200.flops
+    )
+    roof = Roofline.for_model(cfg, 2, H200)
+    step = sum(roof.of_counts(n, n * (n + 1) // 2, n).flops for n in lens)
+    assert prefill_bound(cfg, lens, H200) == pytest.approx(step / H200.flops, rel=1e-12)
+    whole = workload_bound(cfg, lens, [1, 1], H200)  # (one token each: no decode step)
+    assert whole.decode_steps == 0 and whole.seconds == pytest.approx(flops / H200.flops)
 
 
 def test_tables_without_a_cost_have_nan_columns_and_with_one_build_step_by_step(run):

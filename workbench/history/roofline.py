@@ -80,14 +80,11 @@ def decode_step_bound(
 
 
 def prefill_bound(model_cfg: ModelConfig, prompt_lens: list[int], device: DeviceSpec) -> float:
-    """Seconds of the FLOPs of prefilling `prompt_lens` (the whole square of attention)."""
-    weights = streamed_weights(model_cfg)
-    tokens = sum(prompt_lens)
-    attn = sum(
-        2 * n * n * model_cfg.num_heads * model_cfg.head_dim * model_cfg.num_layers
-        for n in prompt_lens
-    )
-    return (2 * weights * tokens + attn) / device.flops
+    """Seconds of the FLOPs of prefilling `prompt_lens` (the whole square of attention), counted
+    as `Roofline.of_counts` counts a prompt step's: an MoE model's tokens each compute their
+    top-k experts, not all of them."""
+    roof = Roofline.for_model(model_cfg, 2, device)
+    return sum(roof.of_counts(n, n * (n + 1) // 2, n).flops for n in prompt_lens) / device.flops
 
 
 def device_spec(device: torch.device | str) -> DeviceSpec | None:
