@@ -21,9 +21,9 @@ from workbench.instrument.probe import Probe
 from workbench.layers.moe import SparseMoE
 from workbench.runs import RunHistory
 from workbench.scheduler.scheduler import Scheduler
-from workbench.twin.costs import Linear
+from workbench.twin.costs import Linear, StepCosts
 from workbench.twin.features import device_features
-from workbench.twin.routing import expected_touched
+from workbench.twin.routing import expected_touched, independent_tokens
 
 from .conftest import PROMPTS, greedy
 from .test_twin import (
@@ -360,7 +360,9 @@ def test_the_twin_schedules_an_moe_model_step_for_step(policy, chunk, page, over
     )
     twin_history = run_workload(twin, requests, (5, 3))
     assert_same_schedule(real_history, twin_history)
-    # the twin's routing: per MoE layer, the experts uniform routing touches on average
+    # the twin's routing: per MoE layer, the experts uniform routing touches on average (costs
+    # fitted on no runs: every token routed independently)
+    assert costs.prompt_spread == 1.0
     cfg = twin.engine.model_config
     steps = twin_history.steps
     E, k = cfg.num_experts, cfg.num_experts_per_tok
@@ -400,6 +402,56 @@ def test_step_costs_fitted_on_moe_runs_count_the_experts_touched():
     assert history.steps.experts_touched.notna().all()
     expected, _ = truth.predict_steps(history.steps)
     assert np.allclose(history.steps.device_ms, expected, rtol=0, atol=1e-6)
+
+
+def test_the_twin_learns_how_prompt_chunks_route():
+    """Real MoE runs whose prompt steps touched as many experts as chunks of n tokens routing
+    like n ** 0.35 independent tokens (decoding tokens independent) would: the fit finds that
+    spread, keeps it through a save, and a twin on it routes its prompt steps so."""
+    truth, spread = moe_costs(0.4), 0.35
+    cfg = Workbench(MODEL).engine.model_config
+    E, k = cfg.num_experts, cfg.num_experts_per_tok
+    runs = timed_runs(Workbench(MODEL, num_pages=20000), truth)
+    for name, run in runs.items():
+        steps = run.steps.copy()
+        rows = (steps.batch_size - steps.decode_tokens).to_numpy()
+        prompt = (steps.num_tokens - steps.decode_tokens).to_numpy()
+        tokens = independent_tokens(steps.decode_tokens.to_numpy(), rows, prompt, spread)
+        steps["experts_touched"] = expected_touched(tokens, E, k)
+        steps["device_ms"] = truth.predict_steps(steps)[0]
+        runs[name] = RunHistory({**run.tables(), "steps": steps}, run.meta)
+    assert (runs["mixed"].steps.phase == "mixed").any()  # chunks beside decoding tokens
+    fitted = fit_step_costs(runs)
+    assert fitted.prompt_spread == pytest.approx(spread, abs=1e-9)
+    assert fitted.routing["error_pct"] == pytest.approx(0, abs=1e-6)
+    assert StepCosts.from_dict(fitted.to_dict()).routing == fitted.routing
+    assert "n ** 0.35 tokens routed independently" in fitted.summary()
+    twin = Workbench(MODEL, step_costs=fitted, max_extend_tokens=24, policy="mixed")
+    steps = run_workload(twin, workload(seed=6, n=14)).steps
+    prompt_steps = steps[steps.phase != "decode"]
+    assert len(prompt_steps) > 3
+    for s in steps.itertuples():
+        rows, prompt = s.batch_size - s.decode_tokens, s.num_tokens - s.decode_tokens
+        touched = expected_touched(independent_tokens(s.decode_tokens, rows, prompt, spread), E, k)
+        assert s.experts_touched == min(max(round(float(touched)), k), E)
+    # fewer than independent tokens would touch: the spread is what the twin went by
+    assert (
+        prompt_steps.experts_touched
+        < prompt_steps.num_tokens.map(lambda n: min(max(round(expected_touched(n, E, k)), k), E))
+    ).any()
+
+
+def test_a_spread_needs_prompt_steps_with_routing():
+    """Runs without prompt steps that counted experts (a dense model's) fit no spread: 1.0,
+    every token routed independently, which `independent_tokens` then counts."""
+    from workbench.twin.routing import fit_prompt_spread
+
+    steps = pd.DataFrame(
+        dict(phase=["decode", "prefill"], batch_size=[4, 1], decode_tokens=[4, 0],
+             num_tokens=[4, 30], experts_touched=[3.0, np.nan])
+    )  # fmt: skip
+    assert fit_prompt_spread(steps, 8, 2)[:2] == (1.0, 0)
+    assert independent_tokens(3, 2, 40, 1.0) == 43
 
 
 @pytest.mark.gpu

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..clocks import HOST_STAGES
+from ..models import ModelConfig, resolve
 from .coverage import MIN_SHAPE_STEPS, uncalibrated
 from .features import (
     HOST_FEATURES,
@@ -30,6 +31,7 @@ from .features import (
     step_features,
 )
 from .fit import robust_nnls
+from .routing import fit_prompt_spread
 from .runs import check_same_setup, named_runs, steps_of
 
 VERSION = 1
@@ -68,6 +70,14 @@ class StepCosts:
     ranges: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     # graph path -> captured shape -> how many calibration steps replayed it
     shape_steps: dict[str, dict[str, int]] = field(default_factory=dict)
+    # an MoE model's: how its prompt chunks route (`routing.fit_prompt_spread`): "prompt_spread",
+    # the prompt "steps" it was fitted on and the median "error_pct" of their experts touched
+    routing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def prompt_spread(self) -> float:
+        """A prompt chunk of n tokens routes as n ** this independent tokens (`routing.py`)."""
+        return float(self.routing.get("prompt_spread", 1.0))
 
     def predict(self, f: Mapping[str, float]) -> tuple[float, tuple[float, ...]]:
         """A step's device ms and host ms per stage from its `features.batch_features`."""
@@ -140,6 +150,13 @@ class StepCosts:
                 )
                 lines += _wrapped(f"  calibrated, {path}: {spans}")
         lines.append(f"host between two steps (the loop around them): {self.between_ms:.4g} ms")
+        if self.routing:
+            r = self.routing
+            lines += _wrapped(
+                f"routing: a prompt chunk of n tokens touches as many experts as n ** "
+                f"{r['prompt_spread']:.2f} tokens routed independently (fitted on {r['steps']} "
+                f"prompt steps, experts touched median error {r['error_pct']:.1f}%)"
+            )
         lines += _legend(used)
         if self.errors:
             lines.append("its error on the steps it was fitted on (|fit - real| / real):")
@@ -168,6 +185,7 @@ class StepCosts:
             "shapes": self.shapes,
             "ranges": {p: {n: list(r) for n, r in d.items()} for p, d in self.ranges.items()},
             "shape_steps": self.shape_steps,
+            "routing": self.routing,
         }
 
     @classmethod
@@ -190,6 +208,7 @@ class StepCosts:
                 for p, d in data.get("ranges", {}).items()
             },
             shape_steps={p: dict(d) for p, d in data.get("shape_steps", {}).items()},
+            routing=dict(data.get("routing", {})),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -252,8 +271,20 @@ def fit_step_costs(runs) -> StepCosts:
         "steps": int(len(steps)),
     }
     between = _between_ms(named)
+    routing = {}
+    if moe:
+        cfg = ModelConfig.from_dir(resolve(setup["model"]))
+        spread, n, error = fit_prompt_spread(steps, cfg.num_experts, cfg.num_experts_per_tok)
+        routing = {"prompt_spread": spread, "steps": n, "error_pct": round(error, 2)}
     costs = StepCosts(
-        meta, device, host, between, shapes=shapes, ranges=ranges, shape_steps=shape_steps
+        meta,
+        device,
+        host,
+        between,
+        shapes=shapes,
+        ranges=ranges,
+        shape_steps=shape_steps,
+        routing=routing,
     )
     return replace(costs, errors=_errors(costs, steps))
 

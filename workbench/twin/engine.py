@@ -21,7 +21,7 @@ from ..kvcache.table import TableManager
 from ..models import ModelConfig, resolve
 from .costs import StepCosts
 from .features import batch_features
-from .routing import uniform_routing
+from .routing import estimated_routing
 from .timeline import Timeline
 
 
@@ -76,9 +76,16 @@ class TwinEngine:
         if self.moe_layers:  # NOTE: an estimate from the step's tokens alone (`routing.py`)
             cfg = self.model_config
             _, cached, device_len = batch.ledger
-            tokens = int((device_len - cached).sum())
-            counts = uniform_routing(
-                tokens, len(self.moe_layers), cfg.num_experts, cfg.num_experts_per_tok, launch.index
+            nd = batch.num_decode
+            counts = estimated_routing(
+                nd,
+                batch.size - nd,
+                int((device_len[nd:] - cached[nd:]).sum()),
+                len(self.moe_layers),
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+                launch.index,
+                self.costs.prompt_spread,
             )
             launch.routing = torch.from_numpy(counts)
             experts = experts_touched(counts)
