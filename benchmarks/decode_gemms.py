@@ -1,14 +1,15 @@
 """A decode step's GEMMs alone, against what reading their weights must take.
 
     python benchmarks/decode_gemms.py [--model dummy:qwen3-0.6b] [--batch 8 64 256]
-                                      [--blas cublas cublaslt triton]
+                                      [--blas cublas cublaslt triton triton-1]
 
 For each projection of one decoder layer of a dense model (fused QKV, output, fused gate-up,
 down) and the LM head, at each batch size: the device's time of one `F.linear` in bf16 (replayed
 in a CUDA graph: CUDA events around one call time its launch, 24-40 us at batch 8 on an H100
 where the device takes 4-6 us) under each BLAS library torch can pick (`torch.backends.cuda.
 preferred_blas_library`) and of the engine's small-batch Triton kernel (`small_gemm`, batches
-of up to 16 rows; the engine keeps the LM head on cuBLAS), the bound (its weights, inputs and
+of up to 16 rows; the engine keeps the LM head on cuBLAS; "triton" splits K as the kernel
+chooses, "triton-N" N ways), the bound (its weights, inputs and
 outputs once at the device's bandwidth, or its FLOPs at its peak: `history/roofline.py`'s spec
 of the GPU it runs on, or `--device-spec`'s), and the ratio; then a decode step's GEMMs in all
 (the layer's times the number of layers, and the LM head). On a CPU it times the same shapes with
@@ -18,6 +19,7 @@ of the GPU it runs on, or `--device-spec`'s), and the ratio; then a decode step'
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -73,8 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--blas",
         nargs="+",
-        default=["cublas", "cublaslt", "triton"],
-        help="triton: the engine's small-batch kernel (`small_gemm`; batches of up to 16 rows)",
+        default=["cublas", "cublaslt", "triton", "triton-1"],
+        help="triton: the engine's small-batch kernel (`small_gemm`; batches of up to 16 rows), "
+        "K split as `split_k` chooses; triton-N: split N ways (triton-1: not split)",
     )
     parser.add_argument(
         "--device-spec", choices=sorted(DEVICES), help="the bound's GPU (default: the one here)"
@@ -108,12 +111,15 @@ def main(argv: list[str] | None = None) -> None:
             step_bound += bound * count
             cells = []
             for library in blas:
-                if library == "triton" and m > SMALL_ROWS:
+                if library.startswith("triton") and m > SMALL_ROWS:
                     step[library] = float("nan")
                     cells.append(f" {'-':>12} {'':>6}")
                     continue
-                if library == "triton":
-                    from workbench.kernels.small_gemm import small_linear as linear
+                if library.startswith("triton"):
+                    from workbench.kernels.small_gemm import small_linear
+
+                    splits = int(library.split("-")[1]) if "-" in library else None
+                    linear = functools.partial(small_linear, splits=splits)
                 else:
                     linear = F.linear
                     if cuda:

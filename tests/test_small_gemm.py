@@ -39,10 +39,21 @@ SHAPES = {
     "2x3x24x64-bias": ((2, 3), 24, 64, True),
     "5x9000x40": ((5,), 9000, 40, False),  # wider tiles past 8,192 columns
 }
+# K split (`splits`): ragged K within and across splits, ragged columns, a bias, wide tiles
+SPLIT_SHAPES = {
+    "8x40x1300-split3": (((8,), 40, 1300, False), 3),
+    "16x72x2100-bias-split4": (((16,), 72, 2100, True), 4),
+    "1x24x520-split2": (((1,), 24, 520, False), 2),
+    "5x9000x600-split2": (((5,), 9000, 600, False), 2),
+}
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3}
 CASES = {
     f"{name}-{str(dtype).removeprefix('torch.')}": make_inputs(*shape, dtype, "cpu")
     for name, shape in SHAPES.items()
+    for dtype in (torch.float32, torch.float16)
+} | {
+    f"{name}-{str(dtype).removeprefix('torch.')}": (*make_inputs(*shape, dtype, "cpu"), splits)
+    for name, (shape, splits) in SPLIT_SHAPES.items()
     for dtype in (torch.float32, torch.float16)
 }
 
@@ -63,11 +74,26 @@ def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("case", CASES)
 def test_interpreted_kernel_matches_f_linear(interpreted, case):
-    x, w, b = CASES[case]
+    x, w, b = CASES[case][:3]
     y = interpreted[case]
     assert y.shape == (*x.shape[:-1], w.shape[0]) and y.dtype == x.dtype
     tol = TOLERANCE[x.dtype]
     torch.testing.assert_close(y.float(), reference(x, w, b), atol=tol, rtol=tol)
+
+
+def test_k_is_split_where_the_columns_leave_the_gpu_idle():
+    """About two programs an SM (264 on an H100 or H200): dummy Qwen3-0.6B's 1,024-column
+    projections split K four ways, its wide ones and Qwen3-8B's do not; a split is at least two
+    BLOCK_K steps long."""
+    programs = 2 * 132
+    assert compiled.split_k(1024, 2048, programs) == 4  # output
+    assert compiled.split_k(1024, 3072, programs) == 4  # down
+    assert compiled.split_k(6144, 1024, programs) == 1  # gate-up: 384 column blocks
+    assert compiled.split_k(4096, 4096, programs) == 1  # 8B's output: 256 column blocks
+    assert compiled.split_k(1024, 512, programs) == 1  # K of two steps: nothing to split
+    x, w, b = make_inputs((2,), 16, 32, False, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="splits must be 1 to 16, got 0"):
+        compiled.small_linear(x, w, b, splits=0)
 
 
 def test_more_rows_than_a_tile_are_refused_naming_the_limit():

@@ -6,15 +6,18 @@ they are bound by how fast the weights stream in. cuBLAS tiles a step of dummy Q
 64 output columns a program (on an H100: 83 launches a step of one 64x8 tile), which leaves a
 1,024-column projection 16 programs on a GPU of 132 SMs. Here each program owns `BLOCK_N`
 columns (16: the smallest tensor-core tile) and streams their whole rows of `W`, so the same
-projection gets 64 programs and a 6,144-column one 384. No split over K: every output is summed
-in one program in one order, so the same inputs give the same bits.
+projection gets 64 programs and a 6,144-column one 384.
 
 Measured (H100, 2026-12-05, dummy Qwen3-0.6B's shapes at 8 rows, each replayed in a CUDA graph):
 it does not beat cuBLAS as it is, so `small_gemm` stays off. Fused QKV 4.68 us against cuBLAS's
 3.63, output 5.39 against 4.84, gate-up 6.07 against 4.39, down 7.02 against 5.89 (their weights
 alone take 1.3-3.8 us at the H100's bandwidth); the best other tiles tried (BLOCK_K 512 or 128,
 two warps) came to 5.56 against 5.89 (down) and 4.67 against 4.39 (gate-up). The 1,024-column
-projections are 3-4x their bound under both: what is left to try is a split over K."""
+projections are 3-4x their bound under both: 64 programs of 16 columns leave most of the GPU's
+SMs idle. So K is split too (`split_k`: about two programs an SM; 1,024 x 2,048 at 8 rows in 4
+splits, 256 programs), each split's sum left in a slab of float32 and the slabs added in split
+order by whichever program of a column block counts last: one launch, and still one order of
+sums, so the same bits. Not yet measured on a GPU."""
 
 from __future__ import annotations
 
@@ -32,39 +35,59 @@ def _small_gemm(
     w_ptr,
     b_ptr,
     y_ptr,
+    partial_ptr,
+    count_ptr,
     M,
     N,
     K,
+    K_PER_SPLIT,
     stride_xm,
     stride_wn,
     stride_ym,
     HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_ok, col_ok = rows < M, cols < N
+    tile = rows[:, None] * N + cols[None, :]  # (a partial sum's place in its split's slab)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_end = tl.minimum(K, (pid_k + 1) * K_PER_SPLIT)
+    for k0 in range(pid_k * K_PER_SPLIT, k_end, BLOCK_K):
         k = k0 + ks
         x = tl.load(
             x_ptr + rows[:, None] * stride_xm + k[None, :],
-            mask=row_ok[:, None] & (k[None, :] < K),
+            mask=row_ok[:, None] & (k[None, :] < k_end),
             other=0.0,
         )
         w = tl.load(  # [BLOCK_K, BLOCK_N]: W's rows `cols`, read along K
             w_ptr + cols[None, :] * stride_wn + k[:, None],
-            mask=col_ok[None, :] & (k[:, None] < K),
+            mask=col_ok[None, :] & (k[:, None] < k_end),
             other=0.0,
         )
         acc = tl.dot(x, w, acc)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    out = y_ptr + rows[:, None] * stride_ym + cols[None, :]
-    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    last = True
+    if SPLIT_K > 1:
+        # NOTE: each split leaves its sum in its slab; the program that counts last (the
+        # atomic's acq_rel makes the others' slabs visible to it) adds the slabs in split order,
+        # so the bits do not depend on which split finished last
+        tl.store(partial_ptr + pid_k * BLOCK_M * N + tile, acc, mask=col_ok[None, :])
+        last = tl.atomic_add(count_ptr + pid_n, 1) == SPLIT_K - 1
+    if last:
+        if SPLIT_K > 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for split in range(SPLIT_K):
+                acc += tl.load(partial_ptr + split * BLOCK_M * N + tile, mask=col_ok[None, :])
+            tl.atomic_xchg(count_ptr + pid_n, 0)  # (ready for the next launch)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        out = y_ptr + rows[:, None] * stride_ym + cols[None, :]
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 def block_n(n: int) -> int:
@@ -73,32 +96,82 @@ def block_n(n: int) -> int:
     return 16 if n <= 8192 else 64
 
 
-def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """`F.linear(x, weight, bias)` for `x` of at most `MAX_ROWS` rows (any leading shape)."""
+def split_k(n: int, k: int, programs: int) -> int:
+    """Splits of K for `n` output columns: enough that the launch has about `programs` programs
+    (two a streaming multiprocessor), each split at least two `BLOCK_K` steps; 1 (no split)
+    where the columns alone make that many."""
+    columns = triton.cdiv(n, block_n(n))
+    return max(1, min(programs // columns, k // (2 * BLOCK_K), MAX_SPLITS))
+
+
+MAX_SPLITS = 16
+# NOTE: a split launch has fewer column blocks than programs (`split_k`), so at most a few
+# thousand counters are ever in use; one fixed buffer a device, never replaced (a CUDA graph
+# keeps the address it captured)
+MAX_COUNTERS = 4096
+_COUNTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counts(device: torch.device) -> torch.Tensor:
+    """Zeroed int32 counters, one per column block, shared by every launch on the device (a
+    launch leaves them zero again; the engine's launches on one stream do not overlap)."""
+    if device not in _COUNTS:
+        _COUNTS[device] = torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
+    return _COUNTS[device]
+
+
+def small_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    splits: int | None = None,
+):
+    """`F.linear(x, weight, bias)` for `x` of at most `MAX_ROWS` rows (any leading shape). K is
+    split `splits` ways (None: `split_k`'s choice for this GPU; 1 on a CPU)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     m, k = x2.shape
     n = weight.shape[0]
     if m > MAX_ROWS:
         raise ValueError(f"small_linear takes at most {MAX_ROWS} rows, got x of shape {shape}")
+    if splits is not None and not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"small_linear: splits must be 1 to {MAX_SPLITS}, got {splits}")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     if weight.stride(-1) != 1:
         raise ValueError("small_linear needs a weight contiguous along its input features")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     bn = block_n(n)
-    _small_gemm[(triton.cdiv(n, bn),)](
+    if splits is None:
+        sms = x.device.type == "cuda" and torch.cuda.get_device_properties(x.device)
+        splits = split_k(n, k, 2 * sms.multi_processor_count) if sms else 1
+    per_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
+    splits = triton.cdiv(k, per_split)  # (none of them empty)
+    partial = counts = y  # (not read without a split)
+    if splits > 1:
+        if triton.cdiv(n, bn) > MAX_COUNTERS:
+            raise ValueError(
+                f"small_linear: {splits} splits of {n} columns need more than {MAX_COUNTERS} "
+                "counters; pass splits=1"
+            )
+        partial = torch.empty((splits, MAX_ROWS, n), dtype=torch.float32, device=x.device)
+        counts = _counts(x.device)
+    _small_gemm[(triton.cdiv(n, bn), splits)](
         x2,
         weight,
         bias if bias is not None else weight,  # (not read without a bias)
         y,
+        partial,
+        counts,
         m,
         n,
         k,
+        per_split,
         x2.stride(0),
         weight.stride(0),
         y.stride(0),
         HAS_BIAS=bias is not None,
+        SPLIT_K=splits,
         BLOCK_M=MAX_ROWS,
         BLOCK_N=bn,
         BLOCK_K=BLOCK_K,
