@@ -8,8 +8,9 @@ kernel replayed in a CUDA graph: the decode wrapper on CUDA cores and on tensor 
 (FlashInfer's "fa2" and its default backend), the same as the engine's graphs make it
 (`use_cuda_graph=True`: fixed buffers, a work layout fixed for the batch size; also with the KV
 split off, `disable_split_kv`), and the prefill wrapper used for decode ("fa2" and the
-default), at page sizes 1 and 16. Prints ms per layer, the KV read in TB/s, and the host time
-of `plan()`.
+default), at page sizes 1 and 16; and the workbench's Triton kernel (`kernels/decode_attention.py`:
+no plan, the token-granular page table; split as it chooses and not split). Prints ms per layer,
+the KV read in TB/s, and the host time of `plan()` (0 for the Triton kernel: it has none).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ def measure(
             w.plan(indptr, indices, last, heads, kv_heads, dim, page, **shape, **split)
 
         rows.append(_row(name, wrapper, plan, q, (k, v), kv_bytes))
+    rows += _triton_rows(k, v, q, indices, pages_per, lens, page, kv_bytes)
     qo = torch.arange(len(lens) + 1, dtype=torch.int32)
     for name, backend in (("prefill wrapper, fa2", "fa2"), ("prefill wrapper, default", "auto")):
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
@@ -108,6 +110,42 @@ def measure(
 
         rows.append(_row(name, wrapper, plan, q, (k, v), kv_bytes))
     return rows
+
+
+def _triton_rows(k, v, q, indices, pages_per, lens, page, kv_bytes) -> list[tuple]:
+    """The workbench's Triton kernel (`kernels/decode_attention.py`) on the same KV, through a
+    token-granular page table as the engine keeps it; split as it chooses, and not split."""
+    from workbench.kernels.decode_attention import decode_attention
+
+    dev, dim = q.device, q.shape[-1]
+    kv_heads = k.shape[2]
+    width = max(pages_per) * page
+    table = torch.zeros(len(lens), width, dtype=torch.int32, device=dev)
+    first = 0
+    for i, count in enumerate(pages_per):
+        pages = indices[first : first + count].long()
+        table[i, : count * page] = (
+            pages[:, None] * page + torch.arange(page, device=dev)
+        ).flatten()
+        first += count
+    rows = torch.arange(len(lens), dtype=torch.int32, device=dev)
+    lens_d = torch.tensor(lens, dtype=torch.int32, device=dev)
+    k_slots, v_slots = k.view(-1, kv_heads, dim), v.view(-1, kv_heads, dim)
+    out = []
+    for name, splits in (("triton (kernels/decode_attention.py)", None), ("triton, no split", 1)):
+        try:
+
+            def run(s=splits):
+                return decode_attention(q, k_slots, v_slots, table, rows, lens_d, dim**-0.5, s)
+
+            seconds = graph_time(run)
+        except Exception as exc:
+            out.append(
+                (name, float("nan"), float("nan"), float("nan"), f"{type(exc).__name__}: {exc}")
+            )
+            continue
+        out.append((name, seconds * 1e3, kv_bytes / seconds / 1e12, 0.0, ""))
+    return out
 
 
 def _row(name: str, wrapper, plan, q, kv, kv_bytes: int) -> tuple:

@@ -17,6 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from workbench.kernels import (  # noqa: E402
+    decode_attention,
     fused_moe,
     moe_route,
     page_indices,
@@ -145,6 +146,18 @@ KERNELS = {
             BLOCK_N=small_gemm.block_n(1024), BLOCK_K=small_gemm.BLOCK_K,
         ),
         dict(num_warps=4, num_stages=4),
+    ),
+    "decode_attention split 4": (
+        decode_attention._decode_attention,
+        _args(
+            q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", table_ptr="*i32", rows_ptr="*i32",
+            lens_ptr="*i32", out_ptr="*bf16", part_o_ptr="*fp32", part_lse_ptr="*fp32",
+            count_ptr="*i32", scale_log2="fp32", stride_qb="i32", stride_qh="i32",
+            stride_ks="i32", stride_kh="i32", stride_vs="i32", stride_vh="i32",
+            stride_table="i32", stride_ob="i32", stride_oh="i32",
+        ),
+        dict(GROUP=2, HEAD_DIM=128, SPLITS=4, BLOCK_G=16, BLOCK_N=decode_attention.BLOCK_N),
+        dict(num_warps=4),
     ),
 }  # fmt: skip
 
