@@ -171,6 +171,7 @@ def test_bad_sampling_values(llm, kwargs, error, message):
         (dict(cuda_graph=1), TypeError, "cuda_graph must be True or False"),
         (dict(small_gemm="yes"), TypeError, "small_gemm must be True or False, got 'yes'"),
         (dict(decode_split_kv=0), TypeError, "decode_split_kv must be True or False"),
+        (dict(decode_kernel="cuda"), ValueError, "decode_kernel must be one of"),
         (
             dict(cuda_graph_max_tokens=20000),
             ValueError,

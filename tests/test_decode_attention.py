@@ -146,3 +146,42 @@ def test_gpu_kernel_replays_in_a_cuda_graph_on_new_lengths():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, compiled.decode_attention(q, k, v, table, rows, lens, scale))
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_the_engine_answers_the_planted_workload_with_the_triton_kernel(graphs, page_size):
+    """`decode_kernel="triton"` in the engine: the planted induction model's answers are the
+    pattern's continuations (chunked prompts beside decodes, requests aborted mid-prompt and
+    mid-decode, overlap on and off), decode steps replayed as graphs or run eagerly."""
+    from workbench import Workbench
+
+    from .planted import run_workload
+
+    wb = Workbench(
+        "dummy:qwen3-induction",
+        decode_kernel="triton",
+        page_size=page_size,
+        cuda_graph=graphs,
+        num_pages=16384 // page_size,
+        max_running_reqs=8,
+        cuda_graph_max_bs=8,
+    )
+    try:
+        for chunk, policy, overlap in ((16, "mixed", True), (8192, "prefill_first", False)):
+            counts = run_workload(wb, chunk, policy, overlap, graphs)
+            assert counts["exact"] == counts["outputs"]
+    finally:
+        wb.close()
+
+
+def test_the_triton_kernel_is_refused_where_flashinfer_does_not_run():
+    """On the CPU (the torch backend) the option names itself and what is allowed."""
+    from workbench import Workbench
+
+    with pytest.raises(ValueError, match="decode_kernel='triton' runs on the FlashInfer backend"):
+        Workbench("tiny-qwen3", device="cpu", decode_kernel="triton")
+    with pytest.raises(ValueError, match="decode_kernel"):
+        Workbench("tiny-qwen3", device="cpu", decode_kernel="cutlass")

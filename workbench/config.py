@@ -16,6 +16,7 @@ CacheKind = Literal["naive", "radix"]
 
 CACHE_KINDS = tuple(CACHES)
 TP_BACKENDS = ("nccl", "gloo")
+DECODE_KERNELS = ("flashinfer", "triton")  # EngineConfig.decode_kernel
 # how an MoE model's experts are computed: `layers.moe.MOE_BACKENDS` (a test keeps the two
 # lists equal) and "auto": "triton" on a GPU when Triton is installed, else "torch"
 MOE_BACKEND_CHOICES = ("auto", "torch", "triton")
@@ -70,6 +71,9 @@ class EngineConfig:
     # FlashInfer's KV split in captured decode steps on tensor cores (False: a program per
     # request and KV head, no merge launch; benchmarks/decode_attention.py times both)
     decode_split_kv: bool = True
+    # the kernel of decode steps' attention on the FlashInfer backend: "flashinfer", or "triton"
+    # (kernels/decode_attention.py: no plan, reads the page table; not yet measured on a GPU)
+    decode_kernel: str = "flashinfer"
     # linear layers of batches up to 16 rows in one Triton kernel, not cuBLAS (cuda only; off:
     # slower than cuBLAS on an H100, kernels/small_gemm.py says by how much)
     small_gemm: bool = False
@@ -124,6 +128,7 @@ class EngineConfig:
             decode_tensor_cores=V.optional_boolean("decode_tensor_cores", self.decode_tensor_cores),
             small_gemm=V.boolean("small_gemm", self.small_gemm),
             decode_split_kv=V.boolean("decode_split_kv", self.decode_split_kv),
+            decode_kernel=V.choice("decode_kernel", self.decode_kernel, DECODE_KERNELS),
             cuda_graph_max_bs=V.integer("cuda_graph_max_bs", self.cuda_graph_max_bs, 1),
             cuda_graph_max_tokens=V.integer(
                 "cuda_graph_max_tokens", self.cuda_graph_max_tokens, 0, MAX_GRAPH_TOKENS
@@ -150,6 +155,12 @@ class EngineConfig:
             raise ValueError(
                 f"tp_backend='nccl' needs a CUDA device, device is {self.torch_device}; "
                 "allowed on the cpu: 'gloo'"
+            )
+        if self.decode_kernel == "triton" and self.attention_backend != "flashinfer":
+            raise ValueError(
+                f"decode_kernel='triton' runs on the FlashInfer backend (a CUDA device with "
+                f"flashinfer installed), attention is {self.attention_backend!r}; allowed there: "
+                "'flashinfer'"
             )
         if self.moe_backend == "triton" and self.torch_device.type != "cuda":
             raise ValueError(

@@ -9,7 +9,12 @@ import torch
 from ..core import Batch
 from ..device import staging
 from .base import AttentionBackend
-from .flashinfer_graphs import WORKSPACE_BYTES, FlashInferMetadata, GraphWrappers
+from .flashinfer_graphs import (
+    WORKSPACE_BYTES,
+    FlashInferMetadata,
+    GraphWrappers,
+    TritonDecodeMetadata,
+)
 from .flashinfer_plan import PagedKV, Planner
 
 
@@ -22,10 +27,12 @@ class FlashInferBackend(AttentionBackend):
         head_dim: int,
         decode_tensor_cores: bool | None = None,
         decode_split_kv: bool = True,
+        decode_kernel: str = "flashinfer",
     ) -> None:
         import flashinfer
 
         super().__init__(pool, table, num_heads, head_dim, decode_tensor_cores, decode_split_kv)
+        self.triton_decode = decode_kernel == "triton"  # `kernels/decode_attention.py`
         self.device = pool.buffer.device
         self.num_kv_heads = pool.buffer.shape[3]
         self.page_size = pool.page_size
@@ -49,6 +56,7 @@ class FlashInferBackend(AttentionBackend):
             self.workspace,
             self.use_tensor_cores,
             split_kv=decode_split_kv or not self.use_tensor_cores,
+            triton_decode=self.triton_decode,
         )
 
     def _kv_indices(self, rows: np.ndarray, kv: PagedKV) -> torch.Tensor:
@@ -63,6 +71,10 @@ class FlashInferBackend(AttentionBackend):
 
     def prepare(self, batch: Batch) -> None:
         rows, cached, kv_lens = batch.ledger
+        if self.triton_decode and not batch.is_prefill:  # no plan: rows and lengths suffice
+            rows_d, lens_d = self.staging.send([rows.astype(np.int64), kv_lens.astype(np.int32)])
+            batch.attn_metadata = TritonDecodeMetadata(batch.out_loc, rows_d, lens_d)
+            return
         kv = self.planner.paged(kv_lens)
         indices = self._kv_indices(rows, kv)
         if batch.is_prefill:
@@ -86,9 +98,15 @@ class FlashInferBackend(AttentionBackend):
         v: torch.Tensor | None,
         batch: Batch,
     ) -> torch.Tensor:
-        meta: FlashInferMetadata = batch.attn_metadata
+        meta: FlashInferMetadata | TritonDecodeMetadata = batch.attn_metadata
         if k is not None:
             self.pool.store(layer_id, meta.out_loc, k, v)
+        if isinstance(meta, TritonDecodeMetadata):
+            from ..kernels.decode_attention import decode_attention
+
+            k_cache, v_cache = self.pool.k(layer_id), self.pool.v(layer_id)
+            page_table, scale = self.table.page_table, self.head_dim**-0.5
+            return decode_attention(q, k_cache, v_cache, page_table, meta.rows, meta.kv_lens, scale)
         shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
         kv = (self.pool.k(layer_id).view(shape), self.pool.v(layer_id).view(shape))
         return meta.wrapper.run(q, kv)

@@ -25,6 +25,16 @@ class FlashInferMetadata:
     out_loc: torch.Tensor
 
 
+@dataclass
+class TritonDecodeMetadata:
+    """A decode step's inputs to `kernels/decode_attention.py`: each request's table row and
+    KV length on the device (a graph's static buffers when replayed)."""
+
+    out_loc: torch.Tensor
+    rows: torch.Tensor
+    kv_lens: torch.Tensor
+
+
 class GraphWrappers:
     """The graph wrappers of a `FlashInferBackend`. Callers fill each graph's ``indptr``,
     ``last_page_len`` and ``qo_indptr`` buffers before a replay."""
@@ -39,10 +49,13 @@ class GraphWrappers:
         workspace: torch.Tensor,
         use_tensor_cores: bool,
         split_kv: bool = True,
+        triton_decode: bool = False,
     ) -> None:
-        """`split_kv` False: decode shapes (on tensor cores) plan without FlashInfer's KV split."""
+        """`split_kv` False: decode shapes (on tensor cores) plan without FlashInfer's KV split;
+        `triton_decode`: decode shapes run `kernels/decode_attention.py` (nothing to plan)."""
         self.flashinfer, self.planner, self.table = flashinfer, planner, table
         self.workspace, self.use_tensor_cores = workspace, use_tensor_cores
+        self.triton_decode = triton_decode
         # NOTE: passed only when off, so the default plans are the calls they always were
         self._decode_split = {} if split_kv else {"disable_split_kv": True}
         self.device, self.page_size = planner.device, planner.page_size
@@ -61,12 +74,16 @@ class GraphWrappers:
         """The wrapper of a graph's `shape` (`engine.graph.Shape`: tokens, rows, decode) on its
         device buffers `x`; None for a prompt shape when `Replan` does not know this
         FlashInfer's planner."""
+        if shape.decode and self.triton_decode:
+            return TritonDecodeMetadata(x["out_loc"], x["rows"], x["kv_lens"])
         if shape.decode:
             return self.graph_metadata(shape.rows, x["out_loc"], x["kv_indptr"], x["last_page_len"])
         return self.prefill_graph_metadata((shape.tokens, shape.rows), x["out_loc"], x)
 
     def plan(self, shape: Any, x: dict[str, np.ndarray]) -> None:
         """Plan `shape`'s wrapper for the step whose host inputs are `x`, before it replays."""
+        if shape.decode and self.triton_decode:
+            return
         if shape.decode:
             self.plan_replay(shape.rows, x["kv_indptr"], x["kv_lens"])
         else:

@@ -117,6 +117,7 @@ class Engine:
             head_dim=model_cfg.head_dim,
             decode_tensor_cores=config.decode_tensor_cores,
             decode_split_kv=config.decode_split_kv,
+            decode_kernel=config.decode_kernel,
         )
         # padded (dummy) requests read the dummy slot, never a live request's KV
         self.table.write_row(

@@ -230,6 +230,7 @@ class GraphRunner:
         if shape.decode:  # (a prompt shape's are planned by the backend)
             x["kv_indptr"].copy_(torch.arange(shape.rows + 1, dtype=torch.int32))
             x["last_page_len"].fill_(1)
+            x["kv_lens"].fill_(1)  # (each reads the dummy slot)
         return x
 
     def _capture(self, shape: Shape, pool, stream: torch.cuda.Stream) -> None:

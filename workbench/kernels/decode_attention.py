@@ -8,7 +8,8 @@ head (all the query heads that share it: `BLOCK_G` rows of one tensor-core tile)
 table (no plan, nothing to rebuild for a graph replay), and keeps an online softmax. With one
 split it writes the output; with more, each program leaves its stretch's output and log-sum-exp
 in float32 and the program of a (request, head) that counts last merges them in split order: one
-launch, and the same bits whichever stretch finished last. Not yet measured on a GPU
+launch, and the same bits whichever stretch finished last. The engine's decode steps take it
+with `decode_kernel="triton"` (the FlashInfer backend). Not yet run on a GPU
 (`benchmarks/decode_attention.py` times it beside FlashInfer's).
 """
 
@@ -165,6 +166,8 @@ def decode_attention(
     if splits is None:
         sms = q.device.type == "cuda" and torch.cuda.get_device_properties(q.device)
         splits = splits_for(batch, kv_heads, 2 * sms.multi_processor_count) if sms else 1
+    if q.stride(-1) != 1:
+        q = q.contiguous()
     group = heads // kv_heads
     block_g = max(16, triton.next_power_of_2(group))  # (a tensor-core tile has 16 rows)
     out = torch.empty_like(q)
