@@ -114,7 +114,8 @@ def measure(
 
 def _triton_rows(k, v, q, indices, pages_per, lens, page, kv_bytes) -> list[tuple]:
     """The workbench's Triton kernel (`kernels/decode_attention.py`) on the same KV, through a
-    token-granular page table as the engine keeps it; split as it chooses, and not split."""
+    token-granular page table as the engine keeps it; split as it chooses and not split, and a
+    few other tiles."""
     from workbench.kernels.decode_attention import decode_attention
 
     dev, dim = q.device, q.shape[-1]
@@ -131,14 +132,34 @@ def _triton_rows(k, v, q, indices, pages_per, lens, page, kv_bytes) -> list[tupl
     rows = torch.arange(len(lens), dtype=torch.int32, device=dev)
     lens_d = torch.tensor(lens, dtype=torch.int32, device=dev)
     k_slots, v_slots = k.view(-1, kv_heads, dim), v.view(-1, kv_heads, dim)
+    want = []  # attention in float32 through the table, to check each choice against
+    group = q.shape[1] // kv_heads
+    for i, n in enumerate(lens):
+        slots = table[i, :n].long()
+        keys = k_slots[slots].float().repeat_interleave(group, dim=1)
+        values = v_slots[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[i].float(), keys) * dim**-0.5
+        want.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), values))
+    want = torch.stack(want)
     out = []
-    for name, splits in (("triton (kernels/decode_attention.py)", None), ("triton, no split", 1)):
+    choices = (  # name, splits, block_n, num_warps
+        ("triton (kernels/decode_attention.py)", None, 32, 4),
+        ("triton, no split", 1, 32, 4),
+        ("triton, 16-token blocks", None, 16, 4),
+        ("triton, 64-token blocks", None, 64, 4),
+        ("triton, 2 warps", None, 32, 2),
+        ("triton, 8 warps", None, 32, 8),
+    )
+    for name, splits, block_n, warps in choices:
         try:
 
-            def run(s=splits):
-                return decode_attention(q, k_slots, v_slots, table, rows, lens_d, dim**-0.5, s)
+            def run(s=splits, n=block_n, w=warps):
+                return decode_attention(
+                    q, k_slots, v_slots, table, rows, lens_d, dim**-0.5, s, block_n=n, num_warps=w
+                )
 
             seconds = graph_time(run)
+            name += f" (max |diff| {(run().float() - want).abs().max().item():.1e})"
         except Exception as exc:
             out.append(
                 (name, float("nan"), float("nan"), float("nan"), f"{type(exc).__name__}: {exc}")

@@ -152,11 +152,14 @@ def decode_attention(
     kv_lens: torch.Tensor,
     scale: float,
     splits: int | None = None,
+    block_n: int = BLOCK_N,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Attention of one new token a request: `q` [batch, heads, head_dim] against the first
     `kv_lens[i]` tokens of request `i`, whose KV slots are `page_table[rows[i], :kv_lens[i]]`
     in `k_cache` / `v_cache` [slots, kv_heads, head_dim]. `splits`: stretches of each request's
-    KV (None: `splits_for`'s choice for this GPU; 1 on a CPU). Returns [batch, heads, head_dim]."""
+    KV (None: `splits_for`'s choice for this GPU; 1 on a CPU); `block_n` and `num_warps`: the
+    tile (benchmarks try others). Returns [batch, heads, head_dim]."""
     batch, heads, dim = q.shape
     kv_heads = k_cache.shape[1]
     if heads % kv_heads:
@@ -207,7 +210,7 @@ def decode_attention(
         HEAD_DIM=dim,
         SPLITS=splits,
         BLOCK_G=block_g,
-        BLOCK_N=BLOCK_N,
-        num_warps=4,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
     )
     return out
