@@ -426,6 +426,11 @@ def test_the_twin_learns_how_prompt_chunks_route():
     assert fitted.routing["error_pct"] == pytest.approx(0, abs=1e-6)
     assert StepCosts.from_dict(fitted.to_dict()).routing == fitted.routing
     assert "n ** 0.35 tokens routed independently" in fitted.summary()
+    # runs of a model whose configuration is not here: costs all the same, no spread
+    elsewhere = {
+        n: RunHistory(r.tables(), {**r.meta, "model": "/elsewhere/moe"}) for n, r in runs.items()
+    }
+    assert fit_step_costs(elsewhere).routing == {}
     twin = Workbench(MODEL, step_costs=fitted, max_extend_tokens=24, policy="mixed")
     steps = run_workload(twin, workload(seed=6, n=14)).steps
     prompt_steps = steps[steps.phase != "decode"]

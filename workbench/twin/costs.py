@@ -271,11 +271,7 @@ def fit_step_costs(runs) -> StepCosts:
         "steps": int(len(steps)),
     }
     between = _between_ms(named)
-    routing = {}
-    if moe:
-        cfg = ModelConfig.from_dir(resolve(setup["model"]))
-        spread, n, error = fit_prompt_spread(steps, cfg.num_experts, cfg.num_experts_per_tok)
-        routing = {"prompt_spread": spread, "steps": n, "error_pct": round(error, 2)}
+    routing = _routing_fit(steps, setup["model"]) if moe else {}
     costs = StepCosts(
         meta,
         device,
@@ -287,6 +283,17 @@ def fit_step_costs(runs) -> StepCosts:
         routing=routing,
     )
     return replace(costs, errors=_errors(costs, steps))
+
+
+def _routing_fit(steps, model: str) -> dict[str, float]:
+    """How an MoE model's prompt chunks route (`routing.fit_prompt_spread`); empty (every token
+    independent) where the model's configuration cannot be found here."""
+    try:
+        cfg = ModelConfig.from_dir(resolve(model))
+    except (OSError, ValueError):
+        return {}
+    spread, n, error = fit_prompt_spread(steps, cfg.num_experts, cfg.num_experts_per_tok)
+    return {"prompt_spread": spread, "steps": n, "error_pct": round(error, 2)}
 
 
 def _fit_path(features, steps, names: tuple[str, ...]) -> tuple[Linear, dict[str, Linear]]:
