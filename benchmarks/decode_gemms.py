@@ -12,7 +12,9 @@ of up to 16 rows; the engine keeps the LM head on cuBLAS; "triton" splits K as t
 chooses, "triton-N" N ways), the bound (its weights, inputs and
 outputs once at the device's bandwidth, or its FLOPs at its peak: `history/roofline.py`'s spec
 of the GPU it runs on, or `--device-spec`'s), and the ratio; then a decode step's GEMMs in all
-(the layer's times the number of layers, and the LM head). On a CPU it times the same shapes with
+(the layer's times the number of layers, and the LM head); and the down projection with its
+SiLU-and-mul (two launches, or one of the small kernel with `gated`: "silu+dn", not in the
+step's total). On a CPU it times the same shapes with
 `time.perf_counter` (no bound: a check that the script runs).
 """
 
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
                     f" {us:>12.1f} {us / bound:>5.1f}x" if cuda else f" {us:>12.1f} {'':>6}"
                 )
             print(f"{m:>5} {name:<8} {f'{n} x {k}':>13} {bound:>9.2f}" + "".join(cells))
+        _print_silu_down(cfg, m, blas, weights["down"], spec, cuda)
         total = "".join(
             f" {step[b]:>12.0f} {step[b] / step_bound:>5.1f}x" if cuda else f" {step[b]:>12.0f}"
             for b in blas
@@ -137,6 +140,45 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{m:>5} {'a step':<8} {'':>13} {step_bound:>9.1f}{total}")
     if cuda:
         torch.backends.cuda.preferred_blas_library("cublas")
+
+
+def _print_silu_down(cfg: ModelConfig, m: int, blas: list[str], weight, spec, cuda: bool) -> None:
+    """The down projection with the SiLU-and-mul before it (not in the step's total): two
+    launches under a BLAS library (FlashInfer's `silu_and_mul` where installed, else torch's),
+    one for the small-batch kernel, which computes silu(gate) * up as it reads (`gated`)."""
+    n, k = weight.shape
+    gate_up = torch.randn(m, 2 * k, device=weight.device, dtype=weight.dtype)
+    try:
+        from flashinfer.activation import silu_and_mul
+    except ImportError:
+
+        def silu_and_mul(x):
+            gate, up = x.chunk(2, dim=-1)
+            return F.silu(gate) * up
+
+    bound = bound_us(m, n, k, spec, weight.dtype.itemsize)
+    cells = []
+    for library in blas:
+        if library.startswith("triton") and m > SMALL_ROWS:
+            cells.append(f" {'-':>12} {'':>6}")
+            continue
+        if library.startswith("triton"):
+            from workbench.kernels.small_gemm import small_linear
+
+            splits = int(library.split("-")[1]) if "-" in library else None
+
+            def fn(s=splits):
+                return small_linear(gate_up, weight, splits=s, gated=True)
+        else:
+            if cuda:
+                torch.backends.cuda.preferred_blas_library(library)
+
+            def fn():
+                return F.linear(silu_and_mul(gate_up), weight)
+
+        us = timed_us(fn, cuda)
+        cells.append(f" {us:>12.1f} {us / bound:>5.1f}x" if cuda else f" {us:>12.1f} {'':>6}")
+    print(f"{m:>5} {'silu+dn':<8} {f'{n} x {k}':>13} {bound:>9.2f}" + "".join(cells))
 
 
 if __name__ == "__main__":

@@ -129,12 +129,12 @@ KERNELS = {
             stride_wn="i32", stride_ym="i32",
         ),
         dict(
-            HAS_BIAS=False, SPLIT_K=1, BLOCK_M=small_gemm.MAX_ROWS,
+            HAS_BIAS=False, GATED=False, SPLIT_K=1, BLOCK_M=small_gemm.MAX_ROWS,
             BLOCK_N=small_gemm.block_n(4096), BLOCK_K=small_gemm.BLOCK_K,
         ),
         dict(num_warps=4, num_stages=4),
     ),
-    "small_gemm split 4": (
+    "small_gemm gated split 4": (
         small_gemm._small_gemm,
         _args(
             x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", partial_ptr="*fp32",
@@ -142,7 +142,7 @@ KERNELS = {
             stride_wn="i32", stride_ym="i32",
         ),
         dict(
-            HAS_BIAS=True, SPLIT_K=4, BLOCK_M=small_gemm.MAX_ROWS,
+            HAS_BIAS=True, GATED=True, SPLIT_K=4, BLOCK_M=small_gemm.MAX_ROWS,
             BLOCK_N=small_gemm.block_n(1024), BLOCK_K=small_gemm.BLOCK_K,
         ),
         dict(num_warps=4, num_stages=4),

@@ -47,15 +47,42 @@ SPLIT_SHAPES = {
     "5x9000x600-split2": (((5,), 9000, 600, False), 2),
 }
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3}
-CASES = {
-    f"{name}-{str(dtype).removeprefix('torch.')}": make_inputs(*shape, dtype, "cpu")
-    for name, shape in SHAPES.items()
-    for dtype in (torch.float32, torch.float16)
-} | {
-    f"{name}-{str(dtype).removeprefix('torch.')}": (*make_inputs(*shape, dtype, "cpu"), splits)
-    for name, (shape, splits) in SPLIT_SHAPES.items()
-    for dtype in (torch.float32, torch.float16)
+# gated (`gated=True`): x is gate | up of twice K, the input silu(gate) * up
+GATED_SHAPES = {
+    "8x40x300-gated": (((8,), 40, 300, False), 1),
+    "16x72x1300-bias-gated-split3": (((16,), 72, 1300, True), 3),
 }
+
+
+def gated_inputs(shape, dtype, splits):
+    """The inputs of `make_inputs` with x widened to gate | up (up from another seed)."""
+    x, w, b = make_inputs(*shape, dtype, "cpu")
+    up, _, _ = make_inputs(*shape, dtype, "cpu", seed=1)
+    return torch.cat([x, up], dim=-1), w, b, splits, True
+
+
+def gated_reference(x, w, b) -> torch.Tensor:
+    gate, up = x.float().chunk(2, dim=-1)
+    return reference((F.silu(gate) * up).to(x.dtype), w, b)
+
+
+CASES = (
+    {
+        f"{name}-{str(dtype).removeprefix('torch.')}": make_inputs(*shape, dtype, "cpu")
+        for name, shape in SHAPES.items()
+        for dtype in (torch.float32, torch.float16)
+    }
+    | {
+        f"{name}-{str(dtype).removeprefix('torch.')}": (*make_inputs(*shape, dtype, "cpu"), splits)
+        for name, (shape, splits) in SPLIT_SHAPES.items()
+        for dtype in (torch.float32, torch.float16)
+    }
+    | {
+        f"{name}-{str(dtype).removeprefix('torch.')}": gated_inputs(shape, dtype, splits)
+        for name, (shape, splits) in GATED_SHAPES.items()
+        for dtype in (torch.float32, torch.float16)
+    }
+)
 
 # run by `interpreted.run_interpreted` in a child process
 CHILD = """
@@ -75,10 +102,20 @@ def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("case", CASES)
 def test_interpreted_kernel_matches_f_linear(interpreted, case):
     x, w, b = CASES[case][:3]
+    gated = len(CASES[case]) == 5
     y = interpreted[case]
     assert y.shape == (*x.shape[:-1], w.shape[0]) and y.dtype == x.dtype
     tol = TOLERANCE[x.dtype]
-    torch.testing.assert_close(y.float(), reference(x, w, b), atol=tol, rtol=tol)
+    want = gated_reference(x, w, b) if gated else reference(x, w, b)
+    torch.testing.assert_close(y.float(), want, atol=tol, rtol=tol)
+
+
+def test_a_gated_input_must_be_twice_the_weights_width():
+    x, w, b = make_inputs((2,), 16, 32, False, torch.float32, "cpu")
+    with pytest.raises(
+        ValueError, match=r"gate \| up of 2 x 32 features, got x of shape \(2, 32\)"
+    ):
+        compiled.small_linear(x, w, b, gated=True)
 
 
 def test_k_is_split_where_the_columns_leave_the_gpu_idle():

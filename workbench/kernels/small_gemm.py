@@ -17,7 +17,9 @@ projections are 3-4x their bound under both: 64 programs of 16 columns leave mos
 SMs idle. So K is split too (`split_k`: about two programs an SM; 1,024 x 2,048 at 8 rows in 4
 splits, 256 programs), each split's sum left in a slab of float32 and the slabs added in split
 order by whichever program of a column block counts last: one launch, and still one order of
-sums, so the same bits. Not yet measured on a GPU."""
+sums, so the same bits. And a gated MLP's down projection reads gate | up and computes
+silu(gate) * up as it loads them (`gated`), so the SiLU-and-mul launch before it goes. Not yet
+measured on a GPU."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def _small_gemm(
     stride_wn,
     stride_ym,
     HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -60,11 +63,13 @@ def _small_gemm(
     k_end = tl.minimum(K, (pid_k + 1) * K_PER_SPLIT)
     for k0 in range(pid_k * K_PER_SPLIT, k_end, BLOCK_K):
         k = k0 + ks
-        x = tl.load(
-            x_ptr + rows[:, None] * stride_xm + k[None, :],
-            mask=row_ok[:, None] & (k[None, :] < k_end),
-            other=0.0,
-        )
+        x_at = x_ptr + rows[:, None] * stride_xm + k[None, :]
+        x_ok = row_ok[:, None] & (k[None, :] < k_end)
+        x = tl.load(x_at, mask=x_ok, other=0.0)
+        if GATED:  # x is gate | up: the input is silu(gate) * up, rounded as a kernel writes it
+            up = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
+            gate = x.to(tl.float32)
+            x = (gate * tl.sigmoid(gate) * up).to(w_ptr.dtype.element_ty)
         w = tl.load(  # [BLOCK_K, BLOCK_N]: W's rows `cols`, read along K
             w_ptr + cols[None, :] * stride_wn + k[:, None],
             mask=col_ok[None, :] & (k[:, None] < k_end),
@@ -125,13 +130,23 @@ def small_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     splits: int | None = None,
+    gated: bool = False,
 ):
     """`F.linear(x, weight, bias)` for `x` of at most `MAX_ROWS` rows (any leading shape). K is
-    split `splits` ways (None: `split_k`'s choice for this GPU; 1 on a CPU)."""
+    split `splits` ways (None: `split_k`'s choice for this GPU; 1 on a CPU). `gated`: `x` is a
+    gated MLP's gate | up (twice the weight's inputs) and the input is silu(gate) * up, computed
+    as it is read: no SiLU-and-mul launch, no intermediate written."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     m, k = x2.shape
     n = weight.shape[0]
+    if gated:
+        if k != 2 * weight.shape[1]:
+            raise ValueError(
+                f"small_linear(gated=True) takes gate | up of 2 x {weight.shape[1]} features, "
+                f"got x of shape {tuple(shape)}"
+            )
+        k //= 2
     if m > MAX_ROWS:
         raise ValueError(f"small_linear takes at most {MAX_ROWS} rows, got x of shape {shape}")
     if splits is not None and not 1 <= splits <= MAX_SPLITS:
@@ -171,6 +186,7 @@ def small_linear(
         weight.stride(0),
         y.stride(0),
         HAS_BIAS=bias is not None,
+        GATED=gated,
         SPLIT_K=splits,
         BLOCK_M=MAX_ROWS,
         BLOCK_N=bn,
