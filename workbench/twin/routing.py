@@ -2,8 +2,8 @@
 
 A token choosing its top-k of E experts uniformly at random, T tokens chosen independently touch,
 per MoE layer, E x (1 - (1 - k / E) ** T) experts on average. A decoding request's token is
-such a token. The tokens of one prompt chunk are not: they share a request, and routers send
-neighbouring tokens to the same experts more often than chance (on dummy Qwen3-30B-A3B's random
+such a token. The tokens of one prompt chunk need not be: they share a request, and a router
+may send them to the same experts far more often than chance (on dummy Qwen3-30B-A3B's random
 weights, 64 prompt tokens touched 14 experts of 128 where 64 independent tokens touch 126). So
 a chunk of n tokens counts as n ** s independent tokens, with the spread s (0: the chunk routes
 as one token, 1: as n independent ones) fitted on the calibration runs' recorded steps
