@@ -142,20 +142,22 @@ def _triton_rows(k, v, q, indices, pages_per, lens, page, kv_bytes) -> list[tupl
         want.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), values))
     want = torch.stack(want)
     out = []
-    choices = (  # name, splits, block_n, num_warps
-        ("triton (kernels/decode_attention.py)", None, 32, 4),
-        ("triton, no split", 1, 32, 4),
-        ("triton, 16-token blocks", None, 16, 4),
-        ("triton, 64-token blocks", None, 64, 4),
-        ("triton, 2 warps", None, 32, 2),
-        ("triton, 8 warps", None, 32, 8),
+    choices = (  # name, splits, block_n, num_warps, num_stages
+        ("triton (kernels/decode_attention.py)", None, 32, 4, None),
+        ("triton, no split", 1, 32, 4, None),
+        ("triton, 16-token blocks", None, 16, 4, None),
+        ("triton, 64-token blocks", None, 64, 4, None),
+        ("triton, 2 warps", None, 32, 2, None),
+        ("triton, 8 warps", None, 32, 8, None),
+        ("triton, 2 stages", None, 32, 4, 2),
+        ("triton, 4 stages", None, 32, 4, 4),
     )
-    for name, splits, block_n, warps in choices:
+    for name, splits, block_n, warps, stages in choices:
         try:
 
-            def run(s=splits, n=block_n, w=warps):
+            def run(s=splits, n=block_n, w=warps, st=stages):
                 return decode_attention(
-                    q, k_slots, v_slots, table, rows, lens_d, dim**-0.5, s, block_n=n, num_warps=w
+                    q, k_slots, v_slots, table, rows, lens_d, dim**-0.5, s, n, w, st
                 )
 
             seconds = graph_time(run)

@@ -154,12 +154,14 @@ def decode_attention(
     splits: int | None = None,
     block_n: int = BLOCK_N,
     num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token a request: `q` [batch, heads, head_dim] against the first
     `kv_lens[i]` tokens of request `i`, whose KV slots are `page_table[rows[i], :kv_lens[i]]`
     in `k_cache` / `v_cache` [slots, kv_heads, head_dim]. `splits`: stretches of each request's
-    KV (None: `splits_for`'s choice for this GPU; 1 on a CPU); `block_n` and `num_warps`: the
-    tile (benchmarks try others). Returns [batch, heads, head_dim]."""
+    KV (None: `splits_for`'s choice for this GPU; 1 on a CPU); `block_n`, `num_warps` and
+    `num_stages` (None: Triton's default): the tile and its pipelining (benchmarks try others).
+    Returns [batch, heads, head_dim]."""
     batch, heads, dim = q.shape
     kv_heads = k_cache.shape[1]
     if heads % kv_heads:
@@ -212,5 +214,6 @@ def decode_attention(
         BLOCK_G=block_g,
         BLOCK_N=block_n,
         num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
     )
     return out
