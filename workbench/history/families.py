@@ -17,7 +17,16 @@ _FAMILIES = [
     ("router", re.compile(r"moe_route", re.I)),
     # the fused MoE kernels (`kernels/fused_moe.py`; before "act": one's name holds "silu")
     ("experts", re.compile(r"moe_gate_up_silu|moe_down_weighted|fused_moe", re.I)),
-    ("attention", re.compile(r"attention|flash|BatchDecode|BatchPrefill|sdpa|fmha", re.I)),
+    # NOTE: FlashInfer's attention kernels by name: its namespace also holds its norm, SiLU-and-mul,
+    # RoPE and sampling kernels ("flashinfer::norm::FusedAddRMSNormKernel" is no attention)
+    (
+        "attention",
+        re.compile(
+            r"attention|With(Paged|Ragged)?KVCache|MergeState|PODWith|xqa|flash_fwd|"
+            r"flash_attn|flash::|sdpa|fmha",
+            re.I,
+        ),
+    ),
     (
         "sampling",
         re.compile(r"softmax|argmax|exponential|sampling|multinomial|topk|sort|uniform|rand", re.I),
