@@ -91,6 +91,16 @@ def test_interpreted_kernel_matches_attention_through_the_page_table(interpreted
     torch.testing.assert_close(out.float(), reference(*inputs), atol=tol, rtol=tol)
 
 
+def test_split_launches_share_one_fixed_buffer_of_counters_and_refuse_more():
+    from workbench.kernels.split_counters import MAX_COUNTERS, split_counters
+
+    first = split_counters(torch.device("cpu"), 8, "one launch")
+    assert split_counters(torch.device("cpu"), MAX_COUNTERS, "another") is first
+    assert first.dtype == torch.int32 and not first.any()
+    with pytest.raises(ValueError, match=f"another split needs {MAX_COUNTERS + 1} counters"):
+        split_counters(torch.device("cpu"), MAX_COUNTERS + 1, "another")
+
+
 def test_splits_follow_the_programs_a_gpu_needs_and_bad_ones_are_refused():
     programs = 2 * 132  # an H100's or H200's SMs, twice
     assert compiled.splits_for(8, 8, programs) == 4  # Qwen3-0.6B at batch 8

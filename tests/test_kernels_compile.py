@@ -35,6 +35,11 @@ def _args(**types):
     return types
 
 
+SMALL_GEMM_ARGS = _args(
+    x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", partial_ptr="*fp32",
+    count_ptr="*i32", M="i32", N="i32", K="i32", K_PER_SPLIT="i32", stride_xm="i32",
+    stride_wn="i32", stride_ym="i32",
+)  # fmt: skip
 # name -> (kernel, signature, constexprs, launch options), as the wrappers launch them
 KERNELS = {
     "moe_route_topk": (
@@ -123,11 +128,7 @@ KERNELS = {
     ),
     "small_gemm": (
         small_gemm._small_gemm,
-        _args(
-            x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", partial_ptr="*fp32",
-            count_ptr="*i32", M="i32", N="i32", K="i32", K_PER_SPLIT="i32", stride_xm="i32",
-            stride_wn="i32", stride_ym="i32",
-        ),
+        SMALL_GEMM_ARGS,
         dict(
             HAS_BIAS=False, GATED=False, SPLIT_K=1, BLOCK_M=small_gemm.MAX_ROWS,
             BLOCK_N=small_gemm.block_n(4096), BLOCK_K=small_gemm.BLOCK_K,
@@ -136,11 +137,7 @@ KERNELS = {
     ),
     "small_gemm gated split 4": (
         small_gemm._small_gemm,
-        _args(
-            x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", partial_ptr="*fp32",
-            count_ptr="*i32", M="i32", N="i32", K="i32", K_PER_SPLIT="i32", stride_xm="i32",
-            stride_wn="i32", stride_ym="i32",
-        ),
+        SMALL_GEMM_ARGS,
         dict(
             HAS_BIAS=True, GATED=True, SPLIT_K=4, BLOCK_M=small_gemm.MAX_ROWS,
             BLOCK_N=small_gemm.block_n(1024), BLOCK_K=small_gemm.BLOCK_K,

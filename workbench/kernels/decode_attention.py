@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .split_counters import split_counters
+
 BLOCK_N = 32  # KV tokens a program reads per iteration
 MAX_SPLITS = 16
 _LOG2E = 1.4426950408889634
@@ -130,19 +132,6 @@ def splits_for(batch: int, kv_heads: int, programs: int) -> int:
     return max(1, min(programs // (batch * kv_heads), MAX_SPLITS))
 
 
-MAX_COUNTERS = 1 << 16  # (request, KV head) pairs of a split launch
-_COUNTS: dict[torch.device, torch.Tensor] = {}
-
-
-def _counts(device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters, one per (request, KV head), shared by every launch on the device
-    (a launch leaves them zero again; the engine's launches on one stream do not overlap). One
-    fixed buffer a device, never replaced: a CUDA graph keeps the address it captured."""
-    if device not in _COUNTS:
-        _COUNTS[device] = torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
-    return _COUNTS[device]
-
-
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -178,15 +167,11 @@ def decode_attention(
     out = torch.empty_like(q)
     part_o = part_lse = counts = out  # (not read with one split)
     if splits > 1:
-        if batch * kv_heads > MAX_COUNTERS:
-            raise ValueError(
-                f"decode_attention: {batch} requests x {kv_heads} KV heads split need more than "
-                f"{MAX_COUNTERS} counters; pass splits=1"
-            )
+        what = f"decode_attention of {batch} requests x {kv_heads} KV heads"
+        counts = split_counters(q.device, batch * kv_heads, what)
         parts = batch * kv_heads * splits * block_g
         part_o = torch.empty(parts * dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(parts, dtype=torch.float32, device=q.device)
-        counts = _counts(q.device)
     _decode_attention[(batch, kv_heads, splits)](
         q,
         k_cache,

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .split_counters import split_counters
+
 MAX_ROWS = 16  # rows of one tensor-core tile: a decode batch up to this size
 BLOCK_K = 256  # weight columns a program loads per iteration (512 bytes of each row in bf16)
 
@@ -110,19 +112,6 @@ def split_k(n: int, k: int, programs: int) -> int:
 
 
 MAX_SPLITS = 16
-# NOTE: a split launch has fewer column blocks than programs (`split_k`), so at most a few
-# thousand counters are ever in use; one fixed buffer a device, never replaced (a CUDA graph
-# keeps the address it captured)
-MAX_COUNTERS = 4096
-_COUNTS: dict[torch.device, torch.Tensor] = {}
-
-
-def _counts(device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters, one per column block, shared by every launch on the device (a
-    launch leaves them zero again; the engine's launches on one stream do not overlap)."""
-    if device not in _COUNTS:
-        _COUNTS[device] = torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
-    return _COUNTS[device]
 
 
 def small_linear(
@@ -164,13 +153,9 @@ def small_linear(
     splits = triton.cdiv(k, per_split)  # (none of them empty)
     partial = counts = y  # (not read without a split)
     if splits > 1:
-        if triton.cdiv(n, bn) > MAX_COUNTERS:
-            raise ValueError(
-                f"small_linear: {splits} splits of {n} columns need more than {MAX_COUNTERS} "
-                "counters; pass splits=1"
-            )
+        what = f"small_linear of {n} columns"
+        counts = split_counters(x.device, triton.cdiv(n, bn), what)
         partial = torch.empty((splits, MAX_ROWS, n), dtype=torch.float32, device=x.device)
-        counts = _counts(x.device)
     _small_gemm[(triton.cdiv(n, bn), splits)](
         x2,
         weight,
