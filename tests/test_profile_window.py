@@ -173,7 +173,9 @@ def test_each_profiled_step_says_what_the_profiler_added_to_its_host_time(tmp_pa
         counts.round().astype(int).to_numpy()
         >= kept.reindex(profiled.step, fill_value=0).to_numpy()
     ).all()
-    assert (profiled.profiler_ms < profiled.host_ms).all()
+    # an estimate (events times a cost measured once), so one step's may pass its measured host
+    # time when the machine is busier than at the measurement; over the profiled steps it is a part
+    assert profiled.profiler_ms.sum() < profiled.host_ms.sum()
     run = load_run(wb.save(tmp_path / "run.parquet"))
     assert run.steps.profiler_ms.tolist() == pytest.approx(steps.profiler_ms.tolist(), nan_ok=True)
     assert compare_table({"a": run}, full=True).loc["a", "profiler ms per profiled step"] > 0

@@ -33,8 +33,8 @@ class GraphPlans(Protocol):
     def plan(self, shape: Any, host: dict[str, np.ndarray]) -> None:
         """Plan the shape's attention for the step whose inputs are `host`, before it runs."""
 
-    def graph_indices(self, rows: torch.Tensor, indptr: torch.Tensor) -> None:
-        """Inside the step (and its graph): what attention reads of these rows' pages."""
+    def graph_indices(self, shape: Any, rows: torch.Tensor, indptr: torch.Tensor) -> None:
+        """Inside the step (and its graph): what `shape`'s attention reads of these rows' pages."""
 
 
 class AttentionBackend(ABC):

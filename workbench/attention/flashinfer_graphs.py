@@ -137,9 +137,13 @@ class GraphWrappers:
             else:
                 replan(indptr, kv_lens)
 
-    def graph_indices(self, rows: torch.Tensor, indptr: torch.Tensor) -> None:
-        """Inside a graph: the page ids of the requests in `rows`, where `indptr` places them."""
+    def graph_indices(self, shape: Any, rows: torch.Tensor, indptr: torch.Tensor) -> None:
+        """Inside a graph: the page ids of the requests in `rows`, where `indptr` places them
+        (none for the Triton decode kernel, which reads the page table itself)."""
         from ..kernels.page_indices import page_indices
+
+        if shape.decode and self.triton_decode:
+            return
 
         buffer = self.indices_buffer()
         page_indices(self.table.page_table, rows, indptr, buffer, self.page_size)

@@ -130,5 +130,5 @@ class TorchGraphs:
         meta = self.backend.metadata(x["rows"], cached, kv_lens, prefill=not shape.decode)
         self._metadata[shape].step = meta
 
-    def graph_indices(self, rows: torch.Tensor, indptr: torch.Tensor) -> None:
+    def graph_indices(self, shape, rows: torch.Tensor, indptr: torch.Tensor) -> None:
         """Inside a step: nothing (`plan` read the slots from the host's page table)."""

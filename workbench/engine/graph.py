@@ -245,7 +245,7 @@ class GraphRunner:
         token_rows, positions = x["token_rows"], x["positions"]
         # NOTE: the host wrote these entries in its own table only; padding writes dummy_slot
         self.table.page_table[token_rows, positions] = x["slots"]
-        self.wrappers.graph_indices(x["rows"], x["kv_indptr"])
+        self.wrappers.graph_indices(shape, x["rows"], x["kv_indptr"])
         input_ids = self.table.token_pool[token_rows, positions]
         logits = counted_forward(
             self.model, self.ctx, x["counted"], input_ids, positions, x["sample_idx"]
