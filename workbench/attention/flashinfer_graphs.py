@@ -140,10 +140,9 @@ class GraphWrappers:
     def graph_indices(self, shape: Any, rows: torch.Tensor, indptr: torch.Tensor) -> None:
         """Inside a graph: the page ids of the requests in `rows`, where `indptr` places them
         (none for the Triton decode kernel, which reads the page table itself)."""
-        from ..kernels.page_indices import page_indices
-
         if shape.decode and self.triton_decode:
             return
+        from ..kernels.page_indices import page_indices
 
         buffer = self.indices_buffer()
         page_indices(self.table.page_table, rows, indptr, buffer, self.page_size)
