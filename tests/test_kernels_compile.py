@@ -114,7 +114,7 @@ KERNELS = {
             eps="fp32", out_loc="*i64", k_cache="*bf16", v_cache="*bf16", q_out="*bf16",
             num_heads="i32", num_kv_heads="i32",
         ),
-        dict(HEADS=16, KV_HEADS=8, HALF=64, NORM=True),
+        dict(HEADS=16, KV_HEADS=8, HALF=64, NORM=True, PDL=False),
         dict(),
     ),
     "race_segments": (
@@ -131,7 +131,7 @@ KERNELS = {
         SMALL_GEMM_ARGS,
         dict(
             HAS_BIAS=False, GATED=False, SPLIT_K=1, BLOCK_M=small_gemm.MAX_ROWS,
-            BLOCK_N=small_gemm.block_n(4096), BLOCK_K=small_gemm.BLOCK_K,
+            BLOCK_N=small_gemm.block_n(4096), BLOCK_K=small_gemm.BLOCK_K, PDL=False,
         ),
         dict(num_warps=4, num_stages=4),
     ),
@@ -140,7 +140,7 @@ KERNELS = {
         SMALL_GEMM_ARGS,
         dict(
             HAS_BIAS=True, GATED=True, SPLIT_K=4, BLOCK_M=small_gemm.MAX_ROWS,
-            BLOCK_N=small_gemm.block_n(1024), BLOCK_K=small_gemm.BLOCK_K,
+            BLOCK_N=small_gemm.block_n(1024), BLOCK_K=small_gemm.BLOCK_K, PDL=False,
         ),
         dict(num_warps=4, num_stages=4),
     ),
@@ -153,10 +153,21 @@ KERNELS = {
             stride_ks="i32", stride_kh="i32", stride_vs="i32", stride_vh="i32",
             stride_table="i32", stride_ob="i32", stride_oh="i32",
         ),
-        dict(GROUP=2, HEAD_DIM=128, SPLITS=4, BLOCK_G=16, BLOCK_N=decode_attention.BLOCK_N),
+        dict(
+            GROUP=2, HEAD_DIM=128, SPLITS=4, BLOCK_G=16, BLOCK_N=decode_attention.BLOCK_N,
+            PDL=False,
+        ),
         dict(num_warps=4),
     ),
 }  # fmt: skip
+# the kernels that take PDL (kernels/pdl.py), each as the engine launches it with `pdl=True`
+PDL_KERNELS = ("qk_norm_rope_store", "small_gemm", "small_gemm gated split 4",
+               "decode_attention split 4")  # fmt: skip
+for _name in PDL_KERNELS:
+    _kernel, _types, _constexprs, _options = KERNELS[_name]
+    KERNELS[f"{_name} pdl"] = (
+        _kernel, _types, {**_constexprs, "PDL": True}, {**_options, "launch_pdl": True}
+    )  # fmt: skip
 
 
 def _resources(cubin: bytes, tmp_path) -> str:
@@ -185,6 +196,11 @@ def test_the_kernel_compiles_for_hopper(name, tmp_path):
     signature = {**types, **dict.fromkeys(constexprs, "constexpr")}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
     compiled = triton.compile(source, target=HOPPER, options=options)
-    cubin = compiled.asm["cubin"]
-    assert cubin and b".target sm_90" in compiled.asm["ptx"].encode()
+    cubin, ptx = compiled.asm["cubin"], compiled.asm["ptx"]
+    assert cubin and ".target sm_90" in ptx
+    # PDL's wait and trigger are in the kernel exactly when it is launched with PDL
+    pdl = constexprs.get("PDL", False)
+    assert ("griddepcontrol.wait" in ptx) == pdl
+    assert ("griddepcontrol.launch_dependents" in ptx) == pdl
+    assert compiled.metadata.launch_pdl == options.get("launch_pdl", False)
     print(f"{name}: {_resources(cubin, tmp_path)}")

@@ -226,3 +226,83 @@ def test_the_planted_model_answers_with_the_small_gemm(planted_engines, graphs, 
     layers = wb.engine.model.layers
     assert layers[0].self_attn.qkv_proj.small_gemm and layers[-1].mlp.down_proj.small_gemm
     run_workload(wb, chunk, policy, overlap=True, graphs=graphs)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_a_chain_launched_with_pdl_gives_the_bits_of_one_launched_without():
+    """A decode layer's GEMMs in a chain, each reading the last one's output (QKV-like, output
+    split over K, gate-up, gated down split over K), replayed in a CUDA graph with programmatic
+    dependent launch and without: the same bits. A kernel that read its input before the wait
+    (`kernels/pdl.py`) would read the last replay's values and differ here."""
+    from workbench.kernels.pdl import pdl_supported
+
+    if not pdl_supported(torch.device("cuda")):
+        pytest.skip("PDL needs compute capability 9.0 or later")
+    gen = torch.Generator("cuda").manual_seed(7)
+
+    def weight(n, k):
+        return (torch.randn(n, k, generator=gen, device="cuda") * k**-0.5).bfloat16()
+
+    w_in, w_out = weight(2048, 1024), weight(1024, 2048)
+    w_gate_up, w_down = weight(6144, 1024), weight(1024, 3072)
+    x = torch.randn(8, 1024, generator=gen, device="cuda").bfloat16()
+
+    def chain(pdl):
+        h = compiled.small_linear(x, w_in, pdl=pdl)
+        h = compiled.small_linear(h, w_out, splits=4, pdl=pdl)
+        h = compiled.small_linear(h, w_gate_up, pdl=pdl)
+        return compiled.small_linear(h, w_down, splits=4, gated=True, pdl=pdl)
+
+    outputs = {}
+    for pdl in (False, True):
+        chain(pdl)  # compiles outside the graph
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(pdl)
+        replays = []
+        for seed in range(3):
+            x.copy_(torch.randn(8, 1024, generator=gen.manual_seed(seed), device="cuda"))
+            graph.replay()
+            replays.append(out.clone())
+        outputs[pdl] = torch.stack(replays)
+    assert torch.equal(outputs[True], outputs[False])
+    assert not torch.equal(outputs[True][0], outputs[True][1])  # (the inputs did change)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_the_planted_model_answers_with_every_triton_kernel_under_pdl():
+    """`pdl=True` with the small-batch GEMM and the Triton decode attention: the decode layer's
+    chain of Triton and FlashInfer kernels launched with PDL, replayed in graphs; every answer
+    the pattern's continuation, aborts and integrity as in the GPU matrix."""
+    from workbench import Workbench
+
+    from .planted import run_workload
+
+    wb = Workbench(
+        "dummy:qwen3-induction",
+        small_gemm=True,
+        decode_kernel="triton",
+        pdl=True,
+        num_pages=16384,
+        max_running_reqs=8,
+        cuda_graph_max_bs=8,
+    )
+    try:
+        assert wb.engine.config.pdl_enabled == (torch.cuda.get_device_capability()[0] >= 9)
+        for chunk, policy, overlap in ((16, "mixed", True), (8192, "prefill_first", False)):
+            counts = run_workload(wb, chunk, policy, overlap, graphs=True)
+            assert counts["exact"] == counts["outputs"]
+    finally:
+        wb.close()
+
+
+def test_pdl_is_off_where_no_gpu_is():
+    from workbench.config import EngineConfig
+
+    assert not EngineConfig(model="tiny-qwen3", pdl=True, device="cpu").pdl_enabled
+    with pytest.raises(ValueError, match="pdl=True needs a CUDA GPU"):
+        x, w, _ = make_inputs((2,), 16, 32, False, torch.float32, "cpu")
+        compiled.small_linear(x, w, pdl=True)

@@ -77,6 +77,10 @@ class EngineConfig:
     # linear layers of batches up to 16 rows in one Triton kernel, not cuBLAS (cuda only; off:
     # slower than cuBLAS on an H100, kernels/small_gemm.py says by how much)
     small_gemm: bool = False
+    # the decode step's Triton kernels (fused rope, small_gemm, decode_kernel="triton") launched
+    # with programmatic dependent launch: each may start in the tail of the kernel before it
+    # (compute capability 9.0 and later; kernels/pdl.py; not yet measured on a GPU)
+    pdl: bool = False
     cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
     cuda_graph_max_tokens: int = 4096  # largest prefill or mixed step captured (0: none)
     # steps padded to the CUDA graphs' shapes, run eagerly, where graphs are not captured (the
@@ -127,6 +131,7 @@ class EngineConfig:
             fused_sampling=V.optional_boolean("fused_sampling", self.fused_sampling),
             decode_tensor_cores=V.optional_boolean("decode_tensor_cores", self.decode_tensor_cores),
             small_gemm=V.boolean("small_gemm", self.small_gemm),
+            pdl=V.boolean("pdl", self.pdl),
             decode_split_kv=V.boolean("decode_split_kv", self.decode_split_kv),
             decode_kernel=V.choice("decode_kernel", self.decode_kernel, DECODE_KERNELS),
             cuda_graph_max_bs=V.integer("cuda_graph_max_bs", self.cuda_graph_max_bs, 1),
@@ -235,6 +240,15 @@ class EngineConfig:
     @property
     def small_gemm_enabled(self) -> bool:
         return self.small_gemm and self._triton_kernel(True)
+
+    @property
+    def pdl_enabled(self) -> bool:
+        """`pdl` where the GPU and Triton support it (`kernels.pdl.pdl_supported`)."""
+        if not (self.pdl and self._triton_kernel(True)):
+            return False
+        from .kernels.pdl import pdl_supported
+
+        return pdl_supported(self.torch_device)
 
     @property
     def moe_backend_used(self) -> str:

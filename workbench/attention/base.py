@@ -52,11 +52,14 @@ class AttentionBackend(ABC):
         decode_tensor_cores: bool | None = None,
         decode_split_kv: bool = True,
         decode_kernel: str = "flashinfer",
+        pdl: bool = False,
     ) -> None:
         """`decode_tensor_cores`: decode attention on tensor cores (None: the backend decides);
         `decode_split_kv`: a captured decode step may split a request's KV over programs;
-        `decode_kernel`: "flashinfer" or "triton" (`kernels/decode_attention.py`). The last two
-        are read by the FlashInfer backend; the torch backend has one kernel of its own."""
+        `decode_kernel`: "flashinfer" or "triton" (`kernels/decode_attention.py`); `pdl`: the
+        Triton decode kernel launches with programmatic dependent launch (`kernels/pdl.py`). The
+        last three are read by the FlashInfer backend; the torch backend has one kernel of its
+        own."""
         self.pool, self.table = pool, table
         self.decode_tensor_cores = decode_tensor_cores
         self.num_heads, self.head_dim = num_heads, head_dim

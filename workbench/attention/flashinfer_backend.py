@@ -28,11 +28,13 @@ class FlashInferBackend(AttentionBackend):
         decode_tensor_cores: bool | None = None,
         decode_split_kv: bool = True,
         decode_kernel: str = "flashinfer",
+        pdl: bool = False,
     ) -> None:
         import flashinfer
 
         super().__init__(pool, table, num_heads, head_dim, decode_tensor_cores, decode_split_kv)
         self.triton_decode = decode_kernel == "triton"  # `kernels/decode_attention.py`
+        self.pdl = pdl
         self.device = pool.buffer.device
         self.num_kv_heads = pool.buffer.shape[3]
         self.page_size = pool.page_size
@@ -105,8 +107,10 @@ class FlashInferBackend(AttentionBackend):
             from ..kernels.decode_attention import decode_attention
 
             k_cache, v_cache = self.pool.k(layer_id), self.pool.v(layer_id)
-            page_table, scale = self.table.page_table, self.head_dim**-0.5
-            return decode_attention(q, k_cache, v_cache, page_table, meta.rows, meta.kv_lens, scale)
+            table, scale, pdl = self.table.page_table, self.head_dim**-0.5, self.pdl
+            return decode_attention(
+                q, k_cache, v_cache, table, meta.rows, meta.kv_lens, scale, pdl=pdl
+            )
         shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
         kv = (self.pool.k(layer_id).view(shape), self.pool.v(layer_id).view(shape))
         return meta.wrapper.run(q, kv)

@@ -67,6 +67,8 @@ def _settings_line(r: dict) -> str:
         f"{on('overlap')}, cuda graphs {on('cuda_graph')}, fused kernels {on('fused_kernels')}, "
         f"fused rope {on('fused_rope')}, fused sampling {on('fused_sampling')}, "
         + (f"small-batch GEMM {on('small_gemm')}, " if "small_gemm" in r else "")
+        + (f"decode attention {r['decode_kernel']}, " if "decode_kernel" in r else "")
+        + (f"PDL {on('pdl')}, " if "pdl" in r else "")
         + f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, policy {r['policy']}, "
         f"record {r['record']}"
     )

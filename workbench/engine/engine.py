@@ -71,6 +71,7 @@ class Engine:
         )
         self.model.use_fused_kernels(config.fused_kernels_enabled, config.fused_rope_enabled)
         self.model.use_small_gemm(config.small_gemm_enabled)
+        self.model.use_pdl(config.pdl_enabled)
         self.model.use_moe_backend(config.moe_backend_used)
         self._build_memory(config, model_cfg)
         self.ctx = ForwardContext(self.backend)
@@ -118,6 +119,7 @@ class Engine:
             decode_tensor_cores=config.decode_tensor_cores,
             decode_split_kv=config.decode_split_kv,
             decode_kernel=config.decode_kernel,
+            pdl=config.pdl_enabled,
         )
         # padded (dummy) requests read the dummy slot, never a live request's KV
         self.table.write_row(

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_options, use_pdl, wait_for_previous
+
 
 @triton.jit
 def _rotate_heads(
@@ -59,7 +61,9 @@ def _qk_norm_rope_store(
     KV_HEADS: tl.constexpr,
     HALF: tl.constexpr,
     NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous(PDL)  # (kernels/pdl.py: before anything another kernel writes)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions + token)
     slot = tl.load(out_loc + token)
@@ -92,17 +96,19 @@ def qk_norm_rope_store(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     num_heads: int,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """q [tokens, num_heads, head_dim], normalised and rotated; k and v written to the caches.
     qkv: [tokens, (num_heads + 2 * kv_heads) * head_dim]; cos, sin: float32 rotate-half tables;
-    q_weight, k_weight: RMSNorm weights or None; out_loc: int64 slot per token."""
+    q_weight, k_weight: RMSNorm weights or None; out_loc: int64 slot per token; `pdl`:
+    programmatic dependent launch (`kernels/pdl.py`; None: where the GPU supports it)."""
     tokens = qkv.shape[0]
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     assert qkv.stride(1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if tokens == 0:
         return q
-    norm = q_weight is not None
+    norm, pdl = q_weight is not None, use_pdl(qkv.device, pdl)
     _qk_norm_rope_store[(tokens,)](
         qkv,
         qkv.stride(0),
@@ -123,5 +129,7 @@ def qk_norm_rope_store(
         KV_HEADS=triton.next_power_of_2(num_kv_heads),
         HALF=head_dim // 2,
         NORM=norm,
+        PDL=pdl,
+        **launch_options(pdl),
     )
     return q

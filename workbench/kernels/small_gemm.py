@@ -27,10 +27,34 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_options, use_pdl, wait_for_previous
 from .split_counters import split_counters
 
 MAX_ROWS = 16  # rows of one tensor-core tile: a decode batch up to this size
 BLOCK_K = 256  # weight columns a program loads per iteration (512 bytes of each row in bf16)
+
+
+@triton.jit
+def _x_tile(x_ptr, rows, k, k_end, row_ok, stride_xm, K, dtype, GATED: tl.constexpr):
+    """[BLOCK_M, BLOCK_K] of the input at columns `k` (silu(gate) * up when `GATED`)."""
+    x_at = x_ptr + rows[:, None] * stride_xm + k[None, :]
+    x_ok = row_ok[:, None] & (k[None, :] < k_end)
+    x = tl.load(x_at, mask=x_ok, other=0.0)
+    if GATED:  # x is gate | up: the input is silu(gate) * up, rounded as a kernel writes it
+        up = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
+        gate = x.to(tl.float32)
+        x = (gate * tl.sigmoid(gate) * up).to(dtype)
+    return x
+
+
+@triton.jit
+def _w_tile(w_ptr, cols, k, k_end, col_ok, stride_wn):
+    """[BLOCK_K, BLOCK_N]: W's rows `cols`, read along K at columns `k`."""
+    return tl.load(
+        w_ptr + cols[None, :] * stride_wn + k[:, None],
+        mask=col_ok[None, :] & (k[:, None] < k_end),
+        other=0.0,
+    )
 
 
 @triton.jit
@@ -54,6 +78,7 @@ def _small_gemm(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -63,21 +88,17 @@ def _small_gemm(
     tile = rows[:, None] * N + cols[None, :]  # (a partial sum's place in its split's slab)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_end = tl.minimum(K, (pid_k + 1) * K_PER_SPLIT)
-    for k0 in range(pid_k * K_PER_SPLIT, k_end, BLOCK_K):
-        k = k0 + ks
-        x_at = x_ptr + rows[:, None] * stride_xm + k[None, :]
-        x_ok = row_ok[:, None] & (k[None, :] < k_end)
-        x = tl.load(x_at, mask=x_ok, other=0.0)
-        if GATED:  # x is gate | up: the input is silu(gate) * up, rounded as a kernel writes it
-            up = tl.load(x_at + K, mask=x_ok, other=0.0).to(tl.float32)
-            gate = x.to(tl.float32)
-            x = (gate * tl.sigmoid(gate) * up).to(w_ptr.dtype.element_ty)
-        w = tl.load(  # [BLOCK_K, BLOCK_N]: W's rows `cols`, read along K
-            w_ptr + cols[None, :] * stride_wn + k[:, None],
-            mask=col_ok[None, :] & (k[:, None] < k_end),
-            other=0.0,
-        )
+    k_first = pid_k * K_PER_SPLIT
+    dtype = w_ptr.dtype.element_ty
+    if PDL:  # (kernels/pdl.py) no kernel writes W: its first tile streams in before the wait
+        w = _w_tile(w_ptr, cols, k_first + ks, k_end, col_ok, stride_wn)
+        wait_for_previous(PDL)
+        x = _x_tile(x_ptr, rows, k_first + ks, k_end, row_ok, stride_xm, K, dtype, GATED)
         acc = tl.dot(x, w, acc)
+        k_first += BLOCK_K
+    for k0 in range(k_first, k_end, BLOCK_K):
+        x = _x_tile(x_ptr, rows, k0 + ks, k_end, row_ok, stride_xm, K, dtype, GATED)
+        acc = tl.dot(x, _w_tile(w_ptr, cols, k0 + ks, k_end, col_ok, stride_wn), acc)
     last = True
     if SPLIT_K > 1:
         # NOTE: each split leaves its sum in its slab; the program that counts last (the
@@ -120,11 +141,13 @@ def small_linear(
     bias: torch.Tensor | None = None,
     splits: int | None = None,
     gated: bool = False,
+    pdl: bool | None = None,
 ):
     """`F.linear(x, weight, bias)` for `x` of at most `MAX_ROWS` rows (any leading shape). K is
     split `splits` ways (None: `split_k`'s choice for this GPU; 1 on a CPU). `gated`: `x` is a
     gated MLP's gate | up (twice the weight's inputs) and the input is silu(gate) * up, computed
-    as it is read: no SiLU-and-mul launch, no intermediate written."""
+    as it is read: no SiLU-and-mul launch, no intermediate written. `pdl`: launch with
+    programmatic dependent launch (`kernels/pdl.py`; None: where the GPU supports it)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     m, k = x2.shape
@@ -144,6 +167,7 @@ def small_linear(
         x2 = x2.contiguous()
     if weight.stride(-1) != 1:
         raise ValueError("small_linear needs a weight contiguous along its input features")
+    pdl = use_pdl(x.device, pdl)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     bn = block_n(n)
     if splits is None:
@@ -176,7 +200,9 @@ def small_linear(
         BLOCK_M=MAX_ROWS,
         BLOCK_N=bn,
         BLOCK_K=BLOCK_K,
+        PDL=pdl,
         num_warps=4,
         num_stages=4,
+        **launch_options(pdl),
     )
     return y.view(*shape[:-1], n)

@@ -47,6 +47,7 @@ class AttentionLayer(nn.Module):
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         # set by Decoder.use_fused_kernels(): q/k norm, RoPE and the KV store in one Triton kernel
         self.fused_rope = False
+        self.pdl = False  # the fused kernel launches with PDL (`Decoder.use_pdl`)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
@@ -83,5 +84,6 @@ class AttentionLayer(nn.Module):
             k_cache,
             v_cache,
             self.num_heads,
+            pdl=self.pdl,
         )
         return ctx.attend(self.layer_id, q, None, None)

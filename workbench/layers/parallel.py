@@ -27,6 +27,7 @@ class SmallBatch:
     is set (`Decoder.use_small_gemm`)."""
 
     small_gemm = False
+    pdl = False  # the small-batch kernel launches with PDL (`Decoder.use_pdl`)
 
     def takes_small(self, x: torch.Tensor) -> bool:
         """Whether `x` (rows first) goes to the small-batch kernel."""
@@ -40,7 +41,7 @@ class SmallBatch:
         if self.takes_small(x):
             from ..kernels.small_gemm import small_linear
 
-            return small_linear(x, self.weight, bias, gated=gated)
+            return small_linear(x, self.weight, bias, gated=gated, pdl=self.pdl)
         if gated:
             raise ValueError("gated inputs go to the small-batch kernel only (takes_small)")
         return F.linear(x, self.weight, bias)

@@ -151,6 +151,13 @@ class Decoder(nn.Module):
             if hasattr(module, "small_gemm"):
                 module.small_gemm = on
 
+    def use_pdl(self, on: bool) -> None:
+        """Launch the layers' Triton kernels (the fused q/k norm, RoPE and KV store; the small-batch
+        GEMM) with programmatic dependent launch (`kernels/pdl.py`), or not."""
+        for module in self.layers.modules():
+            if hasattr(module, "pdl"):
+                module.pdl = on
+
     def use_moe_backend(self, name: str) -> None:
         """Compute the experts of every MoE block with backend `name` (`layers.moe.MOE_BACKENDS`:
         "torch" anywhere, "triton" on a GPU); a dense model ignores it."""
