@@ -1,7 +1,7 @@
 """A decode step's GEMMs alone, against what reading their weights must take.
 
     python benchmarks/decode_gemms.py [--model dummy:qwen3-0.6b] [--batch 8 64 256]
-                                      [--blas cublas cublaslt triton triton-serial triton-1]
+                                      [--blas cublas cublaslt triton triton-pdl triton-1]
 
 For each projection of one decoder layer of a dense model (fused QKV, output, fused gate-up,
 down) and the LM head, at each batch size: the device's time of one `F.linear` in bf16 (replayed
@@ -9,9 +9,9 @@ in a CUDA graph: CUDA events around one call time its launch, 24-40 us at batch 
 where the device takes 4-6 us) under each BLAS library torch can pick (`torch.backends.cuda.
 preferred_blas_library`) and of the engine's small-batch Triton kernel (`small_gemm`, batches
 of up to 16 rows; the engine keeps the LM head on cuBLAS; "triton" splits K as the kernel
-chooses and launches with programmatic dependent launch on Hopper (`kernels/pdl.py`: each of the
-graph's calls may start in the tail of the one before, reading its weights), "triton-serial"
-the same without PDL, "triton-N" N ways with PDL), the bound (its weights, inputs and
+chooses, "triton-pdl" the same launched with programmatic dependent launch (`kernels/pdl.py`:
+each of the graph's calls may start in the tail of the one before, reading its weights; Hopper
+and later), "triton-N" N ways), the bound (its weights, inputs and
 outputs once at the device's bandwidth, or its FLOPs at its peak: `history/roofline.py`'s spec
 of the GPU it runs on, or `--device-spec`'s), and the ratio; then a decode step's GEMMs in all
 (the layer's times the number of layers, and the LM head); and the down projection with its
@@ -79,9 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--blas",
         nargs="+",
-        default=["cublas", "cublaslt", "triton", "triton-serial", "triton-1"],
+        default=["cublas", "cublaslt", "triton", "triton-pdl", "triton-1"],
         help="triton: the engine's small-batch kernel (`small_gemm`; batches of up to 16 rows), "
-        "K split as `split_k` chooses, PDL where the GPU has it; triton-serial: without PDL; "
+        "K split as `split_k` chooses; triton-pdl: launched with PDL (compute capability 9.0 "
+        "and later); "
         "triton-N: split N ways (triton-1: not split)",
     )
     parser.add_argument(
@@ -143,10 +144,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _triton_options(library: str) -> dict:
-    """`small_linear`'s keywords for a "triton", "triton-serial" or "triton-N" column."""
+    """`small_linear`'s keywords for a "triton", "triton-pdl" or "triton-N" column."""
     suffix = library.partition("-")[2]
-    if suffix == "serial":
-        return {"pdl": False}
+    if suffix == "pdl":
+        return {"pdl": True}
     return {"splits": int(suffix)} if suffix else {}
 
 

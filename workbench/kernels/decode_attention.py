@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import launch_options, use_pdl, wait_for_previous
+from .pdl import check_pdl, launch_options, wait_for_previous
 from .split_counters import split_counters
 
 BLOCK_N = 32  # KV tokens a program reads per iteration
@@ -147,14 +147,14 @@ def decode_attention(
     block_n: int = BLOCK_N,
     num_warps: int = 4,
     num_stages: int | None = None,
-    pdl: bool | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of one new token a request: `q` [batch, heads, head_dim] against the first
     `kv_lens[i]` tokens of request `i`, whose KV slots are `page_table[rows[i], :kv_lens[i]]`
     in `k_cache` / `v_cache` [slots, kv_heads, head_dim]. `splits`: stretches of each request's
     KV (None: `splits_for`'s choice for this GPU; 1 on a CPU); `block_n`, `num_warps` and
     `num_stages` (None: Triton's default): the tile and its pipelining (benchmarks try others);
-    `pdl`: programmatic dependent launch (`kernels/pdl.py`; None: where the GPU supports it).
+    `pdl`: programmatic dependent launch (`kernels/pdl.py`).
     Returns [batch, heads, head_dim]."""
     batch, heads, dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -167,7 +167,7 @@ def decode_attention(
         splits = splits_for(batch, kv_heads, 2 * sms.multi_processor_count) if sms else 1
     if q.stride(-1) != 1:
         q = q.contiguous()
-    pdl = use_pdl(q.device, pdl)
+    pdl = check_pdl(q.device, pdl)
     group = heads // kv_heads
     block_g = max(16, triton.next_power_of_2(group))  # (a tensor-core tile has 16 rows)
     out = torch.empty_like(q)

@@ -35,11 +35,9 @@ def pdl_supported(device: torch.device) -> bool:
     return gdc is not None and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def use_pdl(device: torch.device, pdl: bool | None) -> bool:
-    """`pdl` as the kernels' wrappers take it: None (where supported), True or False; True where
-    it is not supported is an error that says why."""
-    if pdl is None:
-        return pdl_supported(device)
+def check_pdl(device: torch.device, pdl: bool) -> bool:
+    """`pdl` as the kernels' wrappers take it; True where it is not supported is an error that
+    says why."""
     if pdl and not pdl_supported(device):
         raise ValueError(
             f"pdl=True needs a CUDA GPU of compute capability 9.0 or later and Triton 3.4 or "

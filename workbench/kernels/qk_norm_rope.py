@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import launch_options, use_pdl, wait_for_previous
+from .pdl import check_pdl, launch_options, wait_for_previous
 
 
 @triton.jit
@@ -96,19 +96,19 @@ def qk_norm_rope_store(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     num_heads: int,
-    pdl: bool | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """q [tokens, num_heads, head_dim], normalised and rotated; k and v written to the caches.
     qkv: [tokens, (num_heads + 2 * kv_heads) * head_dim]; cos, sin: float32 rotate-half tables;
     q_weight, k_weight: RMSNorm weights or None; out_loc: int64 slot per token; `pdl`:
-    programmatic dependent launch (`kernels/pdl.py`; None: where the GPU supports it)."""
+    programmatic dependent launch (`kernels/pdl.py`)."""
     tokens = qkv.shape[0]
     num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     assert qkv.stride(1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if tokens == 0:
         return q
-    norm, pdl = q_weight is not None, use_pdl(qkv.device, pdl)
+    norm, pdl = q_weight is not None, check_pdl(qkv.device, pdl)
     _qk_norm_rope_store[(tokens,)](
         qkv,
         qkv.stride(0),

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import launch_options, use_pdl, wait_for_previous
+from .pdl import check_pdl, launch_options, wait_for_previous
 from .split_counters import split_counters
 
 MAX_ROWS = 16  # rows of one tensor-core tile: a decode batch up to this size
@@ -141,13 +141,13 @@ def small_linear(
     bias: torch.Tensor | None = None,
     splits: int | None = None,
     gated: bool = False,
-    pdl: bool | None = None,
+    pdl: bool = False,
 ):
     """`F.linear(x, weight, bias)` for `x` of at most `MAX_ROWS` rows (any leading shape). K is
     split `splits` ways (None: `split_k`'s choice for this GPU; 1 on a CPU). `gated`: `x` is a
     gated MLP's gate | up (twice the weight's inputs) and the input is silu(gate) * up, computed
     as it is read: no SiLU-and-mul launch, no intermediate written. `pdl`: launch with
-    programmatic dependent launch (`kernels/pdl.py`; None: where the GPU supports it)."""
+    programmatic dependent launch (`kernels/pdl.py`)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     m, k = x2.shape
@@ -167,7 +167,7 @@ def small_linear(
         x2 = x2.contiguous()
     if weight.stride(-1) != 1:
         raise ValueError("small_linear needs a weight contiguous along its input features")
-    pdl = use_pdl(x.device, pdl)
+    pdl = check_pdl(x.device, pdl)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     bn = block_n(n)
     if splits is None:
