@@ -9,7 +9,9 @@ kernel replayed in a CUDA graph: the decode wrapper on CUDA cores and on tensor 
 (`use_cuda_graph=True`: fixed buffers, a work layout fixed for the batch size; also with the KV
 split off, `disable_split_kv`), and the prefill wrapper used for decode ("fa2" and the
 default), at page sizes 1 and 16; and the workbench's Triton kernel (`kernels/decode_attention.py`:
-no plan, the token-granular page table; split as it chooses and not split). Prints ms per layer,
+no plan, the token-granular page table; split as it chooses and not split, and launched with
+programmatic dependent launch, where each replayed call may start in the tail of the one before:
+`kernels/pdl.py`). Prints ms per layer,
 the KV read in TB/s, and the host time of `plan()` (0 for the Triton kernel: it has none).
 """
 
@@ -142,22 +144,23 @@ def _triton_rows(k, v, q, indices, pages_per, lens, page, kv_bytes) -> list[tupl
         want.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), values))
     want = torch.stack(want)
     out = []
-    choices = (  # name, splits, block_n, num_warps, num_stages
-        ("triton (kernels/decode_attention.py)", None, 32, 4, None),
-        ("triton, no split", 1, 32, 4, None),
-        ("triton, 16-token blocks", None, 16, 4, None),
-        ("triton, 64-token blocks", None, 64, 4, None),
-        ("triton, 2 warps", None, 32, 2, None),
-        ("triton, 8 warps", None, 32, 8, None),
-        ("triton, 2 stages", None, 32, 4, 2),
-        ("triton, 4 stages", None, 32, 4, 4),
+    choices = (  # name, splits, block_n, num_warps, num_stages, pdl
+        ("triton (kernels/decode_attention.py)", None, 32, 4, None, False),
+        ("triton, PDL", None, 32, 4, None, True),
+        ("triton, no split", 1, 32, 4, None, False),
+        ("triton, 16-token blocks", None, 16, 4, None, False),
+        ("triton, 64-token blocks", None, 64, 4, None, False),
+        ("triton, 2 warps", None, 32, 2, None, False),
+        ("triton, 8 warps", None, 32, 8, None, False),
+        ("triton, 2 stages", None, 32, 4, 2, False),
+        ("triton, 4 stages", None, 32, 4, 4, False),
     )
-    for name, splits, block_n, warps, stages in choices:
+    for name, splits, block_n, warps, stages, pdl in choices:
         try:
 
-            def run(s=splits, n=block_n, w=warps, st=stages):
+            def run(s=splits, n=block_n, w=warps, st=stages, pdl=pdl):
                 return decode_attention(
-                    q, k_slots, v_slots, table, rows, lens_d, dim**-0.5, s, n, w, st
+                    q, k_slots, v_slots, table, rows, lens_d, dim**-0.5, s, n, w, st, pdl=pdl
                 )
 
             seconds = graph_time(run)
