@@ -18,6 +18,7 @@ previous kernel's tail.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -29,10 +30,12 @@ import triton.language as tl
 def pdl_supported(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL: a CUDA GPU of compute capability 9.0 or later,
     and a Triton with grid dependency control (3.4 and later)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
         return False
-    gdc = getattr(getattr(tl.extra, "cuda", None), "gdc_wait", None)
-    return gdc is not None and torch.cuda.get_device_capability(device)[0] >= 9
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    launches = "launch_pdl" in {field.name for field in dataclasses.fields(CUDAOptions)}
+    return launches and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
 
 
 def check_pdl(device: torch.device, pdl: bool) -> bool:
