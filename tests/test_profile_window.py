@@ -295,3 +295,56 @@ def test_bench_profile_when_writes_a_trace_that_says_which_steps_and_why(tmp_pat
     assert others == set(chosen)
     assert trace["otherData"]["profile_steps"] == expression
     assert trace["otherData"]["max_profiled_steps"] == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("overlap", [False, True])
+def test_gpu_a_predicate_window_carries_kernels_in_exactly_the_steps_it_chose(tmp_path, overlap):
+    """On a GPU, decode steps replayed as CUDA graphs: only the chosen steps carry kernels (each
+    of them some), the others run with no profiler session (what "light" costs: without overlap
+    none is running at their launch), the trace marks the chosen steps and gives the rule."""
+    from .conftest import INDUCTION
+
+    rule = "phase == 'mixed' or (phase == 'decode' and decode_batch >= 3)"
+    wb = Workbench(
+        INDUCTION["cuda"],
+        record="full",
+        profile_steps=rule,
+        max_profiled_steps=None,
+        policy="mixed",
+        overlap=overlap,
+        max_extend_tokens=64,
+        max_running_reqs=4,
+        num_pages=4096,
+    )
+    try:
+        submit(wb, seed=6)
+        profiler_on = {}
+        watch = {
+            "forward.begin": lambda e: profiler_on.update(
+                {e.step: torch.autograd._profiler_enabled()}
+            )
+        }
+        with wb.hooks.scoped(watch):
+            wb.run(progress=False)
+        steps, events = wb.history.steps, wb.history.events
+        chosen = set(
+            steps.step[
+                (steps.phase == "mixed") | ((steps.phase == "decode") & (steps.decode_tokens >= 3))
+            ]
+        )
+        assert chosen and len(chosen) < len(steps)
+        assert set(steps.step[steps.profiled]) == chosen
+        kernels = events[events.category == "kernel"]
+        assert set(kernels.step) == chosen  # each chosen step some kernels, the others none
+        assert kernels.track.str.startswith("gpu:").all()
+        on = {step for step, enabled in profiler_on.items() if enabled}
+        assert on == chosen if not overlap else on >= chosen
+        trace = json.loads(wb.export_trace(tmp_path / "trace.json").read_text())
+        slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == 0]
+        marked = {int(e["name"].split()[1]) for e in slices if e["args"]["profiled"]}
+        assert marked == chosen and trace["otherData"]["profile_steps"] == rule
+        wb.check_integrity()
+    finally:
+        wb.close()
