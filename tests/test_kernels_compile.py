@@ -131,7 +131,7 @@ KERNELS = {
         SMALL_GEMM_ARGS,
         dict(
             HAS_BIAS=False, GATED=False, SPLIT_K=1, BLOCK_M=small_gemm.MAX_ROWS,
-            BLOCK_N=small_gemm.block_n(4096), BLOCK_K=small_gemm.BLOCK_K, PDL=False,
+            BLOCK_N=small_gemm.block_n(4096), BLOCK_K=small_gemm.BLOCK_K, PREFETCH=False, PDL=False,
         ),
         dict(num_warps=4, num_stages=4),
     ),
@@ -140,7 +140,7 @@ KERNELS = {
         SMALL_GEMM_ARGS,
         dict(
             HAS_BIAS=True, GATED=True, SPLIT_K=4, BLOCK_M=small_gemm.MAX_ROWS,
-            BLOCK_N=small_gemm.block_n(1024), BLOCK_K=small_gemm.BLOCK_K, PDL=False,
+            BLOCK_N=small_gemm.block_n(1024), BLOCK_K=small_gemm.BLOCK_K, PREFETCH=False, PDL=False,
         ),
         dict(num_warps=4, num_stages=4),
     ),
@@ -165,8 +165,9 @@ PDL_KERNELS = ("qk_norm_rope_store", "small_gemm", "small_gemm gated split 4",
                "decode_attention split 4")  # fmt: skip
 for _name in PDL_KERNELS:
     _kernel, _types, _constexprs, _options = KERNELS[_name]
+    _with = {k: True for k in ("PREFETCH", "PDL") if k in _constexprs}  # (as pdl=True sets them)
     KERNELS[f"{_name} pdl"] = (
-        _kernel, _types, {**_constexprs, "PDL": True}, {**_options, "launch_pdl": True}
+        _kernel, _types, {**_constexprs, **_with}, {**_options, "launch_pdl": True}
     )  # fmt: skip
 
 

@@ -83,6 +83,19 @@ CASES = (
         for dtype in (torch.float32, torch.float16)
     }
 )
+# `pdl=True` (kernels/pdl.py): the first weight tile read before the wait, the rest in the loop;
+# the interpreter runs that path without the wait. K of one tile, of several, split, gated.
+PDL_CASES = {
+    f"{name}-pdl": (*CASES[name][:3], CASES[name][3] if len(CASES[name]) > 3 else None)
+    + (len(CASES[name]) == 5, True)
+    for name in (
+        "1x16x32-float32",
+        "16x72x513-bias-float32",
+        "8x40x1300-split3-float16",
+        "16x72x1300-bias-gated-split3-float32",
+    )
+}
+CASES |= PDL_CASES
 
 # run by `interpreted.run_interpreted` in a child process
 CHILD = """
@@ -102,7 +115,7 @@ def interpreted(tmp_path_factory) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("case", CASES)
 def test_interpreted_kernel_matches_f_linear(interpreted, case):
     x, w, b = CASES[case][:3]
-    gated = len(CASES[case]) == 5
+    gated = len(CASES[case]) >= 5 and CASES[case][4]
     y = interpreted[case]
     assert y.shape == (*x.shape[:-1], w.shape[0]) and y.dtype == x.dtype
     tol = TOLERANCE[x.dtype]

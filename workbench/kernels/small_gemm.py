@@ -78,6 +78,7 @@ def _small_gemm(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -90,9 +91,10 @@ def _small_gemm(
     k_end = tl.minimum(K, (pid_k + 1) * K_PER_SPLIT)
     k_first = pid_k * K_PER_SPLIT
     dtype = w_ptr.dtype.element_ty
-    if PDL:  # (kernels/pdl.py) no kernel writes W: its first tile streams in before the wait
+    if PREFETCH:  # (kernels/pdl.py) no kernel writes W: its first tile is read before the wait
         w = _w_tile(w_ptr, cols, k_first + ks, k_end, col_ok, stride_wn)
-        wait_for_previous(PDL)
+    wait_for_previous(PDL)
+    if PREFETCH:
         x = _x_tile(x_ptr, rows, k_first + ks, k_end, row_ok, stride_xm, K, dtype, GATED)
         acc = tl.dot(x, w, acc)
         k_first += BLOCK_K
@@ -167,7 +169,7 @@ def small_linear(
         x2 = x2.contiguous()
     if weight.stride(-1) != 1:
         raise ValueError("small_linear needs a weight contiguous along its input features")
-    pdl = check_pdl(x.device, pdl)
+    wait = check_pdl(x.device, pdl)  # (False in Triton's interpreter, which still prefetches)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     bn = block_n(n)
     if splits is None:
@@ -200,9 +202,10 @@ def small_linear(
         BLOCK_M=MAX_ROWS,
         BLOCK_N=bn,
         BLOCK_K=BLOCK_K,
-        PDL=pdl,
+        PREFETCH=bool(pdl),
+        PDL=wait,
         num_warps=4,
         num_stages=4,
-        **launch_options(pdl),
+        **launch_options(wait),
     )
     return y.view(*shape[:-1], n)
