@@ -18,8 +18,9 @@ SMs idle. So K is split too (`split_k`: about two programs an SM; 1,024 x 2,048 
 splits, 256 programs), each split's sum left in a slab of float32 and the slabs added in split
 order by whichever program of a column block counts last: one launch, and still one order of
 sums, so the same bits. And a gated MLP's down projection reads gate | up and computes
-silu(gate) * up as it loads them (`gated`), so the SiLU-and-mul launch before it goes. Not yet
-measured on a GPU."""
+silu(gate) * up as it loads them (`gated`), so the SiLU-and-mul launch before it goes. With
+`pdl` it launches with programmatic dependent launch and reads its first tile of weights before
+it waits for the kernel before it (`kernels/pdl.py`). Not yet measured on a GPU."""
 
 from __future__ import annotations
 
