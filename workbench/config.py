@@ -72,14 +72,16 @@ class EngineConfig:
     # request and KV head, no merge launch; benchmarks/decode_attention.py times both)
     decode_split_kv: bool = True
     # the kernel of decode steps' attention on the FlashInfer backend: "flashinfer", or "triton"
-    # (kernels/decode_attention.py: no plan, reads the page table; not yet measured on a GPU)
+    # (kernels/decode_attention.py: no plan, reads the page table; about FlashInfer's speed on
+    # an H100, the kernel's docstring says by how much)
     decode_kernel: str = "flashinfer"
     # linear layers of batches up to 16 rows in one Triton kernel, not cuBLAS (cuda only; off:
     # slower than cuBLAS on an H100, kernels/small_gemm.py says by how much)
     small_gemm: bool = False
     # the decode step's Triton kernels (fused rope, small_gemm, decode_kernel="triton") launched
     # with programmatic dependent launch: each may start in the tail of the kernel before it
-    # (compute capability 9.0 and later; kernels/pdl.py; not yet measured on a GPU)
+    # (compute capability 9.0 and later; kernels/pdl.py; no gain for the small GEMM alone on an
+    # H100, the step with it not yet measured)
     pdl: bool = False
     cuda_graph_max_bs: int = 256  # largest decode batch captured; larger ones run eagerly
     cuda_graph_max_tokens: int = 4096  # largest prefill or mixed step captured (0: none)

@@ -9,8 +9,13 @@ table (no plan, nothing to rebuild for a graph replay), and keeps an online soft
 split it writes the output; with more, each program leaves its stretch's output and log-sum-exp
 in float32 and the program of a (request, head) that counts last merges them in split order: one
 launch, and the same bits whichever stretch finished last. The engine's decode steps take it
-with `decode_kernel="triton"` (the FlashInfer backend). Not yet run on a GPU
-(`benchmarks/decode_attention.py` times it beside FlashInfer's).
+with `decode_kernel="triton"` (the FlashInfer backend).
+
+Measured (H100, 2026-12-06, `benchmarks/decode_attention.py --page-size 16`, dummy Qwen3-0.6B's
+heads, a layer replayed in a CUDA graph): at batch 8 (4,892 KV tokens) 12.4 us a layer against
+13.3 for FlashInfer's graph wrapper on tensor cores (the engine's choice for grouped heads) and
+12.0 on CUDA cores; at batch 64 70.9 against 62.2-66.9 (63.3 with 64-token blocks). So it is
+not the step's way to its bound: each is within a few microseconds of the others.
 """
 
 from __future__ import annotations

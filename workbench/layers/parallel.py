@@ -29,21 +29,11 @@ class SmallBatch:
     small_gemm = False
     pdl = False  # the small-batch kernel launches with PDL (`Decoder.use_pdl`)
 
-    def takes_small(self, x: torch.Tensor) -> bool:
-        """Whether `x` (rows first) goes to the small-batch kernel."""
-        return self.small_gemm and 0 < x.shape[0] <= SMALL_ROWS
-
-    def linear(
-        self, x: torch.Tensor, bias: torch.Tensor | None, gated: bool = False
-    ) -> torch.Tensor:
-        """`gated`: `x` is a gated MLP's gate | up, and the input silu(gate) * up (the small
-        kernel computes it as it reads; only it is asked to)."""
-        if self.takes_small(x):
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.small_gemm and 0 < x.shape[0] <= SMALL_ROWS:
             from ..kernels.small_gemm import small_linear
 
-            return small_linear(x, self.weight, bias, gated=gated, pdl=self.pdl)
-        if gated:
-            raise ValueError("gated inputs go to the small-batch kernel only (takes_small)")
+            return small_linear(x, self.weight, bias, pdl=self.pdl)
         return F.linear(x, self.weight, bias)
 
 
@@ -93,11 +83,10 @@ class RowParallelLinear(SmallBatch, Unfilled, nn.Linear):
         super().__init__(split(in_features, tp, "input size"), out_features, bias=bias)
         self.tp = tp
 
-    def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
-        """`gated`: see `SmallBatch.linear`."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return self.linear(x, self.bias, gated)
-        out = self.tp.all_reduce(self.linear(x, None, gated))
+            return self.linear(x, self.bias)
+        out = self.tp.all_reduce(self.linear(x, None))
         return out if self.bias is None else out + self.bias
 
     @torch.no_grad()
