@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                     cells.append(f" {'-':>12} {'':>6}")
                     continue
                 if library.startswith("triton"):
-                    linear = functools.partial(small_linear, **_triton_options(library))
+                    linear = _triton_linear(library)
                 else:
                     linear = F.linear
                     if cuda:
@@ -143,18 +143,13 @@ def main(argv: list[str] | None = None) -> None:
         torch.backends.cuda.preferred_blas_library("cublas")
 
 
-def _triton_options(library: str) -> dict:
-    """`small_linear`'s keywords for a "triton", "triton-pdl" or "triton-N" column."""
-    suffix = library.partition("-")[2]
-    if suffix == "pdl":
-        return {"pdl": True}
-    return {"splits": int(suffix)} if suffix else {}
-
-
-def small_linear(*args, **kwargs):
+def _triton_linear(library: str, **fixed):
+    """The small-batch kernel as a "triton", "triton-pdl" or "triton-N" column runs it."""
     from workbench.kernels.small_gemm import small_linear
 
-    return small_linear(*args, **kwargs)
+    suffix = library.partition("-")[2]
+    options = {"pdl": True} if suffix == "pdl" else {"splits": int(suffix)} if suffix else {}
+    return functools.partial(small_linear, **fixed, **options)
 
 
 def _print_silu_down(cfg: ModelConfig, m: int, blas: list[str], weight, spec, cuda: bool) -> None:
@@ -178,9 +173,7 @@ def _print_silu_down(cfg: ModelConfig, m: int, blas: list[str], weight, spec, cu
             cells.append(f" {'-':>12} {'':>6}")
             continue
         if library.startswith("triton"):
-            fn = functools.partial(
-                small_linear, gate_up, weight, gated=True, **_triton_options(library)
-            )
+            fn = functools.partial(_triton_linear(library, gated=True), gate_up, weight)
         else:
             if cuda:
                 torch.backends.cuda.preferred_blas_library(library)
