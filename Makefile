@@ -50,8 +50,9 @@ bench:
 # summary line per part; logs in out/gpu-check/.
 GPU_PYTHON ?= python3
 # each test by name as it starts (a call killed at its limit shows which one it was in), the
-# slowest at the end of a log; a test still running after 200 s writes every thread's stack there
-GPU_PYTEST = $(GPU_PYTHON) -m pytest -m gpu -s -v -p no:cacheprovider --durations=15 \
+# slowest at the end of a log, a failure's traceback as it happens; a test still running after
+# 200 s writes every thread's stack there
+GPU_PYTEST = WORKBENCH_TRACEBACK_NOW=1 $(GPU_PYTHON) -m pytest -m gpu -s -v -p no:cacheprovider --durations=15 \
 	-o faulthandler_timeout=200
 # PART=tests or PART=notebooks runs one half; a call on the lent machine stops at 10 minutes, so
 # PART=tests-a, tests-b and tests-c split the tests (on the H200, 2026-12-05: tests-a 317 s,

@@ -24,6 +24,15 @@ from workbench.scheduler.record import StepRecord
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With WORKBENCH_TRACEBACK_NOW=1 (`make gpu-check` sets it), a failure's traceback as it
+    happens: pytest prints them only in its summary, which a run cut off at the GPU machine's
+    time limit never reaches."""
+    if report.failed and os.environ.get("WORKBENCH_TRACEBACK_NOW") == "1":
+        print(f"\n{report.nodeid} failed ({report.when}):\n{report.longreprtext}", flush=True)
+
+
 # Different lengths on purpose: batches mix short and long prompts.
 PROMPTS = [
     "Hello, my name is",

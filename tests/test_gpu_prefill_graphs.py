@@ -8,6 +8,7 @@ per prompt step (figures, not assertions)."""
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -34,6 +35,42 @@ PATHS = {  # how prompt steps run: captured graphs, the same padded steps eagerl
 def _prompt_steps(llm: LLM):
     steps = llm.history.steps
     return steps[steps.phase != "decode"]
+
+
+def test_no_garbage_collection_starts_while_a_graph_is_captured():
+    """torch no longer collects garbage before a capture, and a collection inside one that
+    destroys another engine's graphs (an LLM dropped without close(), a notebook cell run
+    again) ends it: "operation not permitted when stream is capturing" (on the H100,
+    2026-12-06, after test_gpu_numerics.py's module fixture dropped its LLM). With collections
+    made frequent (every 100 allocations; the process's objects frozen, so each is cheap), an
+    engine that captures its graphs starts none while a stream captures."""
+    starts: list[bool] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            starts.append(torch.cuda.is_current_stream_capturing())
+
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.callbacks.append(watch)
+    gc.set_threshold(100, 1, 1)
+    try:
+        llm = make_llm(record="off")
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(watch)
+        gc.unfreeze()
+    try:
+        assert llm.engine.captures_graphs
+        rng = random.Random(3)
+        prompts = pattern_prompts(rng, [rng.randint(20, 200) for _ in range(8)], period=7)
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
+        assert all(len(o["token_ids"]) == 4 for o in outputs)
+        llm.check_integrity()
+    finally:
+        llm.close()
+    print(f"\n{len(starts)} collections while the engine was built, none while capturing")
+    assert len(starts) > 100 and not any(starts)
 
 
 def test_prefill_graph_logits_equal_the_padded_eager_ones():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
@@ -19,6 +20,7 @@ import torch
 
 from ..core import Batch
 from ..device import Staging, staging
+from ..profiling import gc_paused
 from .inputs import ranges
 
 T = TypeVar("T")
@@ -191,7 +193,15 @@ class GraphRunner:
         if self.staged.device.type == "cuda":
             pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            # NOTE: torch no longer collects garbage before a capture. A collection inside one
+            # that destroys another engine's graphs (an LLM dropped without close(), a notebook
+            # cell run again) ends this capture ("operation not permitted when stream is
+            # capturing"): collect now, and not again until every shape is captured.
+            gc.collect()
+        with (
+            torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(),
+            gc_paused(),
+        ):
             for shape in sorted(self.shapes, key=lambda s: (s.tokens, s.rows), reverse=True):
                 if shape not in self.layouts:
                     continue  # a prompt shape, after the backend said it cannot plan them
