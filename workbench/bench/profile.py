@@ -40,12 +40,12 @@ class DecodeProfile(NamedTuple):
         return len(leaf_events(self.events)) / self.count if self.count else float("nan")
 
     def kernels(self, top: int) -> list[tuple[str, float, float]]:
-        """The `top` kernels (on a CPU, operators) by device time: (name, ms, launches) per
-        step."""
+        """The `top` kernels (on a CPU, operators) by the time they count (`exclusive_us`):
+        (name, ms, launches) per step."""
         leaf = leaf_events(self.events)
         if leaf.empty or not self.count:
             return []
-        by_name = leaf.groupby("name").duration_us.agg(["sum", "size"])
+        by_name = leaf.groupby("name").exclusive_us.agg(["sum", "size"])
         by_name = by_name.sort_values("sum", ascending=False).head(top)
         n = self.count
         return [(name, s / 1e3 / n, k / n) for name, (s, k) in by_name.iterrows()]

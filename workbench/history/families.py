@@ -84,25 +84,46 @@ def family(name: str, category: str) -> str:
 
 
 def leaf_events(events: pd.DataFrame) -> pd.DataFrame:
-    """The events that time is counted on: kernels, or on a CPU its leaf operators."""
+    """The events that time is counted on: kernels, or on a CPU its leaf operators; with their
+    `exclusive_us` (`exclusive_us`), the time they count."""
     if (events.category == "kernel").any():
-        return events[events.category == "kernel"]
-    return events[events.name.isin(_CPU_LEAVES)]
+        leaf = events[events.category == "kernel"]
+    else:
+        leaf = events[events.name.isin(_CPU_LEAVES)]
+    return leaf.assign(exclusive_us=exclusive_us(leaf))
+
+
+def exclusive_us(events: pd.DataFrame):
+    """Each event's time as the last of a step's events to have started: from its start, or from
+    the end of those before it where it started while they ran, to its end (none if it ends
+    inside them). A kernel launched with programmatic dependent launch (`pdl`) starts before the
+    one it follows ends, and waits inside for it: its duration holds that wait, and a step's
+    durations add up to more than its span, where these add up to the time some kernel ran.
+    Events that do not overlap keep their durations."""
+    import numpy as np
+
+    keys = ["step", "rank"] if "rank" in events else ["step"]
+    ordered = events.sort_values([*keys, "start_us"])
+    end = ordered.start_us + ordered.duration_us
+    groups = [ordered[k] for k in keys]
+    before = end.groupby(groups).cummax().groupby(groups).shift().fillna(-np.inf)
+    waited = (before - ordered.start_us).clip(lower=0)
+    return (ordered.duration_us - waited).clip(lower=0).reindex(events.index)
 
 
 def breakdown_table(history) -> pd.DataFrame:
     """ms per (step, family) of the profiled steps, "between kernels" and "idle" included, so a
-    step's rows add up to its span."""
+    step's rows add up to its span; a kernel counts its `exclusive_us`."""
     import pandas as pd
 
     events = history.events
     if events.empty:
         return pd.DataFrame(columns=["step", "family", "ms"])
     leaf = leaf_events(events)
-    names = leaf.groupby(["step", "name", "category"], as_index=False).duration_us.sum()
+    names = leaf.groupby(["step", "name", "category"], as_index=False).exclusive_us.sum()
     names["family"] = [family(n, c) for n, c in zip(names.name, names.category)]
-    busy = names.groupby(["step", "family"], as_index=False).duration_us.sum()
-    busy["ms"] = busy.duration_us / 1e3
+    busy = names.groupby(["step", "family"], as_index=False).exclusive_us.sum()
+    busy["ms"] = busy.exclusive_us / 1e3
     steps = history.steps
     if "idle_ms" not in steps:
         steps = add_timing_columns(steps.copy(), device_on_host(history))
