@@ -419,3 +419,29 @@ def test_the_split_table_sets_the_profiled_steps_device_time_beside_the_timed_on
     split = HostSplit(8, 1.71, 0.507, 1.70, 0.69, 0.97, dict.fromkeys(HOST_STAGES, 0.0))
     text = split_table([split._replace(families=families, kernels=[], launches=326)])
     assert "(326 kernels; profiled 2.210 ms on the device, against 1.700 above)" in text
+
+
+def test_the_gaps_between_kernels_are_a_steps_own():
+    """A gap is between two kernels of one step, counted from where the kernels before it
+    ended: the profiled steps need not follow one another, and the time from one step's kernels
+    to the next's is not the step's (on an H100 the largest gap listed was 4,988 us, in steps
+    of 7.6 ms whose gaps added up to 0.98 ms each)."""
+    import pandas as pd
+
+    from workbench.bench.profile import DecodeProfile
+
+    steps = pd.DataFrame({"step": [5, 9], "span_ms": [1.0, 1.0], "device_ms": [0.9, 0.9]})
+    steps["idle_ms"] = steps.span_ms - steps.device_ms
+    kernels = [  # (step, name, start, duration): in step 5 a 30 us gap, in step 9 one of 10 us
+        (5, "a", 0.0, 100.0),
+        (5, "b", 50.0, 40.0),  # inside the time of "a": the gap before "c" is from "a"'s end
+        (5, "c", 130.0, 100.0),
+        (9, "d", 4000.0, 100.0),
+        (9, "e", 4110.0, 100.0),
+    ]
+    events = pd.DataFrame(kernels, columns=["step", "name", "start_us", "duration_us"])
+    events["category"] = "kernel"
+    lines = DecodeProfile(8, steps, events, pd.DataFrame()).idle_lines()
+    assert lines[1] == "between kernels 0.020 ms per step in 2 gaps (1 over 20 us)"
+    assert lines[2].split(" us after ")[0].split() == ["gap", "30.0"]
+    assert "'b' before 'c'" in lines[2]

@@ -52,18 +52,21 @@ class DecodeProfile(NamedTuple):
 
     def idle_lines(self, largest: int = 5) -> list[str]:
         """The device's busy share of the steps' span and its idle time per step (`timing`'s
-        definitions); on a GPU, the largest gaps between kernels and what they lay between."""
+        definitions); on a GPU, the gaps between a step's kernels, the largest with what they lay
+        between."""
         steps = self.steps
         span, device = steps.span_ms.sum(), steps.device_ms.sum()
         lines = [
             f"device busy {100 * device / span:.1f}% of {span:.2f} ms over {self.count} "
             f"steps; idle {steps.idle_ms.mean():.3f} ms per step"
         ]
-        kernels = self.events[self.events.category == "kernel"].sort_values("start_us")
+        kernels = self.events[self.events.category == "kernel"].sort_values(["step", "start_us"])
         if kernels.empty:
             return lines
-        start = kernels.start_us.to_numpy()
-        end = (kernels.start_us + kernels.duration_us).cummax().to_numpy()
+        # NOTE: within each step: the profiled steps need not follow one another, and the time
+        # from one step's kernels to the next's is the host's ("idle"), not between kernels
+        start, step = kernels.start_us.to_numpy(), kernels.step.to_numpy()
+        end = (kernels.start_us + kernels.duration_us).groupby(kernels.step).cummax().to_numpy()
         gaps = pd.DataFrame(
             {
                 "us": start[1:] - end[:-1],
@@ -71,7 +74,7 @@ class DecodeProfile(NamedTuple):
                 "before": kernels.name.to_numpy()[1:],
             }
         )
-        gaps = gaps[gaps.us > 0]
+        gaps = gaps[(gaps.us > 0) & (step[1:] == step[:-1])]
         lines.append(
             f"between kernels {gaps.us.sum() / self.count / 1e3:.3f} ms per step in "
             f"{len(gaps)} gaps ({int((gaps.us > 20).sum())} over 20 us)"
