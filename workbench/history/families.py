@@ -93,7 +93,7 @@ def leaf_events(events: pd.DataFrame) -> pd.DataFrame:
     return leaf.assign(exclusive_us=exclusive_us(leaf))
 
 
-def exclusive_us(events: pd.DataFrame):
+def exclusive_us(events: pd.DataFrame) -> pd.Series:
     """Each event's time as the last of a step's events to have started: from its start, or from
     the end of those before it where it started while they ran, to its end (none if it ends
     inside them). A kernel launched with programmatic dependent launch (`pdl`) starts before the
