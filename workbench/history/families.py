@@ -104,11 +104,12 @@ def exclusive_us(events: pd.DataFrame) -> pd.Series:
 
     keys = ["step", "rank"] if "rank" in events else ["step"]
     ordered = events.sort_values([*keys, "start_us"])
-    end = ordered.start_us + ordered.duration_us
+    start, duration = ordered.start_us.astype(float), ordered.duration_us.astype(float)
     groups = [ordered[k] for k in keys]
-    before = end.groupby(groups).cummax().groupby(groups).shift().fillna(-np.inf)
-    waited = (before - ordered.start_us).clip(lower=0)
-    return (ordered.duration_us - waited).clip(lower=0).reindex(events.index)
+    end = (start + duration).groupby(groups)
+    before = end.cummax().groupby(groups).shift().fillna(-np.inf)
+    waited = (before - start).clip(lower=0)
+    return (duration - waited).clip(lower=0).reindex(events.index)
 
 
 def breakdown_table(history) -> pd.DataFrame:
