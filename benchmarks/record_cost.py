@@ -146,6 +146,7 @@ def arriving(model: str, count: int, repeat: int, when: str | None = None) -> No
     print(
         f"{model} on {wb.engine.device}: {count} requests arriving every 2 steps, chunk 256, "
         f"mixed, overlap on; medians of {repeat} rounds"
+        + (" (under 3: a median is then a mean, and one odd round moves it)" if repeat < 3 else "")
     )
     for level, times in totals.items():
         run_s = statistics.median(t[0] for t in times)

@@ -333,6 +333,7 @@ def test_record_cost_says_where_full_recordings_time_went(capsys):
         ["--workload", "arriving", "--model", "tiny-qwen3", "--requests", "3", "--repeat", "1"]
     )
     out = capsys.readouterr().out
+    assert "medians of 1 rounds (under 3: a median is then a mean" in out
     for level in ("light", "full"):
         assert f"record={level:<5} whole run" in out
         (line,) = [line for line in out.splitlines() if line.startswith(f"{level}: ")]
