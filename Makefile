@@ -56,7 +56,8 @@ GPU_PYTEST = WORKBENCH_TRACEBACK_NOW=1 $(GPU_PYTHON) -m pytest -m gpu -s -v -p n
 	-o faulthandler_timeout=200
 # PART=tests or PART=notebooks runs one half; a call on the lent machine stops at 10 minutes, so
 # PART=tests-a, tests-b and tests-c split the tests (on the H200, 2026-12-05: tests-a 317 s,
-# tests-b 189 s, tests-c 60 s; the notebooks' cells about 360 s), or GPU_TESTS="tests/a.py ..."
+# tests-b 189 s, tests-c 60 s; the notebooks' cells about 360 s; on an H100, 2026-12-06: tests-a
+# over 340 s, tests-b 239 s, tests-c 168 s, notebooks 01-05 250 s), or GPU_TESTS="tests/a.py ..."
 # runs some
 PART ?= all
 GPU_TESTS_A = test_gpu_memory test_gpu_numerics test_gpu_tp
