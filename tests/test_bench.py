@@ -446,3 +446,17 @@ def test_the_gaps_between_kernels_are_a_steps_own():
     assert lines[1] == "between kernels 0.020 ms per step in 2 gaps (1 over 20 us)"
     assert lines[2].split(" us after ")[0].split() == ["gap", "30.0"]
     assert "'b' before 'c'" in lines[2]
+
+
+def test_the_settings_line_names_the_attention_that_runs():
+    """On the CPU decode attention is the torch backend's whatever `decode_kernel` says (it
+    chooses between FlashInfer's and the Triton kernel on the FlashInfer backend)."""
+    import torch
+
+    from workbench.config import EngineConfig
+
+    out = _bench()
+    settings = next(line for line in out.splitlines() if line.startswith("workbench bench: "))
+    runs = EngineConfig(model="tiny-qwen3").decode_attention  # on this machine's device
+    assert runs == "torch" or torch.cuda.is_available()
+    assert f"decode attention {runs}, " in settings

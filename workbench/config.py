@@ -206,6 +206,13 @@ class EngineConfig:
         return "flashinfer" if self._flashinfer else "torch"
 
     @property
+    def decode_attention(self) -> str:
+        """What decode steps' attention runs on: `decode_kernel` on the FlashInfer backend, else
+        the backend's own kernel ("torch")."""
+        backend = self.attention_backend
+        return self.decode_kernel if backend == "flashinfer" else backend
+
+    @property
     def overlap_enabled(self) -> bool:
         return self.torch_device.type == "cuda" if self.overlap is None else self.overlap
 

@@ -234,7 +234,7 @@ def settings(llm: LLM, args: argparse.Namespace, work: Workload) -> dict:
         fused_sampling=engine.config.fused_sampling_enabled,
         fused_rope=engine.config.fused_rope_enabled,
         small_gemm=engine.config.small_gemm_enabled,
-        decode_kernel=engine.config.decode_kernel,
+        decode_kernel=engine.config.decode_attention,
         pdl=engine.config.pdl_enabled,
         page_size=engine.config.page_size,
         max_extend_tokens=args.max_extend_tokens,
