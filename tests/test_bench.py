@@ -412,7 +412,7 @@ def _benchmark(name: str):
 
 def test_the_split_table_sets_the_profiled_steps_device_time_beside_the_timed_ones():
     """Recording every kernel changes the device's time (on an H100 a batch-8 step on cuBLAS:
-    2.57 ms profiled against 1.70 timed unprofiled): the family line says both."""
+    2.56 ms profiled against 1.70 timed unprofiled): the family line says both."""
     from workbench.bench.host import HostSplit, split_table
     from workbench.clocks import HOST_STAGES
 
