@@ -17,10 +17,10 @@ projections are 3-4x their bound under both: 64 programs of 16 columns leave mos
 SMs idle. So K is split too (`split_k`: about two programs an SM; 1,024 x 2,048 at 8 rows in 4
 splits, 256 programs), each split's sum left in a slab of float32 and the slabs added in split
 order by whichever program of a column block counts last: one launch, and still one order of
-sums, so the same bits. And a gated MLP's down projection reads gate | up and computes
-silu(gate) * up as it loads them (`gated`), so the SiLU-and-mul launch before it goes. With
-`pdl` it launches with programmatic dependent launch and reads its first tile of weights before
-it waits for the kernel before it (`kernels/pdl.py`).
+sums, so the same bits. `gated` reads a gated MLP's gate | up and computes silu(gate) * up as
+it loads them, in place of a SiLU-and-mul launch before the down projection (measured slower
+below, so not used by the MLP). With `pdl` it launches with programmatic dependent launch and
+reads its first tile of weights before it waits for the kernel before it (`kernels/pdl.py`).
 
 Measured again (H100, 2026-12-06, `benchmarks/decode_gemms.py --batch 8`): split, the step's
 GEMMs take 705 us against cuBLAS's 640 (bound 359): QKV 4.5 us against 3.6, output 5.3 against
