@@ -55,11 +55,12 @@ GPU_PYTHON ?= python3
 GPU_PYTEST = WORKBENCH_TRACEBACK_NOW=1 $(GPU_PYTHON) -m pytest -m gpu -s -v -p no:cacheprovider --durations=15 \
 	-o faulthandler_timeout=200
 # PART=tests or PART=notebooks runs one half; a call on the lent machine stops at 10 minutes, so
-# PART=tests-a, tests-b and tests-c split the tests (on the H200, 2026-12-05: tests-a 317 s,
-# tests-b 189 s, tests-c 60 s; the notebooks' cells about 360 s; on an H100, 2026-12-06: tests-a
-# over 340 s, tests-b 239 s, tests-c 168 s, notebooks 01-05 250 s), or GPU_TESTS="tests/a.py ..."
-# runs some
+# PART=tests-a, tests-b and tests-c split the tests and notebooks-a (01 to 05) and notebooks-b
+# (06 on) the notebooks (on the H200, 2026-12-05: tests-a 317 s, tests-b 189 s, tests-c 60 s,
+# the notebooks' cells about 360 s; on an H100, 2026-12-06: tests-a under 450 s, tests-b 263 s,
+# tests-c 193 s, notebooks-a 250 s, notebooks-b 297 s), or GPU_TESTS="tests/a.py ..." runs some
 PART ?= all
+NOTEBOOKS_A = 01 or 02 or 03 or 04 or 05
 GPU_TESTS_A = test_gpu_memory test_gpu_numerics test_gpu_tp
 GPU_TESTS_B = test_gpu_matrix test_moe_planted test_fused_moe test_gpu_prefill_graphs \
 	test_gpu_overlap_graphs test_moe_models
@@ -78,9 +79,9 @@ PAYLOAD_SITE = $(HOME)/.cache/wb-payload
 gpu-check: export PYTHONPATH := $(if $(wildcard .gpupayload/wheels),$(PAYLOAD_SITE):)$(PYTHONPATH)
 gpu-check: export WORKBENCH_CACHE := $(if $(wildcard .gpupayload/cache .gpupayload/cache.tar.xz),$(CURDIR)/.gpupayload/cache,$(WORKBENCH_CACHE))
 gpu-check:
-	@case "$(PART)" in all|tests|tests-a|tests-b|tests-c|notebooks) ;; \
-		*) echo "PART must be all, tests, tests-a, tests-b, tests-c or notebooks, got '$(PART)'"; \
-		exit 2;; esac
+	@case "$(PART)" in all|tests|tests-a|tests-b|tests-c|notebooks|notebooks-a|notebooks-b) ;; \
+		*) echo "PART must be all, tests, tests-a, tests-b, tests-c, notebooks, notebooks-a or" \
+			"notebooks-b, got '$(PART)'"; exit 2;; esac
 	@# once a machine (a second install would print a warning for every file it finds there)
 	@if [ -d .gpupayload/wheels ] && [ ! -f $(PAYLOAD_SITE)/.installed ]; then \
 		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --target $(PAYLOAD_SITE) \
@@ -88,17 +89,19 @@ gpu-check:
 	@if [ -f .gpupayload/cache.tar.xz ] && [ ! -d .gpupayload/cache ]; then \
 		tar -C .gpupayload -xJf .gpupayload/cache.tar.xz; fi
 	@mkdir -p out/gpu-check; fail=0; start=$$(date +%s); \
-	if [ "$(PART)" != notebooks ]; then \
+	case "$(PART)" in notebooks-a) only='$(NOTEBOOKS_A)';; notebooks-b) only='not ($(NOTEBOOKS_A))';; \
+		*) only=;; esac; \
+	case "$(PART)" in notebooks*) ;; *) \
 		$(GPU_PYTEST) $(GPU_TESTS) > out/gpu-check/tests.log 2>&1 || fail=1; \
 		echo "gpu tests: $$(tail -n 1 out/gpu-check/tests.log)"; \
 		case "$(PART)" in tests-a|tests-c) ;; *) false;; esac || grep -h "^GPU matrix:" out/gpu-check/tests.log || \
-			echo "GPU matrix: no summary (see the log)"; \
-	fi; \
-	if [ "$(PART)" = all ] || [ "$(PART)" = notebooks ]; then \
-		$(GPU_PYTEST) tests/test_notebooks.py > out/gpu-check/notebooks.log 2>&1 || fail=1; \
+			echo "GPU matrix: no summary (see the log)";; \
+	esac; \
+	case "$(PART)" in all|notebooks*) \
+		$(GPU_PYTEST) tests/test_notebooks.py $${only:+-k} $${only:+"$$only"} > out/gpu-check/notebooks.log 2>&1 || fail=1; \
 		grep -h "^notebook " out/gpu-check/notebooks.log; \
-		echo "notebooks: $$(tail -n 1 out/gpu-check/notebooks.log)"; \
-	fi; \
+		echo "notebooks: $$(tail -n 1 out/gpu-check/notebooks.log)";; \
+	esac; \
 	echo "gpu-check ($(PART)): $$([ $$fail = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - start )) s"; \
 	exit $$fail
 
