@@ -424,28 +424,43 @@ def test_the_split_table_sets_the_profiled_steps_device_time_beside_the_timed_on
 
 def test_the_gaps_between_kernels_are_a_steps_own():
     """A gap is between two kernels of one step, counted from where the kernels before it
-    ended: the profiled steps need not follow one another, and the time from one step's kernels
-    to the next's is not the step's (on an H100 the largest gap listed was 4,988 us, in steps
-    of 7.6 ms whose gaps added up to 0.98 ms each)."""
+    ended, and named after the kernel that ended there: the profiled steps need not follow one
+    another, and the time from one step's kernels to the next's is not the step's (on an H100
+    the largest gap listed was 4,988 us, in steps of 7.6 ms whose gaps added up to 0.98 ms
+    each). Summed by the kernel they follow, per step, they say which kernel's gaps recur."""
     import pandas as pd
 
     from workbench.bench.profile import DecodeProfile
 
     steps = pd.DataFrame({"step": [5, 9], "span_ms": [1.0, 1.0], "device_ms": [0.9, 0.9]})
     steps["idle_ms"] = steps.span_ms - steps.device_ms
-    kernels = [  # (step, name, start, duration): in step 5 a 30 us gap, in step 9 one of 10 us
+    kernels = [  # (step, name, start, duration): in step 5 a 30 us gap, in step 9 two of 10
         (5, "a", 0.0, 100.0),
         (5, "b", 50.0, 40.0),  # inside the time of "a": the gap before "c" is from "a"'s end
         (5, "c", 130.0, 100.0),
-        (9, "d", 4000.0, 100.0),
+        (9, "a", 4000.0, 100.0),
         (9, "e", 4110.0, 100.0),
+        (9, "d", 4220.0, 5.0),
     ]
     events = pd.DataFrame(kernels, columns=["step", "name", "start_us", "duration_us"])
     events["category"] = "kernel"
     lines = DecodeProfile(8, steps, events, pd.DataFrame()).idle_lines()
-    assert lines[1] == "between kernels 0.020 ms per step in 2 gaps (1 over 20 us)"
+    assert lines[1] == "gaps between kernels 0.025 ms per step, 3 gaps (1 over 20 us)"
     assert lines[2].split(" us after ")[0].split() == ["gap", "30.0"]
-    assert "'b' before 'c'" in lines[2]
+    assert "after 'a' before 'c'" in lines[2]
+    families = pd.DataFrame(  # the family: each step's device time less its kernels'
+        {"step": [5, 9], "family": "between kernels", "ms": [0.05, 0.03]}
+    )
+    with_families = DecodeProfile(8, steps, events, families).idle_lines()
+    assert with_families[1].endswith(
+        "of the family's 0.040 ms \"between kernels\", 0.015 lie before the step's first kernel "
+        "or after its last"
+    )
+    by_kernel = lines[lines.index("gaps by the kernel they follow, us and gaps per step:") + 1 :]
+    assert [line.split() for line in by_kernel] == [
+        ["20.0", "us", "in", "1.0", "gaps", "after", "'a'"],
+        ["5.0", "us", "in", "0.5", "gaps", "after", "'e'"],
+    ]
 
 
 def test_the_settings_line_names_the_attention_that_runs():

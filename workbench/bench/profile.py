@@ -52,36 +52,65 @@ class DecodeProfile(NamedTuple):
 
     def idle_lines(self, largest: int = 5) -> list[str]:
         """The device's busy share of the steps' span and its idle time per step (`timing`'s
-        definitions); on a GPU, the gaps between a step's kernels, the largest with what they lay
-        between."""
+        definitions); on a GPU, the gaps between a step's kernels: the largest, each with the
+        kernels it lay between, and the gaps per step by the kernel they follow (a gap that
+        recurs in every layer is small alone and large in sum)."""
         steps = self.steps
         span, device = steps.span_ms.sum(), steps.device_ms.sum()
         lines = [
             f"device busy {100 * device / span:.1f}% of {span:.2f} ms over {self.count} "
             f"steps; idle {steps.idle_ms.mean():.3f} ms per step"
         ]
-        kernels = self.events[self.events.category == "kernel"].sort_values(["step", "start_us"])
-        if kernels.empty:
+        gaps = kernel_gaps(self.events)
+        if gaps is None:
             return lines
-        # NOTE: within each step: the profiled steps need not follow one another, and the time
-        # from one step's kernels to the next's is the host's ("idle"), not between kernels
-        start, step = kernels.start_us.to_numpy(), kernels.step.to_numpy()
-        end = (kernels.start_us + kernels.duration_us).groupby(kernels.step).cummax().to_numpy()
-        gaps = pd.DataFrame(
-            {
-                "us": start[1:] - end[:-1],
-                "after": kernels.name.to_numpy()[:-1],
-                "before": kernels.name.to_numpy()[1:],
-            }
+        per_step = self.count
+        gap_ms = gaps.us.sum() / per_step / 1e3
+        line = (
+            f"gaps between kernels {gap_ms:.3f} ms per step, {len(gaps)} gaps "
+            f"({int((gaps.us > 20).sum())} over 20 us)"
         )
-        gaps = gaps[(gaps.us > 0) & (step[1:] == step[:-1])]
-        lines.append(
-            f"between kernels {gaps.us.sum() / self.count / 1e3:.3f} ms per step in "
-            f"{len(gaps)} gaps ({int((gaps.us > 20).sum())} over 20 us)"
-        )
+        if not self.families.empty:  # the family is the step's device time less its kernels'
+            between = self.family_ms().get("between kernels", 0.0)
+            line += (
+                f'; of the family\'s {between:.3f} ms "between kernels", '
+                f"{between - gap_ms:.3f} lie before the step's first kernel or after its last"
+            )
+        lines.append(line)
         for g in gaps.nlargest(largest, "us").itertuples():
             lines.append(f"  gap {g.us:8.1f} us after {g.after[:60]!r} before {g.before[:60]!r}")
+        by_kernel = gaps.groupby("after").us.agg(["sum", "size"]).nlargest(largest, "sum")
+        if len(by_kernel):
+            lines.append("gaps by the kernel they follow, us and gaps per step:")
+        for name, (total, n) in by_kernel.iterrows():
+            lines.append(
+                f"  {total / per_step:8.1f} us in {n / per_step:5.1f} gaps after {name[:60]!r}"
+            )
         return lines
+
+
+def kernel_gaps(events: pd.DataFrame) -> pd.DataFrame | None:
+    """The gaps between the kernels of each step (None without kernels): `us`, from where the
+    kernels before it ended to the next one's start; `after`, the kernel that ended last before
+    it (with kernels that overlap, as under PDL, not always the one launched last); `before`."""
+    kernels = events[events.category == "kernel"].sort_values(["step", "start_us"])
+    if kernels.empty:
+        return None
+    # NOTE: within each step: the profiled steps need not follow one another, and the time
+    # from one step's kernels to the next's is the host's ("idle"), not between kernels
+    step, name = kernels.step, kernels.name
+    end = kernels.start_us + kernels.duration_us
+    reach = end.groupby(step).cummax()
+    last = name.where(end >= reach).groupby(step).ffill()  # whose end `reach` is
+    start, step = kernels.start_us.to_numpy(), step.to_numpy()
+    gaps = pd.DataFrame(
+        {
+            "us": start[1:] - reach.to_numpy()[:-1],
+            "after": last.to_numpy()[:-1],
+            "before": name.to_numpy()[1:],
+        }
+    )
+    return gaps[(gaps.us > 0) & (step[1:] == step[:-1])]
 
 
 def profile_decode_steps(
