@@ -101,6 +101,68 @@ def test_chat_through_the_template_equals_generate_on_the_templated_ids(served):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want["text"]
 
 
+def test_logprobs_whole_and_streamed_are_the_engines(served):
+    """Completions' `logprobs=n` and chat's `logprobs`/`top_logprobs`, whole and streamed, give
+    each token the log probability and most likely tokens `LLM.generate` reports, named by
+    their text; the pool stays whole."""
+    wb, server, client = served
+    llm = LLM(MODEL, max_running_reqs=8, max_extend_tokens=64)
+    try:
+        want = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=6, ignore_eos=True, logprobs=3))
+        chat = [{"role": "user", "content": "Name a color."}]
+        chat_ids = llm.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+        chat_ids = chat_ids["input_ids"] if hasattr(chat_ids, "keys") else chat_ids
+        want_chat = llm.generate([list(chat_ids)], SamplingParams(max_tokens=5, logprobs=2))[0]
+    finally:
+        llm.close()
+    text_of = lambda t: wb.llm.tokenizer.decode([t])  # noqa: E731
+
+    for prompt, out in zip(PROMPTS[:2], want):
+        whole = client.completions.create(model=MODEL, prompt=prompt, logprobs=3, **greedy(6))
+        chunks = client.completions.create(
+            model=MODEL, prompt=prompt, logprobs=3, stream=True, **greedy(6)
+        )
+        streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+        for lp in (whole.choices[0].logprobs, *streamed):
+            assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs)
+        got = [v for lp in streamed for v in lp.token_logprobs]
+        # (float32 rounding: the two requests run in batches of other shapes)
+        assert got == pytest.approx(whole.choices[0].logprobs.token_logprobs, abs=1e-5)
+        assert got == pytest.approx([lp for lp, _ in out["logprobs"]], abs=1e-5)
+        tops = [t for lp in streamed for t in lp.top_logprobs]
+        assert [list(t) for t in tops] == [
+            [text_of(i) for i, _ in top] for _, top in out["logprobs"]
+        ]
+        tokens = [t for lp in streamed for t in lp.tokens]
+        assert tokens == [text_of(t) for t in out["token_ids"]]
+        offsets = [o for lp in streamed for o in lp.text_offset]
+        assert offsets == [sum(map(len, tokens[:i])) for i in range(len(tokens))]
+
+    for stream in (False, True):
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=chat,
+            max_tokens=5,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            stream=stream,
+        )
+        choices = [c.choices[0] for c in reply if c.choices] if stream else reply.choices
+        content = [e for c in choices if c.logprobs for e in c.logprobs.content]
+        assert [e.logprob for e in content] == pytest.approx(
+            [lp for lp, _ in want_chat["logprobs"]], abs=1e-5
+        )
+        assert [e.token for e in content] == [text_of(t) for t in want_chat["token_ids"]]
+        assert all(e.bytes == list(e.token.encode()) for e in content)
+        assert [[t.token for t in e.top_logprobs] for e in content] == [
+            [text_of(i) for i, _ in top] for _, top in want_chat["logprobs"]
+        ]
+    plain = client.completions.create(model=MODEL, prompt=PROMPTS[0], **greedy(2))
+    assert plain.choices[0].logprobs is None
+    wb.llm.check_integrity()
+
+
 def test_a_shared_prefix_is_reported_as_cached_tokens(served):
     wb, server, client = served
     prefix = "Zanzibar " + " ".join(["The scheduler admits requests under a token budget."] * 6)
@@ -172,7 +234,8 @@ BAD = [
     ({"model": MODEL, "prompt": "hi", "top_k": "all"}, "top_k"),
     ({"model": MODEL, "prompt": "hi", "seed": -3}, "seed"),
     ({"model": MODEL, "prompt": "hi", "n": 2}, "n"),
-    ({"model": MODEL, "prompt": "hi", "logprobs": 1}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 21}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "echo": True}, "echo"),
     ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
     ({"model": MODEL, "prompt": "hi", "stop": [""]}, "stop"),
     ({"model": MODEL, "prompt": "hi", "frobnicate": True}, "frobnicate"),
@@ -185,6 +248,11 @@ BAD_CHAT = [
     ({"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
     ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [{}]}, "tools"),
+    (
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+        "top_logprobs",
+    ),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": 2}, "logprobs"),
 ]
 
 
@@ -531,8 +599,11 @@ def test_hundreds_of_streams_some_leaving_leave_the_engine_serving_and_the_pool_
 
 
 def test_a_streamed_chunk_written_from_its_template_is_the_json_of_its_fields():
+    from transformers import AutoTokenizer
+
+    from workbench.models import resolve
     from workbench.serve.app import _chunk, _Events
-    from workbench.serve.output import Delta, Output
+    from workbench.serve.output import Decoder, Delta, Output
     from workbench.serve.protocol import Parsed
 
     for chat, ids in ((False, False), (True, True)):
@@ -546,7 +617,9 @@ def test_a_streamed_chunk_written_from_its_template_is_the_json_of_its_fields():
         )
         output = Output.__new__(Output)
         output.parsed, output.id, output.created, output.error = parsed, "cmpl-x", 17, None
-        for delta in (Delta('a "quoted"\nline é', [5, 6], None), Delta("", [], "length")):
+        output._decoder = Decoder(AutoTokenizer.from_pretrained(resolve(MODEL)), 10**6)
+        asked = Delta("é", [5, 6], None, [(-0.5, [(5, -0.5), (9, -1.5)]), (-2.0, [])], 7)
+        for delta in (Delta('a "quoted"\nline é', [5, 6], None), Delta("", [], "length"), asked):
             written = json.loads(_Events(output).chunk(delta).removeprefix("data: "))
             assert written == _chunk(None, output, delta)
 

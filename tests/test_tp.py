@@ -52,6 +52,26 @@ def test_two_ranks_match_hf(wb2, expected, policy, max_extend_tokens, overlap):
     assert sum(o["cached_tokens"] for o in outputs) > 0  # the second run shared prefixes
 
 
+def test_two_ranks_report_hugging_faces_logprobs(wb2, expected):
+    """Rank 0 reports each output token's log probability (its gathered logits') as Hugging
+    Face's forward gives it, and the 3 most likely tokens there."""
+    import torch
+
+    from .conftest import hf_model
+
+    wb2.reconfigure(policy="prefill_first", max_extend_tokens=8192, overlap=True)
+    outputs, _ = run(wb2.llm, PROMPTS, SamplingParams(max_tokens=10, ignore_eos=True, logprobs=3))
+    assert [o["token_ids"] for o in outputs] == expected
+    for prompt, out in zip(PROMPTS, outputs):
+        with torch.inference_mode():
+            logits = hf_model(MODEL)(torch.tensor([prompt + out["token_ids"]])).logits[0]
+        ref = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), -1)
+        tokens = torch.tensor(out["token_ids"])
+        expected_logprobs = ref[torch.arange(len(tokens)), tokens].tolist()
+        assert [lp for lp, _ in out["logprobs"]] == pytest.approx(expected_logprobs, abs=1e-4)
+        assert [[i for i, _ in top] for _, top in out["logprobs"]] == ref.topk(3).indices.tolist()
+
+
 def test_one_rank_matches_hf(expected):
     llm = LLM(MODEL, device="cpu", tp_size=1, max_running_reqs=8, max_extend_tokens=3)
     outputs, _ = run(llm, PROMPTS, greedy(10))

@@ -356,6 +356,9 @@ class LLM:
             "prompt_tokens": req.prompt_len,
             "completion_tokens": len(ids),
             "cached_tokens": req.cached_tokens,
+            # with SamplingParams(logprobs=n): per output token (its log probability, the n
+            # most likely tokens as (token id, log probability)); else None
+            "logprobs": req.logprobs,
         }
 
     def decode(self, token_ids: list[int]) -> str:

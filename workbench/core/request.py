@@ -73,6 +73,9 @@ class Req:
     # "stop" | "length" | "abort" | "error", set by the scheduler
     finish_reason: str | None = field(default=None, init=False)
     error: str | None = field(default=None, init=False)
+    # with sampling.logprobs set, one per output token: (its log probability, the most likely
+    # tokens there as (token id, log probability), most likely first)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = field(default=None, init=False)
     # KV slots its row holds (`CacheManager.allocate`): between steps ceil_page(cached_len)
     alloc_len: int = field(init=False)
     released: bool = field(default=False, init=False)
@@ -83,6 +86,8 @@ class Req:
         if self.max_device_len < 0:
             self.max_device_len = self.prompt_len + self.sampling.max_tokens
         self.alloc_len = self.cached_len  # admission: whole pages matched in the prefix cache
+        if self.sampling.logprobs is not None:
+            self.logprobs = []
         assert 0 <= self.cached_len < self.device_len <= self.max_device_len, self
 
     @classmethod

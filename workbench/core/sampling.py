@@ -8,6 +8,7 @@ import numpy as np
 
 MIN_TEMPERATURE = 1e-5  # logits / temperature must stay finite in float32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_LOGPROBS = 20  # most likely tokens a position reports at most (OpenAI's top_logprobs bound)
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class SamplingParams:
     top_p: float = 1.0
     ignore_eos: bool = False
     seed: int | None = None  # same seed, same tokens, whatever else is in the batch
+    # each output token's log probability under the model (its logits' log-softmax, before
+    # temperature, top-k and top-p), with the `logprobs` most likely tokens there; None: none
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         from .. import validate as V
@@ -47,6 +51,7 @@ class SamplingParams:
             top_p=V.real("top_p", self.top_p, 0.0, 1.0, low_open=True),
             ignore_eos=V.boolean("ignore_eos", self.ignore_eos),
             seed=V.optional_integer("seed", self.seed, 0, 2**63 - 1),
+            logprobs=V.optional_integer("logprobs", self.logprobs, 0, MAX_LOGPROBS),
         )
         for name, value in checked.items():  # plain Python values (numpy ints become ints)
             object.__setattr__(self, name, value)

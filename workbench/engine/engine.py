@@ -203,6 +203,8 @@ class Engine:
                 launch.targets = runner.token_targets(shape, len(reqs))
         if reqs and not launch.sampled_in_graph:
             launch.sampling = self.sampler.prepare(reqs, lens + 1)
+        if self.tp.rank == 0:  # (the other ranks' tokens are not read)
+            launch.logprobs = self.sampler.logprob_rows(reqs)
         return launch
 
     def _runner_for(self, batch: Batch) -> tuple[GraphRunner | None, Shape | None]:
@@ -241,6 +243,8 @@ class Engine:
                 tokens = self.sampler.sample(logits, launch.sampling)
                 rows, cols = launch.targets
                 self.table.token_pool[rows, cols] = tokens
+            if launch.logprobs is not None and count:
+                launch.logprob_values = self.sampler.logprobs(logits, tokens, *launch.logprobs)
             if self.device.type == "cuda" and count:
                 # NOTE: pinned buffers in turn: a step's tokens are read at most a step later
                 host = self._token_host[launch.index % len(self._token_host)][:count]
@@ -326,6 +330,10 @@ class Launch:
     index: int = 0  # the engine's count of steps before it (the same on every rank)
     timer: DeviceTimer | None = None
     tokens: torch.Tensor | None = None  # int32 [sampled requests] on the host
+    # the sampled rows that report log probabilities and how many top tokens (`Sampler.
+    # logprob_rows`); after `sample`, theirs on the host (`Sampler.logprobs`)
+    logprobs: tuple[np.ndarray, int] | None = None
+    logprob_values: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     done: torch.cuda.Event | None = None  # after their copy (None: nothing to wait for)
     moe_layers: tuple[int, ...] = ()  # the decoder layers with an MoE block (none: dense)
     # int32 [MoE layers, experts] on the host, after `sample`: tokens each expert received

@@ -40,6 +40,8 @@ class _Rows(NamedTuple):
     any_seeded: bool
     key_seeds: np.ndarray  # the seed each row's key mixes (its own, or the engine's)
     rows: np.ndarray
+    logprob_rows: np.ndarray | None  # the rows that report log probabilities; None: none
+    top_logprobs: int  # the most likely tokens the most of them asks for
 
 
 class Sampler:
@@ -60,6 +62,7 @@ class Sampler:
         top_p = [p.top_p for p in params]
         seeded = np.array([p.seed is not None for p in params], dtype=bool) & ~greedy
         seeds = np.array([(p.seed or 0) % 2**64 for p in params], dtype=np.uint64)
+        wants = [i for i, p in enumerate(params) if p.logprobs is not None]
         self._rows = _Rows(
             reqs=list(reqs),
             all_greedy=bool(greedy.all()),
@@ -73,8 +76,32 @@ class Sampler:
             any_seeded=bool(seeded.any()),
             key_seeds=np.where(seeded, seeds, np.uint64(self.seed % 2**64)),
             rows=np.arange(len(reqs), dtype=np.uint64),
+            logprob_rows=np.array(wants, dtype=np.int64) if wants else None,
+            top_logprobs=max((params[i].logprobs for i in wants), default=0),
         )
         return self._rows
+
+    def logprob_rows(self, reqs: list[Req]) -> tuple[np.ndarray, int] | None:
+        """The rows of `reqs` that report log probabilities, and the most likely tokens the
+        most of them asks for; None: none does."""
+        if not reqs:
+            return None
+        rows = self._rows_of(reqs)
+        return None if rows.logprob_rows is None else (rows.logprob_rows, rows.top_logprobs)
+
+    def logprobs(
+        self, logits: torch.Tensor, tokens: torch.Tensor, rows: np.ndarray, top: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The log-softmax of `logits` (the model's: before temperature, top-k and top-p) in the
+        rows `rows`: at `tokens` (float32 [rows]) and its `top` largest (float32 and int64
+        [rows, top]), enqueued to the host (read them after the step's end)."""
+        if len(rows) < logits.shape[0]:
+            index = to_device(rows, self.device)
+            logits, tokens = logits[index], tokens[index]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        chosen = logprobs.gather(1, tokens.long()[:, None])[:, 0]
+        values, ids = logprobs.topk(top, dim=-1)
+        return tuple(_to_host(t) for t in (chosen, values, ids))
 
     def prepare(self, reqs: list[Req], device_lens: np.ndarray | None = None) -> SamplingArgs:
         """The sampling of `reqs`, whose forward has run. `device_lens`: theirs, if at hand."""
@@ -174,6 +201,13 @@ def _mask_top_k_top_p(
         drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """`t` on the host; from a GPU, copied (enqueued) into pinned memory of its own."""
+    if t.device.type != "cuda":
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
 
 def _mix(seed: int, index: int) -> int:

@@ -95,6 +95,9 @@ class SampleEnd:
     step: int
     uids: tuple[int, ...]
     tokens: tuple[int, ...]
+    # per sampled request, with SamplingParams(logprobs=n): (the token's log probability, the n
+    # most likely tokens as (id, log probability)); None for one that did not ask, or all None
+    logprobs: tuple | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,12 +225,15 @@ class Probe(Observer):
         if "forward.end" in self.hooks:
             self.hooks.emit("forward.end", ev.ForwardEnd(step, batch.phase, tuple(batch.views())))
 
-    def sample_end(self, step: int, batch: Batch, tokens: list[int], started: float) -> None:
+    def sample_end(
+        self, step: int, batch: Batch, tokens: list[int], started: float, logprobs=None
+    ) -> None:
         if self.profiling:
             self._marks.append((started, step, "collect"))
         if "sample.end" in self.hooks:
             uids = tuple(r.uid for r in batch.sampled_reqs)
-            self.hooks.emit("sample.end", ev.SampleEnd(step, uids, tuple(tokens)))
+            lps = None if logprobs is None else tuple(logprobs)
+            self.hooks.emit("sample.end", ev.SampleEnd(step, uids, tuple(tokens), lps))
 
     def moe_route(self, step: int, launch: Launch) -> None:
         if "moe.route" in self.hooks:

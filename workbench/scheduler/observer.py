@@ -69,8 +69,11 @@ class Observer:
     def forward_end(self, step: int, batch: Batch) -> None:
         """ "forward.end": the forward and the sampler are launched."""
 
-    def sample_end(self, step: int, batch: Batch, tokens: list[int], started: float) -> None:
-        """ "sample.end": the batch's tokens are on the host."""
+    def sample_end(
+        self, step: int, batch: Batch, tokens: list[int], started: float, logprobs=None
+    ) -> None:
+        """ "sample.end": the batch's tokens are on the host; `logprobs`, per request, its
+        `Req.logprobs` entry where it asked (None: none did)."""
 
     def moe_route(self, step: int, launch: Launch) -> None:
         """ "moe.route": an MoE model's step is done; `launch.host_routing()` is its routing."""

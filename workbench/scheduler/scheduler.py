@@ -11,7 +11,7 @@ import numpy as np
 from ..clocks import RunClock, StageClock
 from ..config import EngineConfig
 from ..core import Admissions, Batch, PendingReq, Req, SamplingParams
-from ..engine.engine import Engine
+from ..engine.engine import Engine, Launch
 from ..kvcache import create_prefix_cache
 from ..kvcache.base import CacheHandle
 from ..policies import SchedulerState, policy
@@ -234,11 +234,16 @@ class Scheduler:
             waited = self.clock.now() - start
             stages.enter("collect")
             raw = launch.tokens.tolist()
+            logprobs = _row_logprobs(batch.sampled_reqs, launch)
             if watch is not None:
-                watch.sample_end(index, batch, raw, start)
+                watch.sample_end(index, batch, raw, start, logprobs)
                 if launch.routing is not None:
                     watch.moe_route(index, launch)
             tokens, ends = self._append_tokens(batch, raw)
+            if logprobs is not None:
+                for req, token, entry in zip(batch.sampled_reqs, tokens, logprobs):
+                    if token is not None and entry is not None:  # (None: past its end)
+                        req.logprobs.append(entry)
             finishes = []
             for req, reason in ends:  # NOTE: all end before any hook runs (Ctrl-C in one)
                 req.finish_reason = reason
@@ -413,3 +418,17 @@ class Scheduler:
             holders |= {id(r): r for r in self.in_flight.batch.reqs if not r.released}
         check_integrity(self.cache, self.table, list(holders.values()))
         self.engine.check_ranks()
+
+
+def _row_logprobs(reqs: list[Req], launch: Launch) -> list | None:
+    """Per sampled request, its token's log probability and the most likely tokens there, as
+    many as it asked (`Req.logprobs`' entries); None for one that did not ask, or for all."""
+    if launch.logprob_values is None:
+        return None
+    rows, _ = launch.logprobs
+    chosen, values, ids = (t.tolist() for t in launch.logprob_values)
+    out: list = [None] * len(reqs)
+    for j, i in enumerate(rows.tolist()):
+        top = reqs[i].sampling.logprobs
+        out[i] = (chosen[j], list(zip(ids[j][:top], values[j][:top])))
+    return out

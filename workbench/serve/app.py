@@ -141,7 +141,7 @@ async def _stream(service: "Service", output: Output):
 
 async def _whole(service: "Service", output: Output, request) -> "dict | None":
     """The whole answer once it has ended; None if the client left first (its request aborted)."""
-    text, ids = [], []
+    text, ids, logprobs = [], [], []
     while True:
         try:
             await asyncio.wait_for(output.wait(), timeout=_POLL_S)
@@ -153,11 +153,17 @@ async def _whole(service: "Service", output: Output, request) -> "dict | None":
         delta = output.take()
         text.append(delta.text)
         ids.extend(delta.token_ids)
+        logprobs.extend(delta.logprobs or ())
         if output.stopped:
             service.cancel(output)
         if delta.finish_reason is not None:
             break
-    choice = {"index": 0, "logprobs": None, "finish_reason": delta.finish_reason}
+    asked = output.logprobs is not None
+    choice = {
+        "index": 0,
+        "logprobs": _logprobs(output, ids, logprobs if asked else None, 0),
+        "finish_reason": delta.finish_reason,
+    }
     if output.parsed.chat:
         choice["message"] = {"role": "assistant", "content": "".join(text)}
     else:
@@ -192,11 +198,12 @@ def _usage(output: Output) -> dict:
 
 def _chunk(service: "Service", output: Output, delta: Delta, role: bool = False) -> dict:
     parsed = output.parsed
+    logprobs = _logprobs(output, delta.token_ids, delta.logprobs, delta.offset)
     if parsed.chat:
         content = {"role": "assistant", "content": ""} if role else {"content": delta.text}
-        choice = {"index": 0, "delta": content, "logprobs": None}
+        choice = {"index": 0, "delta": content, "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": delta.text, "logprobs": None}
+        choice = {"index": 0, "text": delta.text, "logprobs": logprobs}
     choice["finish_reason"] = delta.finish_reason
     if parsed.return_token_ids and not role:
         choice["token_ids"] = delta.token_ids
@@ -208,6 +215,40 @@ def _chunk(service: "Service", output: Output, delta: Delta, role: bool = False)
         "created": output.created,
         "model": parsed.model,
         "choices": [choice],
+    }
+
+
+def _logprobs(output: Output, ids: list[int], entries: list | None, start: int) -> dict | None:
+    """A choice's `logprobs` in OpenAI's form for the tokens `ids` and their `Req.logprobs`
+    entries (None: not asked). Chat: a `content` entry per token with its text, log probability,
+    UTF-8 bytes and `top_logprobs`; completions: `tokens`, `token_logprobs`, `top_logprobs` (a
+    text -> log probability object per token) and `text_offset` (where each token's text starts
+    in the completion's token texts, the first at `start`)."""
+    if entries is None:
+        return None
+    name = output.token_text
+    if output.parsed.chat:
+
+        def item(token: int, logprob: float) -> dict:
+            text = name(token)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return {
+            "content": [
+                {**item(token, logprob), "top_logprobs": [item(i, v) for i, v in top]}
+                for token, (logprob, top) in zip(ids, entries)
+            ]
+        }
+    texts = [name(token) for token in ids]
+    offsets = []
+    for text in texts:
+        offsets.append(start)
+        start += len(text)
+    return {
+        "tokens": texts,
+        "token_logprobs": [logprob for logprob, _ in entries],
+        "top_logprobs": [{name(i): v for i, v in top} for _, top in entries],
+        "text_offset": offsets,
     }
 
 
@@ -240,11 +281,16 @@ class _Events:
         )
         self.close_text = "}," if parsed.chat else ","
         self.ids = parsed.return_token_ids
+        self.output = output
 
     def chunk(self, delta: Delta) -> str:
         finish = "null" if delta.finish_reason is None else json.dumps(delta.finish_reason)
         ids = f',"token_ids":[{",".join(map(str, delta.token_ids))}]' if self.ids else ""
+        logprobs = "null"
+        if delta.logprobs is not None:
+            entries = _logprobs(self.output, delta.token_ids, delta.logprobs, delta.offset)
+            logprobs = json.dumps(entries)
         return (
             f"{self.head}{json.dumps(delta.text)}{self.close_text}"
-            f'"logprobs":null,"finish_reason":{finish}{ids}}}]}}\n\n'
+            f'"logprobs":{logprobs},"finish_reason":{finish}{ids}}}]}}\n\n'
         )

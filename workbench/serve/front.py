@@ -3,7 +3,8 @@
 steps (a thread would share its interpreter lock) and no script of the caller's is imported.
 
 Messages, engine -> here: ("step", tokens by request, ends, cached tokens at admission, the
-engine's state, refusals by reason, step seconds, when it was sent), ("stop",). Here -> engine:
+engine's state, refusals by reason, step seconds, when it was sent, log probabilities by the
+requests that asked), ("stop",). Here -> engine:
 ("ready", port), ("failed", message), ("adds", [(rid, token ids, sampling, received), ...]),
 ("abort", rid). Framed as `frames` says; on the event loop the connection is an asyncio transport
 (`EngineLink`): the engine may be seconds into a step while clients send requests.

@@ -73,6 +73,7 @@ class EngineLoop:
         self._sent_queue_len = -1
         # what the step gave the HTTP process's requests, sent after it
         self._tokens: dict[int, list[int]] = {}
+        self._logprobs: dict[int, list] = {}  # of the requests that asked, beside their tokens
         self._ends: list[tuple] = []  # (rid, reason, usage, error)
         self._cached: list[tuple[int, int]] = []
         self._refused: dict[str, int] = {}
@@ -229,6 +230,11 @@ class EngineLoop:
             rid = live.get(uid)
             if token is not None and rid is not None:
                 tokens.setdefault(rid, []).append(token)
+        if event.logprobs is not None:
+            for uid, token, entry in zip(event.uids, event.tokens, event.logprobs):
+                rid = live.get(uid)
+                if token is not None and rid is not None and entry is not None:
+                    self._logprobs.setdefault(rid, []).append(entry)
 
     def _on_finish(self, event) -> None:
         rid = self.live.pop(event.uid, None)
@@ -275,8 +281,10 @@ class EngineLoop:
             self._refused,
             self._step_s,
             time.perf_counter(),  # sent: the HTTP process times its delivery from here
+            list(self._logprobs.items()),
         )
         self._tokens, self._ends, self._cached, self._refused, self._step_s = {}, [], [], {}, []
+        self._logprobs = {}
         self._sent_queue_len = self.queue_len
         try:
             if self.conn is not None:

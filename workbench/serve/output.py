@@ -15,6 +15,10 @@ class Delta(NamedTuple):
     text: str
     token_ids: list[int]
     finish_reason: str | None  # None: more to come
+    # with log probabilities asked: one `Req.logprobs` entry per token of `token_ids`, and
+    # the characters of the token texts before them (completions' `text_offset`)
+    logprobs: list | None = None
+    offset: int = 0
 
 
 class Output:
@@ -34,6 +38,9 @@ class Output:
         self.cached_tokens = 0
         self.tokens: list[int] = []
         self._taken = 0
+        # beside `tokens`, when the request asked for them (`SamplingParams.logprobs`)
+        self.logprobs: list | None = None if parsed.sampling.logprobs is None else []
+        self._sent_logprobs: list = []
         self._text = ""  # text not sent yet (held back for a stop string)
         self._sent_ids: list[int] = []
         self.finish_reason: str | None = None
@@ -43,10 +50,17 @@ class Output:
         self.last_token_at: float | None = None
         self._wake = asyncio.Event()
         self._decoder = Decoder(tokenizer, vocab)
+        self._offset = 0  # characters of the token texts taken (`Delta.offset`)
         self._stop_hold = max((len(s) for s in parsed.stop), default=1) - 1
 
-    def push(self, tokens: list[int], at: float) -> None:
+    def token_text(self, token: int) -> str:
+        """One token's text, as a log probability names it ("" past the tokenizer's vocabulary)."""
+        return self._decoder.token_text(token)
+
+    def push(self, tokens: list[int], at: float, logprobs: list | None = None) -> None:
         self.tokens.extend(tokens)
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs.extend(logprobs)
         self.first_token_at = self.first_token_at if self.first_token_at is not None else at
         self.last_token_at = at
         if self.unsent >= self.interval:
@@ -71,11 +85,15 @@ class Output:
 
     def take(self) -> Delta:
         """The text and tokens new since the last call, ending before a stop string."""
-        new = self.tokens[self._taken :]
-        self._taken = len(self.tokens)
+        taken, self._taken = self._taken, len(self.tokens)
+        new = self.tokens[taken:]
+        logprobs = None if self.logprobs is None else self.logprobs[taken : self._taken]
         if not self.parsed.stop:
-            return Delta(self._decoder.add(new), new, self.finish_reason)
+            text = self._decoder.add(new)
+            return Delta(text, new, self.finish_reason, *self._offsets(logprobs, new))
         self._sent_ids.extend(new)
+        if logprobs is not None:
+            self._sent_logprobs.extend(logprobs)
         self._text += self._decoder.add(new)
         finish = self.finish_reason
         cut = _first_stop(self._text, self.parsed.stop)
@@ -87,7 +105,17 @@ class Output:
         text = self._text[: len(self._text) - held]
         self._text = self._text[len(text) :]
         ids, self._sent_ids = self._sent_ids, []
-        return Delta(text, ids, finish)
+        if logprobs is not None:
+            logprobs, self._sent_logprobs = self._sent_logprobs, []
+        return Delta(text, ids, finish, *self._offsets(logprobs, ids))
+
+    def _offsets(self, logprobs: list | None, ids: list[int]) -> tuple:
+        """(`logprobs`, where the texts of their tokens `ids` start), the offset moved past."""
+        if logprobs is None:
+            return None, 0
+        start = self._offset
+        self._offset += sum(len(self.token_text(token)) for token in ids)
+        return logprobs, start
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
@@ -109,6 +137,15 @@ class Decoder:
             self.backend, self.stream = backend, DecodeStream(skip_special_tokens=True)
         self.ids: list[int] = []
         self.sent = ""
+        self._texts: dict[int, str] = {}
+
+    def token_text(self, token: int) -> str:
+        text = self._texts.get(token)
+        if text is None:
+            known = token < self.known
+            text = self.tokenizer.decode([token], skip_special_tokens=False) if known else ""
+            self._texts[token] = text
+        return text
 
     def add(self, tokens: list[int]) -> str:
         tokens = [t for t in tokens if t < self.known]

@@ -3,7 +3,7 @@
 `parse(body, chat, engine)` reads the JSON body of ``POST /v1/completions`` or
 ``/v1/chat/completions`` into a `Parsed` request. Every problem is an `ApiError` (HTTP 400,
 OpenAI's error body) naming the field, the value and what is allowed. Fields that ask for what
-this engine does not do (`n` > 1, `logprobs`, tools, penalties: `_HARMLESS`) are refused, and
+this engine does not do (`n` > 1, `echo`, tools, penalties: `_HARMLESS`) are refused, and
 unknown ones too, as OpenAI's API does; docs/serving.md ("The API") lists what is honoured.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import SamplingParams
+from ..core.sampling import MAX_LOGPROBS
 
 
 def _none_or(*allowed):
@@ -24,8 +25,6 @@ def _none_or(*allowed):
 _HARMLESS = {
     "n": _none_or(1),
     "best_of": _none_or(1),
-    "logprobs": _none_or(False),
-    "top_logprobs": _none_or(0),
     "echo": _none_or(False),
     "suffix": _none_or(""),
     "tools": _none_or([]),
@@ -56,8 +55,9 @@ _COMMON = {
     *_HARMLESS,
 }
 FIELDS = {
-    False: _COMMON | {"prompt"},
-    True: _COMMON | {"messages", "max_completion_tokens", "response_format"},
+    False: _COMMON | {"prompt", "logprobs"},
+    True: _COMMON
+    | {"messages", "max_completion_tokens", "response_format", "logprobs", "top_logprobs"},
 }
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -113,7 +113,7 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
         if name in body and not asks_nothing(body[name]):
             raise ApiError(
                 f"{name}={body[name]!r} is not supported by this server (it serves one completion "
-                f"per request, without log probabilities, tools or penalties); leave {name} out",
+                f"per request, without echo, tools or penalties); leave {name} out",
                 name,
             )
     if chat and body.get("response_format") not in (None, {"type": "text"}):
@@ -247,6 +247,7 @@ def _sampling(body: dict, chat: bool, ids: list[int], engine) -> SamplingParams:
     if max_tokens is None:  # OpenAI's defaults: 16 for completions, as long as fits for chat
         max_tokens = COMPLETION_MAX_TOKENS if not chat else max(1, engine.room_for(ids))
     options = {
+        "logprobs": _logprobs(body, chat),
         "max_tokens": max_tokens,
         "temperature": body.get("temperature", 1.0),
         "top_p": body.get("top_p", 1.0),
@@ -255,7 +256,7 @@ def _sampling(body: dict, chat: bool, ids: list[int], engine) -> SamplingParams:
         "ignore_eos": body.get("ignore_eos", False),
     }
     for key, value in options.items():  # None is the default, as OpenAI's clients send it
-        if value is None and key != "seed":
+        if value is None and key not in ("seed", "logprobs"):
             options[key] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}.get(key, False)
     try:
         return SamplingParams(**options)
@@ -267,6 +268,27 @@ def _sampling(body: dict, chat: bool, ids: list[int], engine) -> SamplingParams:
         if param == "max_tokens":
             param, message = name, message.replace("max_tokens", name, 1)
         raise ApiError(message, param) from None
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The most likely tokens each output token reports beside its own log probability (None:
+    no log probabilities): completions' `logprobs` (an integer), chat's `top_logprobs` under
+    `logprobs: true`."""
+    if not chat:
+        return body.get("logprobs")  # (checked by SamplingParams: an integer or None)
+    top = body.get("top_logprobs")
+    if not _flag(body, "logprobs"):
+        if top is not None:
+            raise ApiError("top_logprobs needs logprobs=true", "top_logprobs")
+        return None
+    if top is None:
+        return 0
+    if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_LOGPROBS:
+        raise ApiError(
+            f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top!r:.40}",
+            "top_logprobs",
+        )
+    return top
 
 
 def _stop(body: dict) -> tuple[str, ...]:

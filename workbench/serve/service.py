@@ -103,7 +103,8 @@ class Service:
 
     # -- from the engine: one message a step (on the event loop) -----------------------------
     def deliver(self, message: tuple) -> None:
-        _, tokens, ends, cached, state, refused, step_s, sent = message
+        _, tokens, ends, cached, state, refused, step_s, sent, logprobs = message
+        logprobs = dict(logprobs)
         now, metrics = time.perf_counter(), self.metrics
         # NOTE: perf_counter is the machine's monotonic clock, the same in both processes
         metrics.delivery.observe(max(now - sent, 0.0))
@@ -121,7 +122,7 @@ class Service:
             else:
                 metrics.itl.observe((now - output.last_token_at) / len(new))
             count += len(new)
-            output.push(new, now)
+            output.push(new, now, logprobs.get(rid))
         metrics.generation_tokens.inc(count)
         for rid, reason, (prompt, completion, hit), error in ends:
             metrics.finished.labels(reason).inc()
