@@ -92,6 +92,28 @@ def test_only_the_requests_that_ask_report_and_all_sample_alike():
             assert [len(top) for _, top in out["logprobs"]] == [n] * 6
 
 
+def test_a_request_that_ends_on_eos_under_overlap_reports_its_tokens_only():
+    """Under overlap the batch after a request's EOS was launched before the EOS reached the
+    host: the token it sampled there is dropped, and so is its log probability; every other
+    token keeps its own, as without overlap (SmolLM2 answering chats, which end on EOS)."""
+    from .test_overlap import chat_prompts
+
+    llm = shared(lambda: LLM("smollm2", max_running_reqs=4), "smollm2")
+    prompts = chat_prompts(llm)
+    sampling = SamplingParams(max_tokens=48, logprobs=1)
+    results = {}
+    for overlap in (True, False):
+        llm.reconfigure(overlap=overlap)
+        results[overlap], _ = run(llm, prompts, sampling)
+    assert sum(o["finish_reason"] == "stop" for o in results[True]) >= 2
+    for a, b in zip(results[True], results[False]):
+        assert a["token_ids"] == b["token_ids"]
+        assert len(a["logprobs"]) == len(a["token_ids"])
+        assert [lp for lp, _ in a["logprobs"]] == pytest.approx(
+            [lp for lp, _ in b["logprobs"]], abs=1e-5
+        )
+
+
 @pytest.mark.parametrize(
     "value, error",
     [(-1, ValueError), (21, ValueError), (True, TypeError), (2.0, TypeError)],
