@@ -160,6 +160,12 @@ def test_logprobs_whole_and_streamed_are_the_engines(served):
         ]
     plain = client.completions.create(model=MODEL, prompt=PROMPTS[0], **greedy(2))
     assert plain.choices[0].logprobs is None
+    for path, body in (  # what asks for none, as clients may send it
+        ("/completions", {"prompt": "hi", "logprobs": False}),
+        ("/chat/completions", {"messages": chat, "logprobs": False, "top_logprobs": 0}),
+    ):
+        reply = httpx.post(server.url + path, json={"model": MODEL, "max_tokens": 2, **body})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["logprobs"] is None
     wb.llm.check_integrity()
 
 

@@ -275,11 +275,12 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     no log probabilities): completions' `logprobs` (an integer), chat's `top_logprobs` under
     `logprobs: true`."""
     if not chat:
-        return body.get("logprobs")  # (checked by SamplingParams: an integer or None)
+        value = body.get("logprobs")  # (checked by SamplingParams: an integer or None)
+        return None if value is False else value  # (false: none, as clients may send it)
     top = body.get("top_logprobs")
     if not _flag(body, "logprobs"):
-        if top is not None:
-            raise ApiError("top_logprobs needs logprobs=true", "top_logprobs")
+        if top not in (None, 0) or isinstance(top, bool):
+            raise ApiError(f"top_logprobs={top!r} needs logprobs=true", "top_logprobs")
         return None
     if top is None:
         return 0
