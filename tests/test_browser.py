@@ -317,7 +317,9 @@ def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
         if notebook.startswith("06"):
             _check_summary_06(page, text)
         if notebook.startswith("07"):  # served from the notebook, the dashboard following
-            assert "12 answers streamed" in text and "'http': 13" in text
+            # (a chat answer, its log probabilities' request, then twelve streamed)
+            assert "12 answers streamed" in text and "'http': 14" in text
+            assert re.search(r"'\s+\d+\.\d%\s+then: '", text), "no log probabilities"
             status = page.locator(".jp-OutputArea-output .widget-html-content", has_text="step ")
             shown = re.search(r"step (\d+) of (\d+)", status.first.inner_text())
             assert shown and int(shown.group(2)) > 12, status.first.inner_text()
