@@ -54,6 +54,10 @@ SAMPLING = {
         st.one_of(st.none(), st.integers(0, 2**63 - 1)),
         st.sampled_from([-2, 2**64, 1.5, "a"]),
     ),
+    "logprobs": (
+        st.one_of(st.none(), st.integers(0, 20)),
+        st.sampled_from([-1, 21, True, 2.0, "3"]),
+    ),
 }
 PROMPT = (
     st.one_of(st.sampled_from(PROMPTS), st.lists(st.integers(0, 49151), min_size=1, max_size=40)),
@@ -110,6 +114,15 @@ def check(engine: dict, sampling: dict, prompts: list) -> None:
     for out in outputs:
         assert 1 <= out["completion_tokens"] <= params.max_tokens
         assert out["finish_reason"] in ("stop", "length")
+        if params.logprobs is None:
+            assert out["logprobs"] is None
+        else:  # one entry a token: a log probability, and as many of the likeliest as asked
+            assert len(out["logprobs"]) == out["completion_tokens"]
+            for logprob, top in out["logprobs"]:
+                assert logprob <= 0.0 and len(top) == params.logprobs
+                if top:  # no token is likelier than the likeliest; greedy's is it
+                    assert logprob <= top[0][1] + 1e-6
+                    assert not params.is_greedy or logprob == top[0][1]
     event("served, greedy" if params.is_greedy else "served, sampled")
     if params.is_greedy:
         ids = [llm.encode(p) for p in prompts]
