@@ -127,6 +127,15 @@ def send_arrays(arrays: list[np.ndarray], device: torch.device) -> list[torch.Te
     return [torch.from_numpy(a).to(device) for a in arrays]
 
 
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """`t` on the host: from a GPU, copied (enqueued) into pinned memory of its own, from torch's
+    caching host allocator, which takes the block back once the copy is done and the tensor is
+    let go; a CPU tensor as it is."""
+    if t.device.type != "cuda":
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+
 def to_device_many(arrays, device: torch.device) -> list[torch.Tensor]:
     """Several int64 arrays on `device`; on a GPU in one copy."""
     if device.type == "cuda":

@@ -13,7 +13,7 @@ from ..attention import create_backend
 from ..attention.context import ForwardContext
 from ..config import EngineConfig
 from ..core import Batch
-from ..device import DeviceTimer
+from ..device import DeviceTimer, to_host
 from ..distributed import SINGLE, TPGroup
 from ..kvcache.pool import KVPool
 from ..kvcache.table import TableManager
@@ -262,14 +262,10 @@ class Engine:
     def _routing_to_host(self, routing: torch.Tensor) -> torch.Tensor:
         """The step's expert counts, copied (enqueued, on a GPU) to a host tensor of its own."""
         # NOTE: done whatever the record level (the engine does not know it): one copy of
-        # MoE layers x experts int32 (24 KiB for 48 x 128) per step, on a GPU into pinned memory
-        # from torch's caching host allocator, which takes the block back once the copy is done
-        # and the record let it go. Not a ring like the tokens': a record completed late (its
-        # `rows` read long after its step) must still find its own counts.
-        if routing.device.type != "cuda":
-            return routing.clone()
-        host = torch.empty(routing.shape, dtype=routing.dtype, pin_memory=True)
-        return host.copy_(routing, non_blocking=True)
+        # MoE layers x experts int32 (24 KiB for 48 x 128) per step (`to_host`). Not a ring like
+        # the tokens': a record completed late (its `rows` read long after its step) must still
+        # find its own counts. On the CPU a copy: the counts' buffer is reused.
+        return routing.clone() if routing.device.type != "cuda" else to_host(routing)
 
     def _check_ranks_alive(self) -> None:
         if self.ranks is not None:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..core import Req
-from ..device import send_arrays, to_device
+from ..device import send_arrays, to_device, to_host
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Sampler:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         chosen = logprobs.gather(1, tokens.long()[:, None])[:, 0]
         values, ids = logprobs.topk(top, dim=-1)
-        return tuple(_to_host(t) for t in (chosen, values, ids))
+        return tuple(to_host(t) for t in (chosen, values, ids))
 
     def prepare(self, reqs: list[Req], device_lens: np.ndarray | None = None) -> SamplingArgs:
         """The sampling of `reqs`, whose forward has run. `device_lens`: theirs, if at hand."""
@@ -201,13 +201,6 @@ def _mask_top_k_top_p(
         drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
-
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """`t` on the host; from a GPU, copied (enqueued) into pinned memory of its own."""
-    if t.device.type != "cuda":
-        return t
-    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
 
 def _mix(seed: int, index: int) -> int:
