@@ -4,6 +4,8 @@ of steps) whose events land in the steps that caused them, page-table snapshots 
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import random
 from collections import Counter
@@ -18,8 +20,10 @@ from workbench.core import ReqView
 from workbench.history.pages import pages_at
 from workbench.history.tables import PageRow
 from workbench.instrument.pages import PageSnapshots
+from workbench.instrument.profiler import HOOK_RANGES, RANGE_MARKS
 from workbench.kvcache.table import TableManager
 from workbench.models.induction import pattern_continuation, pattern_prompts
+from workbench.profiling import assign_to_steps, read_events
 from workbench.viz import compare_table
 
 from .conftest import CPU_AND_GPU, INDUCTION
@@ -62,11 +66,105 @@ def test_each_profiled_step_gets_its_own_ranges_and_kernels(device, overlap):
             assert Counter(group.name) == Counter(STEP_RANGES), step
         assert set(events.step) == {r.step for r in records}
         if device == "cuda":
-            kernels = events[events.category == "kernel"].groupby("step").size()
-            assert set(kernels.index) == {r.step for r in records}
+            kernels = events[events.category == "kernel"]
+            assert set(kernels.step) == {r.step for r in records}
+            # a decode step that replays a graph holds that replay's kernels, whole: steps of one
+            # batch size hold as many (by the kernels' own times, overlap cut them in two)
+            steps = wb.history.steps.set_index("step")
+            copies = kernels.name.str.startswith(("Memcpy", "Memset"))
+            sizes: dict[int, list[int]] = {}
+            for step, n in kernels[~copies].groupby("step").size().items():
+                row = steps.loc[step]
+                if row.phase == "decode" and row.cuda_graph:
+                    sizes.setdefault(int(row.batch_size), []).append(int(n))
+            assert any(len(counts) > 1 for counts in sizes.values()), sizes
+            assert all(len(set(counts)) == 1 for counts in sizes.values()), sizes
         outputs = {o["uid"]: o["token_ids"] for o in wb.outputs()}
         assert outputs == {u: pattern_continuation(p, 8) for u, p in prompts.items()}
         wb.check_integrity()
+
+
+class RecordedEvent:
+    """A kineto event as torch 2.11 gave it on an H100 (no `activity_type`), from the
+    recording; with `kinds`, as torch 2.13 gives it (its kind too)."""
+
+    def __init__(self, row: list, kinds: bool) -> None:
+        self.row = row
+        if kinds:
+            self.activity_type = self._kind
+
+    def _kind(self) -> str:
+        name, cuda = self.row[0], self.row[5]
+        if cuda:
+            return "kernel"
+        if name.startswith("cuda"):
+            return "cuda_runtime"
+        if name.startswith("cu") and name[2:3].isupper():
+            return "cuda_driver"
+        return "user_annotation" if name in HOOK_RANGES else "cpu_op"
+
+    def name(self) -> str:
+        return self.row[0]
+
+    def start_ns(self) -> int:
+        return self.row[1]
+
+    def duration_ns(self) -> int:
+        return self.row[2]
+
+    def correlation_id(self) -> int:
+        return self.row[3]
+
+    def linked_correlation_id(self) -> int:
+        return self.row[4]
+
+    def device_type(self):
+        return torch.autograd.DeviceType.CUDA if self.row[5] else torch.autograd.DeviceType.CPU
+
+    def device_index(self) -> int:
+        return 0
+
+    def device_resource_id(self) -> int:
+        return self.row[6]
+
+    def start_thread_id(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("kinds", [False, True], ids=["torch-2.11", "with-kinds"])
+def test_recorded_gpu_kernels_go_to_the_step_that_launched_them(kinds):
+    """A real session from an H100 (tests/data/h100_decode_window_events.json.gz: decode steps
+    of 256 requests replaying CUDA graphs, overlap on): every kernel goes to the step whose
+    graph launch it belongs to, so each step holds one whole replay, its kernels back to back.
+    By the kernels' own times alone (how it was done), a step's device work, which runs on
+    while the host launches the next step, is cut in two at that launch."""
+    path = os.path.join(os.path.dirname(__file__), "data", "h100_decode_window_events.json.gz")
+    with gzip.open(path, "rt") as f:
+        doc = json.load(f)
+    marks = [tuple(m) for m in doc["marks"]]
+    events = [RecordedEvent(r, kinds) for r in doc["events"]]
+    capture = read_events(events, doc["offset_us"], HOOK_RANGES)
+    assert len(capture.launches) > 0
+
+    def steps(launches):
+        by_step = assign_to_steps(capture.events, marks, RANGE_MARKS, launches)
+        out = {}
+        for step, events in by_step.items():
+            kernels = sorted((e for e in events if e[1] == "kernel"), key=lambda e: e[3])
+            if kernels:
+                reach = np.maximum.accumulate([e[3] + e[4] for e in kernels])
+                gaps = np.array([e[3] for e in kernels[1:]]) - reach[:-1]
+                out[step] = (Counter(e[0] for e in kernels), gaps.max())
+        return out
+
+    linked = steps(capture.launches)
+    replays = [linked[s] for s in sorted(linked)[1:]]  # the window's first step starts it
+    assert len(replays) >= 10
+    assert all(kernels == replays[0][0] for kernels, _ in replays)
+    assert sum(replays[0][0].values()) > 250
+    assert max(gap for _, gap in replays) < 50.0  # us, in steps of about 7,600
+    by_time = steps(None)
+    assert max(gap for _, gap in by_time.values()) > 5_000.0
 
 
 @pytest.mark.parametrize("overlap", [False, True])

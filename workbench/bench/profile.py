@@ -72,9 +72,12 @@ class DecodeProfile(NamedTuple):
         )
         if not self.families.empty:  # the family is the step's device time less its kernels'
             between = self.family_ms().get("between kernels", 0.0)
-            line += (
-                f'; of the family\'s {between:.3f} ms "between kernels", '
-                f"{between - gap_ms:.3f} lie before the step's first kernel or after its last"
+            rest = between - gap_ms
+            line += f'; of the family\'s {between:.3f} ms "between kernels", ' + (
+                f"{rest:.3f} lie before the step's first kernel or after its last"
+                if rest >= 0
+                else f"none: the step's device time (its CUDA events) is {-rest:.3f} ms short "
+                "of its kernels' span"
             )
         lines.append(line)
         for g in gaps.nlargest(largest, "us").itertuples():

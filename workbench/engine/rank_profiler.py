@@ -49,7 +49,9 @@ class RankProfiler:
         out: dict[int, list[tuple]] = {}
         with gc_paused():
             for read, marks in unread:
-                for launch, events in assign_to_steps(read().events, marks).items():
+                capture = read()
+                by_launch = assign_to_steps(capture.events, marks, launches=capture.launches)
+                for launch, events in by_launch.items():
                     if launch >= 0:
                         out.setdefault(launch, []).extend(events)
         return out

@@ -33,10 +33,10 @@ class ProfilerSession(profiling.ProfilerSession):
 
 
 def assign_to_steps(
-    events: list[Event], marks: list[tuple[float, int, str]]
+    capture: Capture, marks: list[tuple[float, int, str]]
 ) -> dict[int, list[tuple]]:
     """Each event's step; a hook range goes to the last launch or collect mark before it."""
-    return profiling.assign_to_steps(events, marks, RANGE_MARKS)
+    return profiling.assign_to_steps(capture.events, marks, RANGE_MARKS, capture.launches)
 
 
 class SessionEvents:
@@ -58,7 +58,7 @@ class SessionEvents:
         with gc_paused():
             capture = self.read()
             cost_ms = event_cost_us(self.device) / 1e3
-            for step, assigned in assign_to_steps(capture.events, self.marks).items():
+            for step, assigned in assign_to_steps(capture, self.marks).items():
                 if step in lists:
                     lists[step].extend(assigned)
             for step, count in host_events_by_step(capture.host_us, self.marks).items():

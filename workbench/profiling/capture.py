@@ -36,10 +36,13 @@ _BOOKKEEPING = {
 
 
 class Capture(NamedTuple):
-    """A stopped session's events, and the start of every host event it recorded, kept or not."""
+    """A stopped session's events, the start of every host event it recorded, kept or not, and
+    every CUDA runtime or driver call's middle (us) and correlation id, kept or not: a kernel's
+    `link` names the call that launched it."""
 
     events: list[Event]
     host_us: np.ndarray
+    launches: np.ndarray  # (n, 2) float64: middle, correlation id
 
 
 class StepEvents(list):
@@ -49,14 +52,14 @@ class StepEvents(list):
 
 
 class Event(NamedTuple):
-    """One profiler event on the run's clock; a kernel's `link` is its launcher's `corr`."""
+    """One profiler event on the run's clock; a kernel's `link` is the correlation id CUPTI gave
+    the runtime or driver call that launched it (0 for host events)."""
 
     name: str
     category: str  # "hook" (a range of ours), "kernel", "cpu_op"
     track: str  # "cpu:<thread>" or "gpu:<device>:<stream>"
     start_us: float
     duration_us: float
-    corr: int
     link: int
 
 
@@ -67,35 +70,39 @@ def assign_to_steps(
     events: list[Event],
     marks: list[tuple[float, int, str]],
     range_marks: Mapping[str, str] | None = None,
+    launches: np.ndarray | None = None,
 ) -> dict[int, list[tuple]]:
     """Step -> its events' first five fields. `marks`: (seconds, step, "launch" | "collect"); a
-    host event goes to the last mark before it (of its kind, for `range_marks`), a kernel to its
-    launcher's step."""
+    host event goes to the last mark before it (of its kind, for `range_marks`), a kernel to the
+    step of the call that launched it (`launches`, from `Capture`), or where that call was not
+    recorded, to the last mark before the kernel's own middle."""
     if not events:
         return {}
-    names, categories, _, starts, durations, corrs, links = zip(*events)
+    names, categories, _, starts, durations, links = zip(*events)
     codes = {name: _MARK_CODES[which] for name, which in (range_marks or {}).items()}
     mid = np.array(starts) + np.array(durations) / 2
-    corr, link = np.array(corrs, dtype=np.int64), np.array(links, dtype=np.int64)
+    link = np.array(links, dtype=np.int64)
     kind = np.array(
         [codes.get(n, 0) if c == "hook" else 0 for n, c in zip(names, categories)],
         dtype=np.int8,
     )
     step = np.full(len(events), _NONE, dtype=np.int64)
-    host = link == 0
+    host = np.array([c != "kernel" for c in categories], dtype=bool)
     for code, which, skew in ((0, None, 0.0), (1, "launch", SKEW_US), (2, "collect", SKEW_US)):
         chosen = host & (kind == code)
         kept = [m for m in marks if which is None or m[2] == which]
         step[chosen] = _last_before(kept, mid[chosen] + skew)
-    known = host & (corr != 0) & (step != _NONE)
-    order = np.argsort(corr[known], kind="stable")
-    keys, values = corr[known][order], step[known][order]
-    linked = np.flatnonzero(~host)
-    at = np.searchsorted(keys, link[linked], side="right") - 1
-    found = at >= 0
-    found[found] = keys[at[found]] == link[linked][found]
-    step[linked[found]] = values[at[found]]
-    lost = linked[~found]
+    kernels = np.flatnonzero(~host)
+    found = np.zeros(len(kernels), dtype=bool)
+    if launches is not None and len(launches) and len(kernels):
+        order = np.argsort(launches[:, 1], kind="stable")
+        keys = launches[order, 1].astype(np.int64)
+        values = _last_before(marks, launches[order, 0])
+        at = np.searchsorted(keys, link[kernels], side="right") - 1
+        found = (at >= 0) & (link[kernels] != 0)
+        found[found] = keys[at[found]] == link[kernels][found]
+        step[kernels[found]] = values[at[found]]
+    lost = kernels[~found]
     step[lost] = _last_before(marks, mid[lost])
     out: dict[int, list[tuple]] = {s: [] for s in np.unique(step).tolist() if s != _NONE}
     for e, s in zip(events, step.tolist()):
@@ -128,13 +135,22 @@ _HOST_KINDS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driv
 _LAUNCHES = frozenset({"cuda_runtime", "cuda_driver"})
 
 
+def _is_launch(kind: str, name: str) -> bool:
+    """A CUDA runtime or driver call (torch 2.11's events have no kind: by its name then)."""
+    if kind:
+        return kind in _LAUNCHES
+    return name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper())
+
+
 def read_events(events: list, offset_us: float, ranges: frozenset[str] = frozenset()) -> Capture:
     """A stopped session's events (kineto's, `results.events()`), shifted by `offset_us` to its
-    clock."""
+    clock. A kernel's and its launching call's `correlation_id()` are CUPTI's, the same number;
+    a kernel's `linked_correlation_id()` names the operator around its launch, and is 0 where,
+    as on a GPU here (`ProfilerSession`), operators are not recorded."""
     offset, cuda, hooks = offset_us, torch.autograd.DeviceType.CUDA, ranges
     tracks: dict[tuple, str] = {}
-    out, host = [], []
-    append, counted = out.append, host.append
+    out, host, launches = [], [], []
+    append, counted, launched = out.append, host.append, launches.append
     # NOTE: each accessor is a call into C++, so dropped events are read as little as possible
     kinds = bool(events) and hasattr(events[0], "activity_type")
     for e in events:
@@ -148,27 +164,31 @@ def read_events(events: list, offset_us: float, ranges: frozenset[str] = frozens
                 continue
             where = (e.device_index(), e.device_resource_id())
             track = tracks.get(where) or tracks.setdefault(where, "gpu:{}:{}".format(*where))
-            start, link = e.start_ns() / 1e3 + offset, e.linked_correlation_id()
-            append(Event(name, "kernel", track, start, duration / 1e3, 0, link))
+            start = e.start_ns() / 1e3 + offset
+            append(Event(name, "kernel", track, start, duration / 1e3, e.correlation_id()))
             continue
         duration = e.duration_ns()
         if duration <= 0:
             continue
         start = e.start_ns() / 1e3 + offset
         counted(start)
-        if duration < MIN_CPU_OP_NS and kind in _LAUNCHES:
+        short = duration < MIN_CPU_OP_NS
+        if kinds and short and kind in _LAUNCHES:
+            launched((start + duration / 2e3, e.correlation_id()))
             continue
         name = e.name()
+        if _is_launch(kind, name):
+            launched((start + duration / 2e3, e.correlation_id()))
+            if short:
+                continue
         if name in hooks:
             category = "hook"
-        elif (duration < MIN_CPU_OP_NS or name in _BOOKKEEPING) and name not in ALL_REDUCES:
+        elif (short or name in _BOOKKEEPING) and name not in ALL_REDUCES:
             continue
         else:
             category = "cpu_op"
         thread = e.start_thread_id()
         track = tracks.get(thread) or tracks.setdefault(thread, f"cpu:{thread}")
-        link = e.linked_correlation_id()
-        # NOTE: a runtime call's own correlation id is CUPTI's, which can collide with ours
-        corr = 0 if link else e.correlation_id()
-        append(Event(name, category, track, start, duration / 1e3, corr, link))
-    return Capture(out, np.array(host, dtype=np.float64))
+        append(Event(name, category, track, start, duration / 1e3, 0))
+    calls = np.array(launches, dtype=np.float64).reshape(-1, 2)
+    return Capture(out, np.array(host, dtype=np.float64), calls)
