@@ -169,6 +169,79 @@ def test_logprobs_whole_and_streamed_are_the_engines(served):
     wb.llm.check_integrity()
 
 
+def test_n_choices_are_each_a_request_sampled_with_its_own_seed(served):
+    """`n` choices, whole and streamed, completions and chat: choice i is the request sampled
+    with seed + i, as `LLM.generate` gives it; usage counts the prompt once and every choice's
+    tokens; nothing leaks."""
+    wb, server, client = served
+    prompt, seed = PROMPTS[1], 11
+    sampled = dict(max_tokens=8, temperature=1.0, top_k=50, ignore_eos=True)
+    llm = LLM(MODEL, max_running_reqs=8, max_extend_tokens=64)
+    try:
+        want = [
+            llm.generate([prompt], SamplingParams(seed=seed + i, **sampled))[0]["token_ids"]
+            for i in range(3)
+        ]
+        chat = [{"role": "user", "content": "Name a color."}]
+        chat_ids = llm.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+        chat_ids = list(chat_ids["input_ids"] if hasattr(chat_ids, "keys") else chat_ids)
+        want_chat = [
+            llm.generate([chat_ids], SamplingParams(seed=seed + i, **sampled))[0]["text"]
+            for i in range(2)
+        ]
+    finally:
+        llm.close()
+    assert len({tuple(w) for w in want}) > 1  # the seeds sample different tokens
+    body = dict(
+        max_tokens=8,
+        temperature=1.0,
+        seed=seed,
+        extra_body={"top_k": 50, "ignore_eos": True, "return_token_ids": True},
+    )
+    whole = client.completions.create(model=MODEL, prompt=prompt, n=3, **body)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert [c.model_extra["token_ids"] for c in whole.choices] == want
+    assert whole.usage.prompt_tokens == len(wb.llm.encode(prompt))
+    assert whole.usage.completion_tokens == 24
+    chunks = client.completions.create(
+        model=MODEL, prompt=prompt, n=3, stream=True, stream_options={"include_usage": True}, **body
+    )
+    ids: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    finishes: dict[int, str] = {}
+    last = None
+    for chunk in chunks:
+        last = chunk
+        for c in chunk.choices:
+            ids[c.index] += c.model_extra["token_ids"]
+            if c.finish_reason is not None:
+                finishes[c.index] = c.finish_reason
+    assert [ids[i] for i in range(3)] == want
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    assert not last.choices and last.usage.completion_tokens == 24
+
+    chat_body = dict(max_tokens=8, temperature=1.0, seed=seed, extra_body=body["extra_body"])
+    answer = client.chat.completions.create(model=MODEL, messages=chat, n=2, **chat_body)
+    assert [c.message.content for c in answer.choices] == want_chat
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=chat, n=2, stream=True, **chat_body
+    )
+    texts, roles = {0: "", 1: ""}, set()
+    for chunk in streamed:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.delta.role:
+                roles.add(c.index)
+    assert [texts[0], texts[1]] == want_chat and roles == {0, 1}
+    # greedy: n equal answers
+    same = client.completions.create(model=MODEL, prompt=prompt, n=2, **greedy(5))
+    assert same.choices[0].text == same.choices[1].text
+    wb.pause()
+    try:
+        wb.check_integrity()
+    finally:
+        wb.resume()
+
+
 def test_a_shared_prefix_is_reported_as_cached_tokens(served):
     wb, server, client = served
     prefix = "Zanzibar " + " ".join(["The scheduler admits requests under a token budget."] * 6)
@@ -229,6 +302,39 @@ def test_a_client_that_leaves_mid_stream_is_aborted_and_freed(served):
         wb.resume()
 
 
+def test_a_client_that_leaves_a_stream_of_n_choices_aborts_them_all(served):
+    wb, server, client = served
+    before = int((wb.history.requests.finish_reason == "abort").sum())
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=PROMPTS[2],
+        n=3,
+        stream=True,
+        max_tokens=400,
+        temperature=1.0,
+        extra_body={"ignore_eos": True},
+    )
+    seen = set()
+    for chunk in stream:
+        seen.update(c.index for c in chunk.choices)
+        if len(seen) == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        requests = wb.history.requests
+        if (requests.finish_reason == "abort").sum() >= before + 3:
+            break
+        time.sleep(0.05)
+    aborted = wb.history.requests.query("finish_reason == 'abort'")
+    assert len(aborted) == before + 3 and (aborted.completion_tokens < 400).all()
+    wb.pause()
+    try:
+        wb.check_integrity()
+    finally:
+        wb.resume()
+
+
 BAD = [
     ({"model": MODEL}, "prompt"),
     ({"model": MODEL, "prompt": ""}, "prompt"),
@@ -239,7 +345,10 @@ BAD = [
     ({"model": MODEL, "prompt": "hi", "top_p": 1.5}, "top_p"),
     ({"model": MODEL, "prompt": "hi", "top_k": "all"}, "top_k"),
     ({"model": MODEL, "prompt": "hi", "seed": -3}, "seed"),
-    ({"model": MODEL, "prompt": "hi", "n": 2}, "n"),
+    ({"model": MODEL, "prompt": "hi", "n": 0}, "n"),
+    ({"model": MODEL, "prompt": "hi", "n": "2"}, "n"),
+    ({"model": MODEL, "prompt": "hi", "n": 129}, "n"),
+    ({"model": MODEL, "prompt": "hi", "best_of": 2}, "best_of"),
     ({"model": MODEL, "prompt": "hi", "logprobs": 21}, "logprobs"),
     ({"model": MODEL, "prompt": "hi", "echo": True}, "echo"),
     ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
@@ -469,6 +578,10 @@ def test_a_full_queue_is_a_503_and_stopping_ends_what_is_in_flight():
     full = httpx.post(url + "/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=30)
     assert full.status_code == 503 and full.headers["retry-after"] == "1"
     assert "max-queued-requests" in full.json()["error"]["message"]
+    # more choices than the server ever queues: a 400, not a 503 to retry
+    many = httpx.post(url + "/completions", json={"prompt": "Hi", "n": 2}, timeout=30)
+    assert many.status_code == 400 and many.json()["error"]["param"] == "n"
+    assert "max-queued-requests 1" in many.json()["error"]["message"]
     llm.stop_serving()  # the one waiting gets a clean end
     first.join(timeout=30)
     (reply,) = replies
@@ -612,7 +725,7 @@ def test_a_streamed_chunk_written_from_its_template_is_the_json_of_its_fields():
     from workbench.serve.output import Decoder, Delta, Output
     from workbench.serve.protocol import Parsed
 
-    for chat, ids in ((False, False), (True, True)):
+    for chat, ids, index in ((False, False, 0), (True, True, 2)):
         parsed = Parsed(
             chat,
             [1, 2],
@@ -623,6 +736,7 @@ def test_a_streamed_chunk_written_from_its_template_is_the_json_of_its_fields():
         )
         output = Output.__new__(Output)
         output.parsed, output.id, output.created, output.error = parsed, "cmpl-x", 17, None
+        output.index = index  # (the choice's, of `n`)
         output._decoder = Decoder(AutoTokenizer.from_pretrained(resolve(MODEL)), 10**6)
         asked = Delta("é", [5, 6], None, [(-0.5, [(5, -0.5), (9, -1.5)]), (-2.0, [])], 7)
         for delta in (Delta('a "quoted"\nline é', [5, 6], None), Delta("", [], "length"), asked):

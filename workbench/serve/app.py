@@ -33,21 +33,22 @@ def create_app(service: "Service", lifespan=None):
         try:
             body = await _read_json(request)
             parsed = parse(body, chat, service)
-            output = service.accept(parsed)
+            outputs = service.accept(parsed)
         except ApiError as exc:
             return error(exc)
         if parsed.stream:
-            events = _counted(service, _stream(service, output))
+            events = _counted(service, _stream(service, outputs))
             return StreamingResponse(events, media_type="text/event-stream")
         service.responses += 1
         try:
-            whole = await _whole(service, output, request)
+            whole = await _whole(service, outputs, request)
         finally:
             service.responses -= 1
         if whole is None:  # the client left
             return Response(status_code=499)
-        if output.finish_reason == "error":  # its step failed: the engine serves the others
-            return error(ApiError(f"the request failed in the engine: {output.error}", status=500))
+        failed = next((o for o in outputs if o.finish_reason == "error"), None)
+        if failed is not None:  # its step failed: the engine serves the others
+            return error(ApiError(f"the request failed in the engine: {failed.error}", status=500))
         return JSONResponse(whole)
 
     @app.post("/v1/completions")
@@ -111,42 +112,77 @@ async def _counted(service: "Service", events):
         await events.aclose()  # its own cleanup now (a client that left: the abort)
 
 
-async def _stream(service: "Service", output: Output):
-    """Server-sent events: a chunk per step with text, the finish, usage if asked, then [DONE]."""
-    parsed = output.parsed
-    finished = False
-    events = _Events(output)
+async def _stream(service: "Service", outputs: list[Output]):
+    """Server-sent events: a chunk per step with text for each choice (its `index`), each
+    choice's finish, usage if asked, then [DONE]."""
+    parsed = outputs[0].parsed
+    finished = 0
+    queue: asyncio.Queue = asyncio.Queue()
+    pumps = [asyncio.ensure_future(_pump(service, output, queue)) for output in outputs]
+    events = [_Events(output) for output in outputs]
     try:
         if parsed.chat:  # the role first, as OpenAI's API sends it
-            yield _sse(_chunk(service, output, Delta("", [], None), role=True))
-        while True:
-            await output.wait()  # (`stream_interval` tokens, or the end)
-            delta = output.take()
-            if output.stopped:  # a stop string ended it: the engine lets go of it
-                service.cancel(output)
+            for output in outputs:
+                yield _sse(_chunk(service, output, Delta("", [], None), role=True))
+        while finished < len(outputs):
+            index, delta = await queue.get()
+            output = outputs[index]
             if delta.finish_reason == "error":
                 yield _sse(_chunk(service, output, delta))
             elif delta.text or delta.token_ids or delta.finish_reason is not None:
-                yield events.chunk(delta)
-            if delta.finish_reason is not None:
-                finished = True
-                break
+                yield events[index].chunk(delta)
+            finished += delta.finish_reason is not None
         if parsed.include_usage:
-            yield _sse(_usage_chunk(service, output))
+            yield _sse(_usage_chunk(service, outputs))
         yield "data: [DONE]\n\n"
     finally:
-        if not finished:  # cancelled: the client left
+        for pump in pumps:
+            pump.cancel()
+        if finished < len(outputs):  # cancelled: the client left
+            for output in outputs:
+                service.cancel(output)
+
+
+async def _pump(service: "Service", output: Output, queue: asyncio.Queue) -> None:
+    """One choice's deltas into a stream's queue, as its tokens come (`stream_interval`), until
+    it ends."""
+    while True:
+        await output.wait()
+        delta = output.take()
+        if output.stopped:  # a stop string ended it: the engine lets go of it
             service.cancel(output)
+        queue.put_nowait((output.index, delta))
+        if delta.finish_reason is not None:
+            return
 
 
-async def _whole(service: "Service", output: Output, request) -> "dict | None":
-    """The whole answer once it has ended; None if the client left first (its request aborted)."""
+async def _whole(service: "Service", outputs: list[Output], request) -> "dict | None":
+    """The whole answer once every choice has ended; None if the client left first (its
+    requests aborted)."""
+    choices = await asyncio.gather(*(_choice(service, o, request) for o in outputs))
+    if any(choice is None for choice in choices):
+        for output in outputs:
+            service.cancel(output)
+        return None
+    first = outputs[0]
+    return {
+        "id": first.id,
+        "object": "chat.completion" if first.parsed.chat else "text_completion",
+        "created": first.created,
+        "model": first.parsed.model,
+        "choices": choices,
+        "usage": _usage(outputs),
+    }
+
+
+async def _choice(service: "Service", output: Output, request) -> "dict | None":
+    """One choice, whole, once it has ended; None if the client left first."""
     text, ids, logprobs = [], [], []
     while True:
         try:
             await asyncio.wait_for(output.wait(), timeout=_POLL_S)
         except asyncio.TimeoutError:
-            if await request.is_disconnected():
+            if output.cancelled or await request.is_disconnected():
                 service.cancel(output)
                 return None
             continue
@@ -160,7 +196,7 @@ async def _whole(service: "Service", output: Output, request) -> "dict | None":
             break
     asked = output.logprobs is not None
     choice = {
-        "index": 0,
+        "index": output.index,
         "logprobs": _logprobs(output, ids, logprobs if asked else None, 0),
         "finish_reason": delta.finish_reason,
     }
@@ -172,27 +208,25 @@ async def _whole(service: "Service", output: Output, request) -> "dict | None":
         choice["token_ids"] = ids
     if output.error:
         choice["error"] = output.error
-    return {
-        "id": output.id,
-        "object": "chat.completion" if output.parsed.chat else "text_completion",
-        "created": output.created,
-        "model": output.parsed.model,
-        "choices": [choice],
-        "usage": _usage(output),
-    }
+    return choice
 
 
-def _usage(output: Output) -> dict:
-    """The engine's counts, or where a stop string ended the text, the tokens up to it."""
-    prompt = len(output.parsed.token_ids)
-    completion = len(output.tokens)
-    if output.usage is not None and not output.stopped:
-        completion = output.usage["completion_tokens"]
+def _usage(outputs: list[Output]) -> dict:
+    """The engine's counts, or where a stop string ended a choice's text, its tokens up to it.
+    The prompt counts once however many choices (`n`) share it, as OpenAI counts it, with the
+    first choice's tokens found in the prefix cache."""
+    prompt = len(outputs[0].parsed.token_ids)
+    completion = 0
+    for output in outputs:
+        if output.usage is not None and not output.stopped:
+            completion += output.usage["completion_tokens"]
+        else:
+            completion += len(output.tokens)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": output.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": outputs[0].cached_tokens},
     }
 
 
@@ -201,9 +235,9 @@ def _chunk(service: "Service", output: Output, delta: Delta, role: bool = False)
     logprobs = _logprobs(output, delta.token_ids, delta.logprobs, delta.offset)
     if parsed.chat:
         content = {"role": "assistant", "content": ""} if role else {"content": delta.text}
-        choice = {"index": 0, "delta": content, "logprobs": logprobs}
+        choice = {"index": output.index, "delta": content, "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": delta.text, "logprobs": logprobs}
+        choice = {"index": output.index, "text": delta.text, "logprobs": logprobs}
     choice["finish_reason"] = delta.finish_reason
     if parsed.return_token_ids and not role:
         choice["token_ids"] = delta.token_ids
@@ -252,14 +286,15 @@ def _logprobs(output: Output, ids: list[int], entries: list | None, start: int) 
     }
 
 
-def _usage_chunk(service: "Service", output: Output) -> dict:
+def _usage_chunk(service: "Service", outputs: list[Output]) -> dict:
+    first = outputs[0]
     return {
-        "id": output.id,
-        "object": "chat.completion.chunk" if output.parsed.chat else "text_completion",
-        "created": output.created,
-        "model": output.parsed.model,
+        "id": first.id,
+        "object": "chat.completion.chunk" if first.parsed.chat else "text_completion",
+        "created": first.created,
+        "model": first.parsed.model,
         "choices": [],
-        "usage": _usage(output),
+        "usage": _usage(outputs),
     }
 
 
@@ -276,7 +311,7 @@ class _Events:
         kind = "chat.completion.chunk" if parsed.chat else "text_completion"
         self.head = (
             f'data: {{"id":{json.dumps(output.id)},"object":"{kind}","created":{output.created},'
-            f'"model":{json.dumps(parsed.model)},"choices":[{{"index":0,'
+            f'"model":{json.dumps(parsed.model)},"choices":[{{"index":{output.index},'
             + ('"delta":{"content":' if parsed.chat else '"text":')
         )
         self.close_text = "}," if parsed.chat else ","

@@ -31,7 +31,8 @@ class Output:
         self.interval = interval  # tokens that wake the response (`stream_interval`)
         self.arrived = arrived  # time.perf_counter()
         self.created = int(time.time())
-        self.id = ""  # set by the service
+        self.id = ""  # set by the service: the response's, the same for each of its choices
+        self.index = 0  # which of the response's choices (`n`)
         self.rid = -1  # set by the service; the engine's messages name it
         self.cancelled = False  # the client left, or a stop string ended it: abort it
         self.stopped = False  # a stop string ended it before the engine did

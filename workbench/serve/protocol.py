@@ -3,7 +3,7 @@
 `parse(body, chat, engine)` reads the JSON body of ``POST /v1/completions`` or
 ``/v1/chat/completions`` into a `Parsed` request. Every problem is an `ApiError` (HTTP 400,
 OpenAI's error body) naming the field, the value and what is allowed. Fields that ask for what
-this engine does not do (`n` > 1, `echo`, tools, penalties: `_HARMLESS`) are refused, and
+this engine does not do (`best_of` > 1, `echo`, tools, penalties: `_HARMLESS`) are refused, and
 unknown ones too, as OpenAI's API does; docs/serving.md ("The API") lists what is honoured.
 """
 
@@ -23,7 +23,6 @@ def _none_or(*allowed):
 
 # fields this engine cannot honour, and the values that ask for nothing (the OpenAI defaults)
 _HARMLESS = {
-    "n": _none_or(1),
     "best_of": _none_or(1),
     "echo": _none_or(False),
     "suffix": _none_or(""),
@@ -40,6 +39,7 @@ _HARMLESS = {
 }
 _COMMON = {
     "model",
+    "n",
     "max_tokens",
     "temperature",
     "top_p",
@@ -60,6 +60,7 @@ FIELDS = {
     | {"messages", "max_completion_tokens", "response_format", "logprobs", "top_logprobs"},
 }
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_CHOICES = 128  # `n`: OpenAI's bound
 
 
 class ApiError(Exception):
@@ -94,6 +95,7 @@ class Parsed:
     stop: tuple[str, ...] = ()
     return_token_ids: bool = False
     model: str = ""
+    n: int = 1  # choices: one request each in the engine
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -112,8 +114,8 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
     for name, asks_nothing in _HARMLESS.items():
         if name in body and not asks_nothing(body[name]):
             raise ApiError(
-                f"{name}={body[name]!r} is not supported by this server (it serves one completion "
-                f"per request, without echo, tools or penalties); leave {name} out",
+                f"{name}={body[name]!r} is not supported by this server (it serves completions "
+                f"without best_of, echo, tools or penalties); leave {name} out",
                 name,
             )
     if chat and body.get("response_format") not in (None, {"type": "text"}):
@@ -149,6 +151,7 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
         stop=_stop(body),
         return_token_ids=_flag(body, "return_token_ids"),
         model=model,
+        n=_choices(body, engine),
     )
 
 
@@ -268,6 +271,19 @@ def _sampling(body: dict, chat: bool, ids: list[int], engine) -> SamplingParams:
         if param == "max_tokens":
             param, message = name, message.replace("max_tokens", name, 1)
         raise ApiError(message, param) from None
+
+
+def _choices(body: dict, engine) -> int:
+    """`n`: how many choices, each its own request in the engine, so at most as many as the
+    server queues."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    most = min(MAX_CHOICES, engine.limits.max_queued)
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= most:
+        why = "" if most == MAX_CHOICES else f" (--max-queued-requests {most})"
+        raise ApiError(f"n must be an integer in [1, {most}]{why}, got {n!r:.40}", "n")
+    return n
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:

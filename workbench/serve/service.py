@@ -4,6 +4,7 @@ requests under way (`Output`s by id), and the messages between the two processes
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 import uuid
@@ -65,29 +66,42 @@ class Service:
         """The most tokens a request of this prompt may ask for: the context, and the KV pool."""
         return min(self.limits.max_seq_len, self.limits.kv_capacity) - len(ids)
 
-    def accept(self, parsed: Parsed) -> Output:
-        """Send a checked request to the engine; a 503 when stopping or the queue is full."""
+    def accept(self, parsed: Parsed) -> list[Output]:
+        """Send a checked request to the engine, as one request per choice (`n`); a 503 when
+        stopping or when the queue has no room for all of them. With a `seed`, choice i samples
+        with seed + i: each is reproducible, and they differ."""
         if not self.serving:
             raise ApiError("the server is stopping", status=503)
         waiting = self.engine_waiting + self._unseen
-        if waiting >= self.limits.max_queued:
-            raise ApiError(
-                f"{waiting} requests are waiting, the most this server queues "
-                f"(--max-queued-requests {self.limits.max_queued}); retry later",
-                status=503,
-            )
+        most, n = self.limits.max_queued, parsed.n
+        if waiting + n > most:
+            if n == 1:
+                message = f"{waiting} requests are waiting, the most this server queues"
+            else:
+                message = (
+                    f"{waiting} requests are waiting, and this request's n={n} choices would "
+                    f"make {waiting + n}, more than this server queues"
+                )
+            raise ApiError(f"{message} (--max-queued-requests {most}); retry later", status=503)
         received = time.perf_counter()
         interval = self.limits.stream_interval if parsed.stream else 1 << 30
-        output = Output(parsed, received, self.tokenizer, self.limits.vocab_size, interval)
-        output.id = ("chatcmpl-" if parsed.chat else "cmpl-") + uuid.uuid4().hex[:24]
-        rid = output.rid = next(self._ids)
-        self.outputs[rid] = output
-        self._unseen += 1
+        response_id = ("chatcmpl-" if parsed.chat else "cmpl-") + uuid.uuid4().hex[:24]
         # NOTE: one message per turn of the event loop, not one per client
         if not self._adds:
             asyncio.get_running_loop().call_soon(self._send_adds)
-        self._adds.append((rid, parsed.token_ids, parsed.sampling, received))
-        return output
+        outputs = []
+        for index in range(parsed.n):
+            output = Output(parsed, received, self.tokenizer, self.limits.vocab_size, interval)
+            output.id, output.index = response_id, index
+            rid = output.rid = next(self._ids)
+            self.outputs[rid] = output
+            sampling = parsed.sampling
+            if index and sampling.seed is not None:
+                sampling = dataclasses.replace(sampling, seed=(sampling.seed + index) % 2**63)
+            self._adds.append((rid, parsed.token_ids, sampling, received))
+            outputs.append(output)
+        self._unseen += parsed.n
+        return outputs
 
     def _send_adds(self) -> None:
         adds, self._adds = self._adds, []
