@@ -58,6 +58,10 @@ SAMPLING = {
         st.one_of(st.none(), st.integers(0, 20)),
         st.sampled_from([-1, 21, True, 2.0, "3"]),
     ),
+    "prompt_logprobs": (
+        st.one_of(st.none(), st.integers(0, 20)),
+        st.sampled_from([-1, 21, False, 1.0, "3"]),
+    ),
 }
 PROMPT = (
     st.one_of(st.sampled_from(PROMPTS), st.lists(st.integers(0, 49151), min_size=1, max_size=40)),
@@ -123,6 +127,15 @@ def check(engine: dict, sampling: dict, prompts: list) -> None:
                 if top:  # no token is likelier than the likeliest; greedy's is it
                     assert logprob <= top[0][1] + 1e-6
                     assert not params.is_greedy or logprob == top[0][1]
+    for out in outputs:
+        if params.prompt_logprobs is None:
+            assert out["prompt_logprobs"] is None
+        else:  # the first token none, then one entry a token, as many of the likeliest as asked
+            entries = out["prompt_logprobs"]
+            assert len(entries) == out["prompt_tokens"] and entries[0] is None
+            for logprob, top in entries[1:]:
+                assert logprob <= 0.0 and len(top) == params.prompt_logprobs
+                assert not top or logprob <= top[0][1] + 1e-6
     event("served, greedy" if params.is_greedy else "served, sampled")
     if params.is_greedy:
         ids = [llm.encode(p) for p in prompts]

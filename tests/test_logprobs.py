@@ -1,7 +1,8 @@
 """Log probabilities of the output tokens (`SamplingParams(logprobs=n)`): the model's own (the
 log-softmax of its logits, before temperature, top-k and top-p), equal to Hugging Face's in
 float32 on the CPU for the same tokens, under chunked prompts, overlap and sampling, with the n
-most likely tokens at each position; requests that do not ask report none and sample alike."""
+most likely tokens at each position; requests that do not ask report none and sample alike.
+The prompt's too (`prompt_logprobs=n`): each prompt token's given those before it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from workbench import LLM, SamplingParams
 
-from .conftest import PROMPTS, hf_model, run, shared
+from .conftest import CPU_AND_GPU, PROMPTS, hf_model, run, shared
 
 MODEL = "tiny-qwen3"
 
@@ -121,6 +122,121 @@ def test_a_request_that_ends_on_eos_under_overlap_reports_its_tokens_only():
 def test_a_bad_logprobs_is_refused_by_name(value, error):
     with pytest.raises(error, match=r"logprobs must be an integer in \[0, 20\]"):
         SamplingParams(logprobs=value)
+
+
+def _hf_prompt_logprobs(name: str, prompt: list[int]) -> torch.Tensor:
+    """log-softmax [len(prompt) - 1, vocab] at each prompt position before the last."""
+    with torch.inference_mode():
+        logits = hf_model(name)(torch.tensor([prompt])).logits[0].float()
+    return torch.log_softmax(logits[:-1], dim=-1)
+
+
+@pytest.mark.parametrize("max_extend_tokens, overlap", [(8192, False), (3, True), (16, False)])
+def test_prompt_logprobs_are_hugging_faces(max_extend_tokens, overlap):
+    """Each prompt token's log probability given those before it, and the 3 most likely tokens
+    there, equal Hugging Face's forward over the prompt (float32 rounding), whole prompts or in
+    chunks of 3 and 16, with and without overlap; the first token has none; the output tokens
+    are those of requests that do not ask."""
+    llm = _llm(overlap=overlap)
+    llm.reconfigure(max_extend_tokens=max_extend_tokens)
+    prompts = [llm.encode(p) for p in PROMPTS]
+    plain = SamplingParams(max_tokens=4, ignore_eos=True)
+    asked = SamplingParams(max_tokens=4, ignore_eos=True, prompt_logprobs=3)
+    without, _ = run(llm, prompts, plain)
+    outputs, steps = run(llm, prompts, asked)
+    assert [o["token_ids"] for o in outputs] == [o["token_ids"] for o in without]
+    assert all(o["prompt_logprobs"] is None for o in without)
+    for prompt, out in zip(prompts, outputs):
+        ref = _hf_prompt_logprobs(MODEL, prompt)
+        entries = out["prompt_logprobs"]
+        assert len(entries) == len(prompt) and entries[0] is None
+        for position, (logprob, top) in enumerate(entries[1:]):
+            assert logprob == pytest.approx(ref[position, prompt[position + 1]].item(), abs=1e-4)
+            values, ids = ref[position].topk(3)
+            assert [i for i, _ in top] == ids.tolist()
+            assert [v for _, v in top] == pytest.approx(values.tolist(), abs=1e-4)
+    if max_extend_tokens == 3:  # they did run in chunks
+        assert any(r.kind == "chunk" for s in steps for r in s.rows)
+
+
+def test_a_cached_prompt_is_computed_again_for_its_log_probabilities():
+    """A prompt whose prefix the cache holds (the same prompt, asked before without them): the
+    request asking for prompt log probabilities takes nothing from the cache and reports every
+    position, as the first time; the one that does not ask still takes the cached prefix."""
+    llm = _llm(overlap=False)
+    llm.reconfigure(max_extend_tokens=8192)
+    prompt = llm.encode(PROMPTS[2])
+    first, _ = run(llm, [prompt], SamplingParams(max_tokens=2, prompt_logprobs=1))
+    again, _ = run(llm, [prompt], SamplingParams(max_tokens=2))
+    asked, _ = run(llm, [prompt], SamplingParams(max_tokens=2, prompt_logprobs=1))
+    assert again[0]["cached_tokens"] > 0 and asked[0]["cached_tokens"] == 0
+    assert [lp for lp, _ in asked[0]["prompt_logprobs"][1:]] == pytest.approx(
+        [lp for lp, _ in first[0]["prompt_logprobs"][1:]], abs=1e-5
+    )
+
+
+def test_a_step_computes_at_most_its_share_of_prompt_log_probabilities(monkeypatch):
+    """Past `PROMPT_LOGPROB_ROWS` positions a step, a request asking for prompt log
+    probabilities waits (or runs a shorter chunk), and every position is still reported once;
+    the others are admitted as before."""
+    from workbench.scheduler import prefill
+
+    monkeypatch.setattr(prefill, "PROMPT_LOGPROB_ROWS", 7)
+    llm = _llm(overlap=True)
+    llm.reconfigure(max_extend_tokens=8192)
+    prompts = [llm.encode(p) for p in PROMPTS[:4]]
+    asks = [SamplingParams(max_tokens=3, ignore_eos=True, prompt_logprobs=0)] * 3
+    outputs, steps = run(llm, prompts, [*asks, SamplingParams(max_tokens=3, ignore_eos=True)])
+    for prompt, out in zip(prompts[:3], outputs[:3]):
+        assert len(out["prompt_logprobs"]) == len(prompt)
+        ref = _hf_prompt_logprobs(MODEL, prompt)
+        want = [ref[i, prompt[i + 1]].item() for i in range(len(prompt) - 1)]
+        assert [lp for lp, _ in out["prompt_logprobs"][1:]] == pytest.approx(want, abs=1e-4)
+    asking = {o["uid"] for o in outputs[:3]}
+    for step in steps:
+        rows = [r for r in step.rows if r.uid in asking and r.kind != "decode"]
+        assert sum(r.extend_len for r in rows) <= 7, step
+
+
+@pytest.mark.parametrize("device", CPU_AND_GPU)
+def test_the_planted_model_is_sure_of_each_repeat_in_its_prompt(device):
+    """The planted induction model (on the GPU in bfloat16, its logits peaked): past two
+    periods of a prompt's pattern, each prompt token is the most likely there, at a log
+    probability near 0, in chunks of 16 beside other prompts; asking changes no output token
+    (on the GPU the asking steps run eagerly, the others in CUDA graphs)."""
+    import random
+
+    from workbench.models.induction import pattern_continuation, pattern_prompts
+
+    from .conftest import INDUCTION, kv_pages
+
+    pool = {"num_pages": kv_pages()} if device == "cuda" else {}
+    llm = LLM(INDUCTION[device], device=device, max_running_reqs=8, max_extend_tokens=16, **pool)
+    try:
+        rng = random.Random(5)
+        prompts = pattern_prompts(rng, [rng.randint(30, 90) for _ in range(6)], period=9)
+        plain = SamplingParams(max_tokens=4, ignore_eos=True)
+        asks = [SamplingParams(max_tokens=4, ignore_eos=True, prompt_logprobs=2)] * 3
+        outputs, _ = run(llm, prompts, [*asks, plain, plain, plain])
+        assert [o["token_ids"] for o in outputs] == [pattern_continuation(p, 4) for p in prompts]
+        for prompt, out in zip(prompts[:3], outputs[:3]):
+            entries = out["prompt_logprobs"]
+            assert len(entries) == len(prompt)
+            for position in range(18, len(prompt) - 1):
+                logprob, top = entries[position + 1]
+                assert top[0][0] == prompt[position + 1] and logprob > -0.1, (position, top)
+        assert all(o["prompt_logprobs"] is None for o in outputs[3:])
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [(-1, ValueError), (21, ValueError), (True, TypeError), ("2", TypeError)],
+)
+def test_a_bad_prompt_logprobs_is_refused_by_name(value, error):
+    with pytest.raises(error, match=r"prompt_logprobs must be an integer in \[0, 20\]"):
+        SamplingParams(prompt_logprobs=value)
 
 
 @pytest.mark.gpu

@@ -242,6 +242,74 @@ def test_n_choices_are_each_a_request_sampled_with_its_own_seed(served):
         wb.resume()
 
 
+def test_echo_gives_the_prompt_and_its_log_probabilities_as_an_evaluation_harness_asks(served):
+    """Completions' `echo` (with `logprobs`, as lm-eval's local-completions scores a
+    continuation: token ids in, max_tokens 1): the text begins with the prompt, and `logprobs`
+    covers its tokens, the first with none, each other as `LLM.generate`'s `prompt_logprobs`
+    gives it; whole and streamed alike; without logprobs the text alone; chat has no echo."""
+    wb, server, client = served
+    prompt = PROMPTS[0]
+    ids = wb.llm.encode(prompt)
+    llm = LLM(MODEL, max_running_reqs=8, max_extend_tokens=64)
+    try:
+        asked = SamplingParams(max_tokens=3, ignore_eos=True, logprobs=2, prompt_logprobs=2)
+        (want,) = llm.generate([ids], asked)
+    finally:
+        llm.close()
+    text_of = lambda t: wb.llm.tokenizer.decode([t])  # noqa: E731
+    want_prompt = [lp for lp, _ in want["prompt_logprobs"][1:]]
+    whole = client.completions.create(
+        model=MODEL, prompt=prompt, echo=True, logprobs=2, **greedy(3)
+    )
+    choice = whole.choices[0]
+    assert choice.text == prompt + want["text"]
+    lp = choice.logprobs
+    assert lp.tokens == [text_of(t) for t in ids + want["token_ids"]]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1 : len(ids)] == pytest.approx(want_prompt, abs=1e-5)
+    assert lp.token_logprobs[len(ids) :] == pytest.approx(
+        [v for v, _ in want["logprobs"]], abs=1e-5
+    )
+    assert [list(t) for t in lp.top_logprobs[1 : len(ids)]] == [
+        [text_of(i) for i, _ in top] for _, top in want["prompt_logprobs"][1:]
+    ]
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
+    assert whole.usage.prompt_tokens == len(ids) and whole.usage.completion_tokens == 3
+
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=prompt, echo=True, logprobs=2, stream=True, **greedy(3)
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert [t for s in streamed for t in s.tokens] == lp.tokens
+    assert [o for s in streamed for o in s.text_offset] == lp.text_offset
+    got = [v for s in streamed for v in s.token_logprobs]
+    assert got[0] is None and got[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+
+    # as lm-eval asks: token ids, one more token, the log probability of the continuation
+    scored = httpx.post(
+        server.url + "/completions",
+        json={"prompt": [ids], "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0},
+        timeout=60,
+    ).json()["choices"][0]["logprobs"]
+    assert scored["token_logprobs"][1 : len(ids)] == pytest.approx(want_prompt, abs=1e-5)
+    plain = client.completions.create(model=MODEL, prompt=prompt, echo=True, **greedy(3))
+    assert plain.choices[0].text == prompt + want["text"] and plain.choices[0].logprobs is None
+    chat = httpx.post(
+        server.url + "/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "echo": True},
+        timeout=30,
+    )
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "echo"
+    wb.pause()
+    try:
+        wb.check_integrity()
+    finally:
+        wb.resume()
+
+
 def test_a_shared_prefix_is_reported_as_cached_tokens(served):
     wb, server, client = served
     prefix = "Zanzibar " + " ".join(["The scheduler admits requests under a token budget."] * 6)
@@ -350,7 +418,8 @@ BAD = [
     ({"model": MODEL, "prompt": "hi", "n": 129}, "n"),
     ({"model": MODEL, "prompt": "hi", "best_of": 2}, "best_of"),
     ({"model": MODEL, "prompt": "hi", "logprobs": 21}, "logprobs"),
-    ({"model": MODEL, "prompt": "hi", "echo": True}, "echo"),
+    ({"model": MODEL, "prompt": "hi", "echo": "yes"}, "echo"),
+    ({"model": MODEL, "prompt": "hi", "suffix": "!"}, "suffix"),
     ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
     ({"model": MODEL, "prompt": "hi", "stop": [""]}, "stop"),
     ({"model": MODEL, "prompt": "hi", "frobnicate": True}, "frobnicate"),

@@ -72,6 +72,29 @@ def test_two_ranks_report_hugging_faces_logprobs(wb2, expected):
         assert [[i for i, _ in top] for _, top in out["logprobs"]] == ref.topk(3).indices.tolist()
 
 
+def test_two_ranks_report_hugging_faces_prompt_logprobs(wb2, expected):
+    """Rank 0 reports each prompt token's log probability from the gathered logits of every
+    prompt position, in chunks of 5 (the ranks run the same extra rows), as Hugging Face's
+    forward gives it; the output tokens are unchanged."""
+    import torch
+
+    from .conftest import hf_model
+
+    wb2.reconfigure(policy="prefill_first", max_extend_tokens=5, overlap=True)
+    asked = SamplingParams(max_tokens=10, ignore_eos=True, prompt_logprobs=2)
+    outputs, _ = run(wb2.llm, PROMPTS, asked)
+    assert [o["token_ids"] for o in outputs] == expected
+    for prompt, out in zip(PROMPTS, outputs):
+        with torch.inference_mode():
+            logits = hf_model(MODEL)(torch.tensor([prompt])).logits[0]
+        ref = torch.log_softmax(logits[:-1].float(), -1)
+        want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
+        entries = out["prompt_logprobs"]
+        assert entries[0] is None
+        assert [lp for lp, _ in entries[1:]] == pytest.approx(want, abs=1e-4)
+        assert [[i for i, _ in top] for _, top in entries[1:]] == ref.topk(2).indices.tolist()
+
+
 def test_one_rank_matches_hf(expected):
     llm = LLM(MODEL, device="cpu", tp_size=1, max_running_reqs=8, max_extend_tokens=3)
     outputs, _ = run(llm, PROMPTS, greedy(10))

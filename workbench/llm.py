@@ -347,6 +347,7 @@ class LLM:
 
     def output(self, req: Req) -> dict:
         ids = req.token_ids[req.prompt_len :]
+        prompt_logprobs = req.prompt_logprobs
         return {
             "uid": req.uid,
             "token_ids": ids,
@@ -359,6 +360,9 @@ class LLM:
             # with SamplingParams(logprobs=n): per output token (its log probability, the n
             # most likely tokens as (token id, log probability)); else None
             "logprobs": req.logprobs,
+            # with SamplingParams(prompt_logprobs=n): per prompt token, None for the first, then
+            # (its log probability given those before it, the n most likely there); else None
+            "prompt_logprobs": None if prompt_logprobs is None else [None, *prompt_logprobs],
         }
 
     def decode(self, token_ids: list[int]) -> str:

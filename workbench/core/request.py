@@ -76,6 +76,13 @@ class Req:
     # with sampling.logprobs set, one per output token: (its log probability, the most likely
     # tokens there as (token id, log probability), most likely first)
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = field(default=None, init=False)
+    # with sampling.prompt_logprobs set: the whole prompt (a chunk's `token_ids` stop at its
+    # end, and its last position's log probability is of the token after it), and one entry as
+    # above per prompt token after the first, filled as its chunks run
+    prompt_ids: list[int] | None = field(default=None, init=False)
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = field(
+        default=None, init=False
+    )
     # KV slots its row holds (`CacheManager.allocate`): between steps ceil_page(cached_len)
     alloc_len: int = field(init=False)
     released: bool = field(default=False, init=False)
@@ -88,6 +95,8 @@ class Req:
         self.alloc_len = self.cached_len  # admission: whole pages matched in the prefix cache
         if self.sampling.logprobs is not None:
             self.logprobs = []
+        if self.sampling.prompt_logprobs is not None:
+            self.prompt_logprobs = []
         assert 0 <= self.cached_len < self.device_len <= self.max_device_len, self
 
     @classmethod

@@ -24,6 +24,10 @@ class SamplingParams:
     # each output token's log probability under the model (its logits' log-softmax, before
     # temperature, top-k and top-p), with the `logprobs` most likely tokens there; None: none
     logprobs: int | None = None
+    # each prompt token's log probability given the tokens before it (the first has none), with
+    # the `prompt_logprobs` most likely tokens there; None: none. Every prompt position is
+    # computed: the request takes nothing from the prefix cache
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         from .. import validate as V
@@ -52,6 +56,9 @@ class SamplingParams:
             ignore_eos=V.boolean("ignore_eos", self.ignore_eos),
             seed=V.optional_integer("seed", self.seed, 0, 2**63 - 1),
             logprobs=V.optional_integer("logprobs", self.logprobs, 0, MAX_LOGPROBS),
+            prompt_logprobs=V.optional_integer(
+                "prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS
+            ),
         )
         for name, value in checked.items():  # plain Python values (numpy ints become ints)
             object.__setattr__(self, name, value)

@@ -22,7 +22,7 @@ from ..models.decoder import check_tp_size
 from ..models.weights import build_model
 from ..profiling import release_cupti_at_stop
 from .graph import GraphRunner, Shape
-from .inputs import fill_inputs, prompt_tokens, write_prompts
+from .inputs import fill_inputs, prompt_logprob_rows, prompt_tokens, write_prompts
 from .memory import check_weights_fit, out_of_memory, pages_from_memory
 from .placement import check_gpus, num_devices, rank_device, use_cpu_threads
 from .ranks import Ranks
@@ -181,12 +181,15 @@ class Engine:
             table.sync_device()
         if prompt_ids is None and batch.num_decode < batch.size:
             prompt_ids = prompt_tokens(batch)
-        runner, shape = self._runner_for(batch)
+        # NOTE: a step that computes prompt log probabilities runs eagerly (more rows of logits)
+        extra = prompt_logprob_rows(batch)
+        runner, shape = self._runner_for(batch) if extra is None else (None, None)
         launch = Launch(batch, runner, shape, prompt_ids, self.tp.size, moe_layers=self.moe_layers)
         sampled = batch.sampled_mask()
         reqs, lens = batch.sampled_reqs, batch.ledger[2][sampled]
         if runner is None:
-            launch.targets = fill_inputs(batch, table, sampled, prompt_ids)
+            rows = None if extra is None else extra[0]
+            launch.targets = fill_inputs(batch, table, sampled, prompt_ids, rows)
             self.backend.prepare(batch)
             launch.padded_rows, launch.padded_tokens = batch.size, len(batch.positions)
         else:
@@ -205,6 +208,8 @@ class Engine:
             launch.sampling = self.sampler.prepare(reqs, lens + 1)
         if self.tp.rank == 0:  # (the other ranks' tokens are not read)
             launch.logprobs = self.sampler.logprob_rows(reqs)
+            if extra is not None:
+                launch.prompt_logprobs = (*_prompt_targets(batch, extra[1]), extra[1])
         return launch
 
     def _runner_for(self, batch: Batch) -> tuple[GraphRunner | None, Shape | None]:
@@ -235,6 +240,12 @@ class Engine:
         """Enqueue the sampling and the tokens' copies. Read `launch.tokens` after `wait`."""
         count = len(launch.batch.sampled_reqs)
         try:
+            if launch.prompt_logprobs is not None:  # its rows after the sampled ones
+                targets, top, _ = launch.prompt_logprobs
+                rest, logits = logits[count:], logits[:count]
+                launch.prompt_logprob_values = self.sampler.prompt_logprobs(rest, targets, top)
+            elif logits.shape[0] > count:  # (another rank's, whose prompt rows are not read)
+                logits = logits[:count]
             if count == 0:
                 tokens = torch.zeros(0, dtype=torch.int32)
             elif launch.sampled_in_graph:
@@ -308,6 +319,15 @@ def give_back(exc: BaseException, device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _prompt_targets(batch: Batch, counts: np.ndarray) -> tuple[np.ndarray, int]:
+    """The prompt tokens whose log probabilities the step's extra rows give (each row's next
+    prompt token), and the most top tokens a request of them asks for."""
+    cached = batch.ledger[1]
+    asking = [(r, c, n) for r, c, n in zip(batch.reqs, cached.tolist(), counts.tolist()) if n]
+    targets = np.concatenate([np.asarray(r.prompt_ids[c + 1 : c + 1 + n]) for r, c, n in asking])
+    return targets.astype(np.int64), max(r.sampling.prompt_logprobs for r, _, _ in asking)
+
+
 @dataclass(slots=True, eq=False)
 class Launch:
     """One batch as the engine runs it, from `Engine.prepare` (which decides how) to `wait`."""
@@ -330,6 +350,11 @@ class Launch:
     # logprob_rows`); after `sample`, theirs on the host (`Sampler.logprobs`)
     logprobs: tuple[np.ndarray, int] | None = None
     logprob_values: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # a prompt step's prompt tokens whose log probabilities it computes, after the positions
+    # before them, how many top tokens (`_prompt_targets`) and how many of them each request
+    # has; after `sample`, theirs on the host (`Sampler.prompt_logprobs`)
+    prompt_logprobs: tuple[np.ndarray, int, np.ndarray] | None = None
+    prompt_logprob_values: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     done: torch.cuda.Event | None = None  # after their copy (None: nothing to wait for)
     moe_layers: tuple[int, ...] = ()  # the decoder layers with an MoE block (none: dense)
     # int32 [MoE layers, experts] on the host, after `sample`: tokens each expert received

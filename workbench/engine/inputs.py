@@ -11,16 +11,23 @@ from ..kvcache.table import TableManager
 
 
 def fill_inputs(
-    batch: Batch, table: TableManager, sampled: np.ndarray, prompt_ids: np.ndarray | None
+    batch: Batch,
+    table: TableManager,
+    sampled: np.ndarray,
+    prompt_ids: np.ndarray | None,
+    extra_rows: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fill `batch.positions`, `input_ids`, `out_loc` and `sample_idx` from its ledger and the
-    host's page table; returns where the sampled tokens go in the token pool (rows, positions)."""
+    host's page table; returns where the sampled tokens go in the token pool (rows, positions).
+    `extra_rows`: token rows whose logits come after the sampled ones' (`prompt_logprob_rows`)."""
     rows, cached, device_len = batch.ledger
     extend = device_len - cached
     positions = ranges(cached, device_len)
     token_rows = np.repeat(rows, extend)
     out_loc = table.page_table_host[token_rows, positions]
     sample_idx = (np.cumsum(extend) - 1)[sampled]
+    if extra_rows is not None:
+        sample_idx = np.concatenate([sample_idx, extra_rows])
     arrays = [token_rows, positions, out_loc, sample_idx, rows[sampled], device_len[sampled]]
     if prompt_ids is not None:
         arrays.append(prompt_ids)
@@ -36,6 +43,24 @@ def fill_inputs(
     batch.out_loc = out_loc_t
     batch.sample_idx = sent[3]
     return sent[4], sent[5]
+
+
+def prompt_logprob_rows(batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
+    """The token rows of a prompt step whose logits give prompt log probabilities (each
+    position before its prompt's last, whose logits give the first output token, of the
+    requests that ask), and how many each request has; None where none asks."""
+    first = batch.num_decode
+    if not batch.is_prefill or all(r.sampling.prompt_logprobs is None for r in batch.reqs[first:]):
+        return None
+    _, cached, device_len = batch.ledger
+    prompt_len = np.array([r.prompt_len for r in batch.reqs], dtype=np.int64)
+    asks = np.array([r.sampling.prompt_logprobs is not None for r in batch.reqs])
+    asks[:first] = False
+    counts = np.where(asks, np.clip(np.minimum(device_len, prompt_len - 1) - cached, 0, None), 0)
+    if not counts.any():
+        return None
+    starts = np.cumsum(device_len - cached) - (device_len - cached)
+    return ranges(starts, starts + counts), counts
 
 
 def prompt_tokens(batch: Batch) -> np.ndarray:

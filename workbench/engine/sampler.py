@@ -13,6 +13,8 @@ import torch
 from ..core import Req
 from ..device import send_arrays, to_device, to_host
 
+PROMPT_SLICE = 256  # prompt positions whose log-softmax is taken at once (float32: 155 MB at 152k)
+
 
 @dataclass
 class SamplingArgs:
@@ -102,6 +104,21 @@ class Sampler:
         chosen = logprobs.gather(1, tokens.long()[:, None])[:, 0]
         values, ids = logprobs.topk(top, dim=-1)
         return tuple(to_host(t) for t in (chosen, values, ids))
+
+    def prompt_logprobs(
+        self, logits: torch.Tensor, targets: np.ndarray, top: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As `logprobs`, for prompt positions: the log-softmax of each row at its `targets`
+        token (the prompt's next) and its `top` largest, `PROMPT_SLICE` rows at a time (a
+        float32 copy of them all could be gigabytes)."""
+        targets_t = to_device(targets, self.device)
+        out = []
+        for start in range(0, logits.shape[0], PROMPT_SLICE):
+            rows = torch.log_softmax(logits[start : start + PROMPT_SLICE].float(), dim=-1)
+            chosen = rows.gather(1, targets_t[start : start + PROMPT_SLICE, None])[:, 0]
+            values, ids = rows.topk(top, dim=-1)
+            out.append((chosen, values, ids))
+        return tuple(to_host(torch.cat(parts)) for parts in zip(*out))
 
     def prepare(self, reqs: list[Req], device_lens: np.ndarray | None = None) -> SamplingArgs:
         """The sampling of `reqs`, whose forward has run. `device_lens`: theirs, if at hand."""

@@ -98,6 +98,9 @@ class SampleEnd:
     # per sampled request, with SamplingParams(logprobs=n): (the token's log probability, the n
     # most likely tokens as (id, log probability)); None for one that did not ask, or all None
     logprobs: tuple | None = None
+    # per sampled request, with SamplingParams(prompt_logprobs=n), at its first token: its whole
+    # prompt's (None for the first prompt token, then entries as above); else None, or all None
+    prompt_logprobs: tuple | None = None
 
 
 @dataclass(frozen=True, slots=True)

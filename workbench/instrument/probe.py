@@ -226,14 +226,21 @@ class Probe(Observer):
             self.hooks.emit("forward.end", ev.ForwardEnd(step, batch.phase, tuple(batch.views())))
 
     def sample_end(
-        self, step: int, batch: Batch, tokens: list[int], started: float, logprobs=None
+        self,
+        step: int,
+        batch: Batch,
+        tokens: list[int],
+        started: float,
+        logprobs=None,
+        prompt_logprobs=None,
     ) -> None:
         if self.profiling:
             self._marks.append((started, step, "collect"))
         if "sample.end" in self.hooks:
             uids = tuple(r.uid for r in batch.sampled_reqs)
             lps = None if logprobs is None else tuple(logprobs)
-            self.hooks.emit("sample.end", ev.SampleEnd(step, uids, tuple(tokens), lps))
+            plps = None if prompt_logprobs is None else tuple(prompt_logprobs)
+            self.hooks.emit("sample.end", ev.SampleEnd(step, uids, tuple(tokens), lps, plps))
 
     def moe_route(self, step: int, launch: Launch) -> None:
         if "moe.route" in self.hooks:

@@ -70,10 +70,17 @@ class Observer:
         """ "forward.end": the forward and the sampler are launched."""
 
     def sample_end(
-        self, step: int, batch: Batch, tokens: list[int], started: float, logprobs=None
+        self,
+        step: int,
+        batch: Batch,
+        tokens: list[int],
+        started: float,
+        logprobs=None,
+        prompt_logprobs=None,
     ) -> None:
         """ "sample.end": the batch's tokens are on the host; `logprobs`, per request, its
-        `Req.logprobs` entry where it asked (None: none did)."""
+        `Req.logprobs` entry where it asked (None: none did); `prompt_logprobs`, per request,
+        its prompt's where it asked and this is its first token (None: none)."""
 
     def moe_route(self, step: int, launch: Launch) -> None:
         """ "moe.route": an MoE model's step is done; `launch.host_routing()` is its routing."""

@@ -2,6 +2,9 @@
 
 The queue is FIFO and stops at the first request that does not fit. With a sharing prefix cache,
 a request sharing `share_threshold` uncached tokens with one already in the batch waits instead.
+A request that asks for its prompt's log probabilities takes nothing from the prefix cache (each
+position's logits are computed), and a step computes at most `PROMPT_LOGPROB_ROWS` such
+positions: past them, such a request waits as one past the token budget does.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ from ..kvcache.base import CacheHandle
 from ..kvcache.table import TableManager
 from .cache import CacheManager
 
+# prompt positions a step computes logits for beyond the sampled ones (their log probabilities):
+# with a vocabulary of 152k, 2 bytes a logit, 0.6 GB
+PROMPT_LOGPROB_ROWS = 2048
+
 
 @dataclass
 class PrefillAdder:
@@ -40,21 +47,28 @@ class PrefillAdder:
     batch_prompts: dict[tuple, list[list[int]]] = field(default_factory=dict)  # by `_key_len`
     on_match: Callable[[int, int, int], None] | None = None  # (uid, prompt_len, cached_len)
     slots_left: int | None = None  # None: the table's free rows
+    prompt_logprob_rows: int | None = None  # left in this step; None: PROMPT_LOGPROB_ROWS
 
     def __post_init__(self) -> None:
         if self.slots_left is None:
             self.slots_left = self.table.available_size
+        if self.prompt_logprob_rows is None:
+            self.prompt_logprob_rows = PROMPT_LOGPROB_ROWS
 
     def try_add_one(self, pending: PendingReq) -> Req | str:
         """The admitted request, or the name of the check that refused it."""
         if self.token_budget <= 0:
+            return NO_TOKEN_BUDGET
+        whole_prompt = pending.sampling.prompt_logprobs is not None
+        if whole_prompt and self.prompt_logprob_rows <= 0:
             return NO_TOKEN_BUDGET
         if pending.chunked is not None:
             chunked = pending.chunked
             return self._add(pending, chunked.cache_handle, chunked.table_idx, chunked.cached_len)
         if self.slots_left <= 0:
             return NO_SLOT
-        match = self.cache.match(pending.token_ids)
+        # (a prompt of one token matches nothing)
+        match = self.cache.match(pending.token_ids[:1] if whole_prompt else pending.token_ids)
         cached_len = match.handle.cached_len
         if self.on_match is not None:
             self.on_match(pending.uid, pending.prompt_len, cached_len)
@@ -102,6 +116,10 @@ class PrefillAdder:
             self.batch_prompts.setdefault(key, []).append(pending.token_ids)
         left = pending.prompt_len - cached_len
         chunk = min(self.token_budget, left)
+        whole_prompt = pending.sampling.prompt_logprobs is not None
+        if whole_prompt:
+            chunk = min(chunk, self.prompt_logprob_rows)
+            self.prompt_logprob_rows -= chunk
         self.token_budget -= chunk
         self.reserved_size += kv_tokens_needed(pending.total_len, cached_len, self.cache.page_size)
         cls = ChunkedReq if chunk < left else Req
@@ -117,6 +135,10 @@ class PrefillAdder:
         if pending.chunked is not None:
             req.cached_tokens = pending.chunked.cached_tokens
             req.alloc_len = pending.chunked.alloc_len
+        if whole_prompt:
+            req.prompt_ids = pending.token_ids
+            if pending.chunked is not None:  # one list over its chunks
+                req.prompt_logprobs = pending.chunked.prompt_logprobs
         return req
 
 

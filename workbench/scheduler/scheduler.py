@@ -235,8 +235,11 @@ class Scheduler:
             stages.enter("collect")
             raw = launch.tokens.tolist()
             logprobs = _row_logprobs(batch.sampled_reqs, launch)
+            prompt_logprobs = None
+            if launch.prompt_logprob_values is not None:
+                prompt_logprobs = _give_prompt_logprobs(batch, launch)
             if watch is not None:
-                watch.sample_end(index, batch, raw, start, logprobs)
+                watch.sample_end(index, batch, raw, start, logprobs, prompt_logprobs)
                 if launch.routing is not None:
                     watch.moe_route(index, launch)
             tokens, ends = self._append_tokens(batch, raw)
@@ -418,6 +421,29 @@ class Scheduler:
             holders |= {id(r): r for r in self.in_flight.batch.reqs if not r.released}
         check_integrity(self.cache, self.table, list(holders.values()))
         self.engine.check_ranks()
+
+
+def _give_prompt_logprobs(batch: Batch, launch: Launch) -> list | None:
+    """Each prompt position's log probabilities of this step to its request's
+    `Req.prompt_logprobs` (its prompt's next token's, and the most likely there). Returns, per
+    sampled request, its whole prompt's (None first) where this step ran its prompt's end."""
+    _, _, counts = launch.prompt_logprobs
+    chosen, values, ids = (t.tolist() for t in launch.prompt_logprob_values)
+    at = 0
+    for req, n in zip(batch.reqs, counts.tolist()):
+        if not n:
+            continue
+        top = req.sampling.prompt_logprobs
+        req.prompt_logprobs.extend(
+            (chosen[i], list(zip(ids[i][:top], values[i][:top]))) for i in range(at, at + n)
+        )
+        at += n
+    first = batch.num_decode  # (the sampled requests after the decoding ones ran their prompt)
+    out = [
+        None if i < first or r.prompt_logprobs is None else [None, *r.prompt_logprobs]
+        for i, r in enumerate(batch.sampled_reqs)
+    ]
+    return out if any(e is not None for e in out) else None
 
 
 def _row_logprobs(reqs: list[Req], launch: Launch) -> list | None:

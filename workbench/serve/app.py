@@ -178,6 +178,7 @@ async def _whole(service: "Service", outputs: list[Output], request) -> "dict | 
 async def _choice(service: "Service", output: Output, request) -> "dict | None":
     """One choice, whole, once it has ended; None if the client left first."""
     text, ids, logprobs = [], [], []
+    prompt_ids, prompt_entries = [], []  # with echo: the prompt's, before the completion's
     while True:
         try:
             await asyncio.wait_for(output.wait(), timeout=_POLL_S)
@@ -190,14 +191,17 @@ async def _choice(service: "Service", output: Output, request) -> "dict | None":
         text.append(delta.text)
         ids.extend(delta.token_ids)
         logprobs.extend(delta.logprobs or ())
+        if delta.prompt is not None:
+            prompt_ids, prompt_entries = delta.prompt[0], delta.prompt[1] or []
         if output.stopped:
             service.cancel(output)
         if delta.finish_reason is not None:
             break
     asked = output.logprobs is not None
+    entries = prompt_entries + logprobs if asked else None
     choice = {
         "index": output.index,
-        "logprobs": _logprobs(output, ids, logprobs if asked else None, 0),
+        "logprobs": _logprobs(output, prompt_ids + ids, entries, 0),
         "finish_reason": delta.finish_reason,
     }
     if output.parsed.chat:
@@ -232,7 +236,7 @@ def _usage(outputs: list[Output]) -> dict:
 
 def _chunk(service: "Service", output: Output, delta: Delta, role: bool = False) -> dict:
     parsed = output.parsed
-    logprobs = _logprobs(output, delta.token_ids, delta.logprobs, delta.offset)
+    logprobs = _logprobs(output, *_with_prompt(delta))
     if parsed.chat:
         content = {"role": "assistant", "content": ""} if role else {"content": delta.text}
         choice = {"index": output.index, "delta": content, "logprobs": logprobs}
@@ -252,12 +256,22 @@ def _chunk(service: "Service", output: Output, delta: Delta, role: bool = False)
     }
 
 
+def _with_prompt(delta: Delta) -> tuple[list[int], list | None, int]:
+    """A delta's tokens, their log probability entries and where their texts start, the echoed
+    prompt's first where the delta carries it."""
+    if delta.prompt is None or delta.logprobs is None:
+        return delta.token_ids, delta.logprobs, delta.offset
+    ids, entries = delta.prompt
+    return ids + delta.token_ids, (entries or []) + delta.logprobs, 0
+
+
 def _logprobs(output: Output, ids: list[int], entries: list | None, start: int) -> dict | None:
     """A choice's `logprobs` in OpenAI's form for the tokens `ids` and their `Req.logprobs`
     entries (None: not asked). Chat: a `content` entry per token with its text, log probability,
     UTF-8 bytes and `top_logprobs`; completions: `tokens`, `token_logprobs`, `top_logprobs` (a
     text -> log probability object per token) and `text_offset` (where each token's text starts
-    in the completion's token texts, the first at `start`)."""
+    in the completion's token texts, the first at `start`). An entry is None for an echoed
+    prompt's first token, which has none."""
     if entries is None:
         return None
     name = output.token_text
@@ -280,8 +294,8 @@ def _logprobs(output: Output, ids: list[int], entries: list | None, start: int) 
         start += len(text)
     return {
         "tokens": texts,
-        "token_logprobs": [logprob for logprob, _ in entries],
-        "top_logprobs": [{name(i): v for i, v in top} for _, top in entries],
+        "token_logprobs": [None if e is None else e[0] for e in entries],
+        "top_logprobs": [None if e is None else {name(i): v for i, v in e[1]} for e in entries],
         "text_offset": offsets,
     }
 
@@ -323,8 +337,7 @@ class _Events:
         ids = f',"token_ids":[{",".join(map(str, delta.token_ids))}]' if self.ids else ""
         logprobs = "null"
         if delta.logprobs is not None:
-            entries = _logprobs(self.output, delta.token_ids, delta.logprobs, delta.offset)
-            logprobs = json.dumps(entries)
+            logprobs = json.dumps(_logprobs(self.output, *_with_prompt(delta)))
         return (
             f"{self.head}{json.dumps(delta.text)}{self.close_text}"
             f'"logprobs":{logprobs},"finish_reason":{finish}{ids}}}]}}\n\n'

@@ -74,6 +74,7 @@ class EngineLoop:
         # what the step gave the HTTP process's requests, sent after it
         self._tokens: dict[int, list[int]] = {}
         self._logprobs: dict[int, list] = {}  # of the requests that asked, beside their tokens
+        self._prompt_logprobs: dict[int, list] = {}  # with the first token of those that asked
         self._ends: list[tuple] = []  # (rid, reason, usage, error)
         self._cached: list[tuple[int, int]] = []
         self._refused: dict[str, int] = {}
@@ -235,6 +236,11 @@ class EngineLoop:
                 rid = live.get(uid)
                 if token is not None and rid is not None and entry is not None:
                     self._logprobs.setdefault(rid, []).append(entry)
+        if event.prompt_logprobs is not None:
+            for uid, entries in zip(event.uids, event.prompt_logprobs):
+                rid = live.get(uid)
+                if rid is not None and entries is not None:
+                    self._prompt_logprobs[rid] = entries
 
     def _on_finish(self, event) -> None:
         rid = self.live.pop(event.uid, None)
@@ -282,9 +288,10 @@ class EngineLoop:
             self._step_s,
             time.perf_counter(),  # sent: the HTTP process times its delivery from here
             list(self._logprobs.items()),
+            list(self._prompt_logprobs.items()),
         )
         self._tokens, self._ends, self._cached, self._refused, self._step_s = {}, [], [], {}, []
-        self._logprobs = {}
+        self._logprobs, self._prompt_logprobs = {}, {}
         self._sent_queue_len = self.queue_len
         try:
             if self.conn is not None:

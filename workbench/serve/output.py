@@ -19,6 +19,9 @@ class Delta(NamedTuple):
     # the characters of the token texts before them (completions' `text_offset`)
     logprobs: list | None = None
     offset: int = 0
+    # with echo, the first delta of a choice: (the prompt's ids, their log probability entries,
+    # None first; None when not asked), given before `token_ids` in its `logprobs`
+    prompt: tuple[list[int], list | None] | None = None
 
 
 class Output:
@@ -41,6 +44,8 @@ class Output:
         self._taken = 0
         # beside `tokens`, when the request asked for them (`SamplingParams.logprobs`)
         self.logprobs: list | None = None if parsed.sampling.logprobs is None else []
+        # with echo and logprobs: the prompt's (None first), as its first token comes
+        self.prompt_logprobs: list | None = None
         self._sent_logprobs: list = []
         self._text = ""  # text not sent yet (held back for a stop string)
         self._sent_ids: list[int] = []
@@ -53,6 +58,9 @@ class Output:
         self._decoder = Decoder(tokenizer, vocab)
         self._offset = 0  # characters of the token texts taken (`Delta.offset`)
         self._stop_hold = max((len(s) for s in parsed.stop), default=1) - 1
+        self._echoed = parsed.echo is None  # the prompt sent (or nothing to echo)
+        if not self._echoed and self.logprobs is not None:  # the completion's offsets follow it
+            self._offset = sum(len(self.token_text(t)) for t in parsed.token_ids)
 
     def token_text(self, token: int) -> str:
         """One token's text, as a log probability names it ("" past the tokenizer's vocabulary)."""
@@ -85,7 +93,22 @@ class Output:
         self._wake.clear()
 
     def take(self) -> Delta:
-        """The text and tokens new since the last call, ending before a stop string."""
+        """The text and tokens new since the last call, ending before a stop string; with echo,
+        the first begins with the prompt."""
+        delta = self._take()
+        if self._echoed:
+            return delta
+        self._echoed = True
+        prompt = self.parsed.token_ids, None
+        if self.logprobs is not None:
+            prompt = self.parsed.token_ids, self.echo_logprobs()
+        return delta._replace(text=self.parsed.echo + delta.text, prompt=prompt)
+
+    def echo_logprobs(self) -> list:
+        """The prompt's log probability entries, None first (as many Nones where none came)."""
+        return self.prompt_logprobs or [None] * len(self.parsed.token_ids)
+
+    def _take(self) -> Delta:
         taken, self._taken = self._taken, len(self.tokens)
         new = self.tokens[taken:]
         logprobs = None if self.logprobs is None else self.logprobs[taken : self._taken]

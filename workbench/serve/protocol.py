@@ -3,7 +3,7 @@
 `parse(body, chat, engine)` reads the JSON body of ``POST /v1/completions`` or
 ``/v1/chat/completions`` into a `Parsed` request. Every problem is an `ApiError` (HTTP 400,
 OpenAI's error body) naming the field, the value and what is allowed. Fields that ask for what
-this engine does not do (`best_of` > 1, `echo`, tools, penalties: `_HARMLESS`) are refused, and
+this engine does not do (`best_of` > 1, `suffix`, tools, penalties: `_HARMLESS`) are refused, and
 unknown ones too, as OpenAI's API does; docs/serving.md ("The API") lists what is honoured.
 """
 
@@ -24,7 +24,6 @@ def _none_or(*allowed):
 # fields this engine cannot honour, and the values that ask for nothing (the OpenAI defaults)
 _HARMLESS = {
     "best_of": _none_or(1),
-    "echo": _none_or(False),
     "suffix": _none_or(""),
     "tools": _none_or([]),
     "tool_choice": _none_or("none"),
@@ -55,7 +54,7 @@ _COMMON = {
     *_HARMLESS,
 }
 FIELDS = {
-    False: _COMMON | {"prompt", "logprobs"},
+    False: _COMMON | {"prompt", "logprobs", "echo"},
     True: _COMMON
     | {"messages", "max_completion_tokens", "response_format", "logprobs", "top_logprobs"},
 }
@@ -96,6 +95,7 @@ class Parsed:
     return_token_ids: bool = False
     model: str = ""
     n: int = 1  # choices: one request each in the engine
+    echo: str | None = None  # completions' echo: the prompt's text, which the answer begins with
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -115,7 +115,7 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
         if name in body and not asks_nothing(body[name]):
             raise ApiError(
                 f"{name}={body[name]!r} is not supported by this server (it serves completions "
-                f"without best_of, echo, tools or penalties); leave {name} out",
+                f"without best_of, suffix, tools or penalties); leave {name} out",
                 name,
             )
     if chat and body.get("response_format") not in (None, {"type": "text"}):
@@ -126,7 +126,8 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
         )
     model = _model(body, engine)
     ids = _chat_ids(body, engine) if chat else _prompt_ids(body, engine)
-    sampling = _sampling(body, chat, ids, engine)
+    echo = not chat and _flag(body, "echo")
+    sampling = _sampling(body, chat, ids, engine, echo)
     try:
         engine.check_request(ids, sampling)
     except (TypeError, ValueError) as exc:
@@ -152,6 +153,7 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
         return_token_ids=_flag(body, "return_token_ids"),
         model=model,
         n=_choices(body, engine),
+        echo=_prompt_text(body, engine, ids) if echo else None,
     )
 
 
@@ -240,7 +242,18 @@ def _text(content: Any, where: str) -> str:
     )
 
 
-def _sampling(body: dict, chat: bool, ids: list[int], engine) -> SamplingParams:
+def _prompt_text(body: dict, engine, ids: list[int]) -> str:
+    """The prompt as echoed: its text as sent, or its token ids' text."""
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    known = len(engine.tokenizer)
+    return engine.tokenizer.decode([t for t in ids if t < known], skip_special_tokens=True)
+
+
+def _sampling(body: dict, chat: bool, ids: list[int], engine, echo: bool = False) -> SamplingParams:
     max_tokens = body.get("max_tokens")
     name = "max_tokens"
     if chat and body.get("max_completion_tokens") is not None:
@@ -249,8 +262,11 @@ def _sampling(body: dict, chat: bool, ids: list[int], engine) -> SamplingParams:
         max_tokens, name = body["max_completion_tokens"], "max_completion_tokens"
     if max_tokens is None:  # OpenAI's defaults: 16 for completions, as long as fits for chat
         max_tokens = COMPLETION_MAX_TOKENS if not chat else max(1, engine.room_for(ids))
+    logprobs = _logprobs(body, chat)
     options = {
-        "logprobs": _logprobs(body, chat),
+        "logprobs": logprobs,
+        # echoed with log probabilities: the prompt's too
+        "prompt_logprobs": logprobs if echo else None,
         "max_tokens": max_tokens,
         "temperature": body.get("temperature", 1.0),
         "top_p": body.get("top_p", 1.0),
@@ -259,7 +275,7 @@ def _sampling(body: dict, chat: bool, ids: list[int], engine) -> SamplingParams:
         "ignore_eos": body.get("ignore_eos", False),
     }
     for key, value in options.items():  # None is the default, as OpenAI's clients send it
-        if value is None and key not in ("seed", "logprobs"):
+        if value is None and key not in ("seed", "logprobs", "prompt_logprobs"):
             options[key] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}.get(key, False)
     try:
         return SamplingParams(**options)

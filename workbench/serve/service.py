@@ -117,8 +117,12 @@ class Service:
 
     # -- from the engine: one message a step (on the event loop) -----------------------------
     def deliver(self, message: tuple) -> None:
-        _, tokens, ends, cached, state, refused, step_s, sent, logprobs = message
+        _, tokens, ends, cached, state, refused, step_s, sent, logprobs, prompt_logprobs = message
         logprobs = dict(logprobs)
+        for rid, entries in prompt_logprobs:  # (with the first token, so before it)
+            output = self.outputs.get(rid)
+            if output is not None:
+                output.prompt_logprobs = entries
         now, metrics = time.perf_counter(), self.metrics
         # NOTE: perf_counter is the machine's monotonic clock, the same in both processes
         metrics.delivery.observe(max(now - sent, 0.0))

@@ -46,8 +46,8 @@ class TwinProbe(Probe):
     def before_step(self, index: int) -> None:
         self.timeline.spend(self.costs.between_ms)
 
-    def sample_end(self, step, batch, tokens, started, logprobs=None) -> None:
-        super().sample_end(step, batch, tokens, started, logprobs)
+    def sample_end(self, step, batch, tokens, started, logprobs=None, prompt_logprobs=None) -> None:
+        super().sample_end(step, batch, tokens, started, logprobs, prompt_logprobs)
         self.timeline.collected(self.timeline.pending[id(batch)])
 
     def step_end(self, record: StepRecord) -> None:
