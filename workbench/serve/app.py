@@ -140,7 +140,8 @@ async def _stream(service: "Service", outputs: list[Output]):
             pump.cancel()
         if finished < len(outputs):  # cancelled: the client left
             for output in outputs:
-                service.cancel(output)
+                if not output.done:
+                    service.cancel(output)
 
 
 async def _pump(service: "Service", output: Output, queue: asyncio.Queue) -> None:
@@ -162,7 +163,8 @@ async def _whole(service: "Service", outputs: list[Output], request) -> "dict | 
     choices = await asyncio.gather(*(_choice(service, o, request) for o in outputs))
     if any(choice is None for choice in choices):
         for output in outputs:
-            service.cancel(output)
+            if not output.done:
+                service.cancel(output)
         return None
     first = outputs[0]
     return {
