@@ -317,9 +317,11 @@ def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
         if notebook.startswith("06"):
             _check_summary_06(page, text)
         if notebook.startswith("07"):  # served from the notebook, the dashboard following
-            # (a chat answer, its log probabilities' request, then twelve streamed)
-            assert "12 answers streamed" in text and "'http': 14" in text
+            # (a chat answer, its log probabilities' request, two scored, then twelve streamed)
+            assert "12 answers streamed" in text and "'http': 16" in text
             assert re.search(r"'\s+\d+\.\d%\s+then: '", text), "no log probabilities"
+            scores = re.findall(r"' Paris': log-likelihood (-\d+\.\d+)", text)
+            assert scores, "no score of a continuation"
             status = page.locator(".jp-OutputArea-output .widget-html-content", has_text="step ")
             shown = re.search(r"step (\d+) of (\d+)", status.first.inner_text())
             assert shown and int(shown.group(2)) > 12, status.first.inner_text()
