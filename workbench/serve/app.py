@@ -166,15 +166,7 @@ async def _whole(service: "Service", outputs: list[Output], request) -> "dict | 
             if not output.done:
                 service.cancel(output)
         return None
-    first = outputs[0]
-    return {
-        "id": first.id,
-        "object": "chat.completion" if first.parsed.chat else "text_completion",
-        "created": first.created,
-        "model": first.parsed.model,
-        "choices": choices,
-        "usage": _usage(outputs),
-    }
+    return {**_envelope(outputs[0], chunk=False), "choices": choices, "usage": _usage(outputs)}
 
 
 async def _choice(service: "Service", output: Output, request) -> "dict | None":
@@ -249,13 +241,7 @@ def _chunk(service: "Service", output: Output, delta: Delta, role: bool = False)
         choice["token_ids"] = delta.token_ids
     if delta.finish_reason == "error" and output.error:
         choice["error"] = output.error
-    return {
-        "id": output.id,
-        "object": "chat.completion.chunk" if parsed.chat else "text_completion",
-        "created": output.created,
-        "model": parsed.model,
-        "choices": [choice],
-    }
+    return {**_envelope(output, chunk=True), "choices": [choice]}
 
 
 def _with_prompt(delta: Delta) -> tuple[list[int], list | None, int]:
@@ -303,14 +289,18 @@ def _logprobs(output: Output, ids: list[int], entries: list | None, start: int) 
 
 
 def _usage_chunk(service: "Service", outputs: list[Output]) -> dict:
-    first = outputs[0]
+    return {**_envelope(outputs[0], chunk=True), "choices": [], "usage": _usage(outputs)}
+
+
+def _envelope(output: Output, chunk: bool) -> dict:
+    """A response's (or a streamed chunk's) fields beside its choices: the same for each."""
+    chat = output.parsed.chat
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
     return {
-        "id": first.id,
-        "object": "chat.completion.chunk" if first.parsed.chat else "text_completion",
-        "created": first.created,
-        "model": first.parsed.model,
-        "choices": [],
-        "usage": _usage(outputs),
+        "id": output.id,
+        "object": kind,
+        "created": output.created,
+        "model": output.parsed.model,
     }
 
 
