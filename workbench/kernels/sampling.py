@@ -14,12 +14,12 @@ NUM_WARPS = 8
 
 
 @triton.jit
-def race_columns(logits_row, cols, u, inv_t, greedy, vocab, value, index):
+def race_columns(logits_row, cols, u, inv_t, vocab, value, index):
     """Fold one block of columns (and their uniforms) into the running best per lane."""
     inside = cols < vocab
     x = tl.load(logits_row + cols, mask=inside, other=float("-inf")).to(tl.float32)
     raced = x * inv_t - tl.log(-tl.log(u))  # u == 0 gives -inf: never chosen
-    v = tl.where(inside, tl.where(greedy, x, raced), float("-inf"))
+    v = tl.where(inside, raced, float("-inf"))
     # NOTE: each lane sees its columns in increasing order, and a tie keeps the earlier one
     better = v > value
     return tl.where(better, v, value), tl.where(better, cols, index)
@@ -49,18 +49,25 @@ def race_segments(
     lane = tl.arange(0, QUARTER)
     value = tl.full([QUARTER], float("-inf"), tl.float32)
     index = tl.zeros([QUARTER], tl.int32)
-    for start in tl.static_range(0, SEGMENT, BLOCK):
-        first = segment * SEGMENT + start
-        # one Philox call gives four uniforms: for columns first + lane + k * QUARTER
-        u0, u1, u2, u3 = tl.rand4x(key, first // 4 + lane)
-        cols = first + lane
-        value, index = race_columns(logits_row, cols, u0, inv_t, greedy, vocab, value, index)
-        cols += QUARTER
-        value, index = race_columns(logits_row, cols, u1, inv_t, greedy, vocab, value, index)
-        cols += QUARTER
-        value, index = race_columns(logits_row, cols, u2, inv_t, greedy, vocab, value, index)
-        cols += QUARTER
-        value, index = race_columns(logits_row, cols, u3, inv_t, greedy, vocab, value, index)
+    if greedy:  # the largest logit: no noise to draw (the row's program branches as one)
+        for start in tl.static_range(0, SEGMENT, QUARTER):
+            cols = segment * SEGMENT + start + lane
+            x = tl.load(logits_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            better = x > value  # (increasing columns in each lane: a tie keeps the earlier)
+            value, index = tl.where(better, x, value), tl.where(better, cols, index)
+    else:
+        for start in tl.static_range(0, SEGMENT, BLOCK):
+            first = segment * SEGMENT + start
+            # one Philox call gives four uniforms: for columns first + lane + k * QUARTER
+            u0, u1, u2, u3 = tl.rand4x(key, first // 4 + lane)
+            cols = first + lane
+            value, index = race_columns(logits_row, cols, u0, inv_t, vocab, value, index)
+            cols += QUARTER
+            value, index = race_columns(logits_row, cols, u1, inv_t, vocab, value, index)
+            cols += QUARTER
+            value, index = race_columns(logits_row, cols, u2, inv_t, vocab, value, index)
+            cols += QUARTER
+            value, index = race_columns(logits_row, cols, u3, inv_t, vocab, value, index)
     top = tl.max(value, 0)
     first_col = tl.min(tl.where(value == top, index, 2**31 - 1), 0)  # smallest column
     tl.store(best_value + row * num_segments + segment, top)
