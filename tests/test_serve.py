@@ -242,6 +242,42 @@ def test_n_choices_are_each_a_request_sampled_with_its_own_seed(served):
         wb.resume()
 
 
+def test_a_list_of_prompts_gives_each_its_choices_in_order(served):
+    """Completions' `prompt` as a list (text and token ids mixed, as an evaluation harness
+    batches them) with n=2: choice 2p + j is prompt p sampled with seed + j, as `LLM.generate`
+    gives it, whole and streamed, each echoing its own prompt; usage counts each prompt once."""
+    wb, server, client = served
+    prompts = [PROMPTS[0], wb.llm.encode(PROMPTS[1]), PROMPTS[2]]
+    ids = [wb.llm.encode(p) if isinstance(p, str) else p for p in prompts]
+    sampled = dict(max_tokens=5, temperature=1.0, ignore_eos=True)
+    llm = LLM(MODEL, max_running_reqs=8, max_extend_tokens=64)
+    try:
+        want = [
+            llm.generate([p], SamplingParams(seed=3 + j, **sampled))[0]["text"]
+            for p in ids
+            for j in range(2)
+        ]
+    finally:
+        llm.close()
+    texts = [p if isinstance(p, str) else wb.llm.decode(p) for p in prompts]
+    body = dict(max_tokens=5, temperature=1.0, seed=3, n=2, echo=True)
+    whole = client.completions.create(
+        model=MODEL, prompt=prompts, extra_body={"ignore_eos": True}, **body
+    )
+    assert [c.index for c in whole.choices] == list(range(6))
+    assert [c.text for c in whole.choices] == [texts[i // 2] + w for i, w in enumerate(want)]
+    assert whole.usage.prompt_tokens == sum(map(len, ids))
+    assert whole.usage.completion_tokens == 30
+    chunks = client.completions.create(
+        model=MODEL, prompt=prompts, stream=True, extra_body={"ignore_eos": True}, **body
+    )
+    streamed = [""] * 6
+    for chunk in chunks:
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == [c.text for c in whole.choices]
+
+
 def test_echo_gives_the_prompt_and_its_log_probabilities_as_an_evaluation_harness_asks(served):
     """Completions' `echo` (with `logprobs`, as lm-eval's local-completions scores a
     continuation: token ids in, max_tokens 1): the text begins with the prompt, and `logprobs`
@@ -425,7 +461,8 @@ BAD = [
     ({"model": MODEL, "prompt": "hi", "frobnicate": True}, "frobnicate"),
     ({"model": "gpt-4", "prompt": "hi"}, "model"),
     ({"model": MODEL, "prompt": [1, 2, 10**9]}, "prompt"),
-    ({"model": MODEL, "prompt": ["a", "b"]}, "prompt"),
+    ({"model": MODEL, "prompt": ["a", [1, "b"]]}, "prompt"),
+    ({"model": MODEL, "prompt": ["a", ""]}, "prompt"),
 ]
 BAD_CHAT = [
     ({"model": MODEL, "messages": []}, "messages"),

@@ -211,9 +211,11 @@ async def _choice(service: "Service", output: Output, request) -> "dict | None":
 
 def _usage(outputs: list[Output]) -> dict:
     """The engine's counts, or where a stop string ended a choice's text, its tokens up to it.
-    The prompt counts once however many choices (`n`) share it, as OpenAI counts it, with the
+    Each prompt counts once however many choices (`n`) share it, as OpenAI counts it, with its
     first choice's tokens found in the prefix cache."""
-    prompt = len(outputs[0].parsed.token_ids)
+    n = outputs[0].parsed.n
+    firsts = outputs[::n]
+    prompt = sum(len(output.prompt_ids) for output in firsts)
     completion = 0
     for output in outputs:
         if output.usage is not None and not output.stopped:
@@ -224,7 +226,7 @@ def _usage(outputs: list[Output]) -> dict:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": outputs[0].cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": sum(o.cached_tokens for o in firsts)},
     }
 
 

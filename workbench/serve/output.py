@@ -28,9 +28,19 @@ class Output:
     """One request's output, filled on the event loop from the engine's messages."""
 
     def __init__(
-        self, parsed: Parsed, arrived: float, tokenizer, vocab: int, interval: int = 1
+        self,
+        parsed: Parsed,
+        arrived: float,
+        tokenizer,
+        vocab: int,
+        interval: int = 1,
+        prompt: list[int] | None = None,
+        echo: str | None = None,
     ) -> None:
+        """`prompt` and `echo`: its prompt's (None: the request's first, `parsed.token_ids`)."""
         self.parsed = parsed
+        self.prompt_ids = parsed.token_ids if prompt is None else prompt
+        self.echo = parsed.echo if prompt is None else echo
         self.interval = interval  # tokens that wake the response (`stream_interval`)
         self.arrived = arrived  # time.perf_counter()
         self.created = int(time.time())
@@ -58,9 +68,9 @@ class Output:
         self._decoder = Decoder(tokenizer, vocab)
         self._offset = 0  # characters of the token texts taken (`Delta.offset`)
         self._stop_hold = max((len(s) for s in parsed.stop), default=1) - 1
-        self._echoed = parsed.echo is None  # the prompt sent (or nothing to echo)
+        self._echoed = self.echo is None  # the prompt sent (or nothing to echo)
         if not self._echoed and self.logprobs is not None:  # the completion's offsets follow it
-            self._offset = sum(len(self.token_text(t)) for t in parsed.token_ids)
+            self._offset = sum(len(self.token_text(t)) for t in self.prompt_ids)
 
     def token_text(self, token: int) -> str:
         """One token's text, as a log probability names it ("" past the tokenizer's vocabulary)."""
@@ -99,14 +109,14 @@ class Output:
         if self._echoed:
             return delta
         self._echoed = True
-        prompt = self.parsed.token_ids, None
+        prompt = self.prompt_ids, None
         if self.logprobs is not None:
-            prompt = self.parsed.token_ids, self.echo_logprobs()
-        return delta._replace(text=self.parsed.echo + delta.text, prompt=prompt)
+            prompt = self.prompt_ids, self.echo_logprobs()
+        return delta._replace(text=self.echo + delta.text, prompt=prompt)
 
     def echo_logprobs(self) -> list:
         """The prompt's log probability entries, None first (as many Nones where none came)."""
-        return self.prompt_logprobs or [None] * len(self.parsed.token_ids)
+        return self.prompt_logprobs or [None] * len(self.prompt_ids)
 
     def _take(self) -> Delta:
         taken, self._taken = self._taken, len(self.tokens)

@@ -87,16 +87,23 @@ class Parsed:
     """One checked request."""
 
     chat: bool
-    token_ids: list[int]
+    token_ids: list[int]  # the prompt (of several, completions' first)
     sampling: SamplingParams
     stream: bool = False
     include_usage: bool = False
     stop: tuple[str, ...] = ()
     return_token_ids: bool = False
     model: str = ""
-    n: int = 1  # choices: one request each in the engine
+    n: int = 1  # choices a prompt: one request each in the engine
     echo: str | None = None  # completions' echo: the prompt's text, which the answer begins with
+    # completions' further prompts (a list of them), each with its echo as above
+    more: tuple[tuple[list[int], str | None], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompts(self) -> list[tuple[list[int], str | None]]:
+        """Every prompt and its echo, in the order of the choices (`n` each)."""
+        return [(self.token_ids, self.echo), *self.more]
 
 
 def parse(body: Any, chat: bool, engine) -> Parsed:
@@ -125,14 +132,23 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
             "response_format",
         )
     model = _model(body, engine)
-    ids = _chat_ids(body, engine) if chat else _prompt_ids(body, engine)
+    prompts = [_chat_ids(body, engine)] if chat else _prompt_ids(body, engine)
+    ids = prompts[0]
     echo = not chat and _flag(body, "echo")
     sampling = _sampling(body, chat, ids, engine, echo)
-    try:
-        engine.check_request(ids, sampling)
-    except (TypeError, ValueError) as exc:
-        field_name = "max_tokens" if "max_tokens" in str(exc) else "messages" if chat else "prompt"
-        raise ApiError(str(exc), field_name) from None
+    for i, prompt in enumerate(prompts):
+        try:
+            engine.check_request(prompt, sampling)
+        except (TypeError, ValueError) as exc:
+            message = str(exc)
+            if "max_tokens" in message:
+                field_name = "max_tokens"
+            else:
+                field_name = "messages" if chat else "prompt"
+            if len(prompts) > 1:
+                message = f"prompt[{i}]: {message}"
+            raise ApiError(message, field_name) from None
+    n = _choices(body, engine, len(prompts))
     stream = _flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
@@ -152,8 +168,12 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
         stop=_stop(body),
         return_token_ids=_flag(body, "return_token_ids"),
         model=model,
-        n=_choices(body, engine),
-        echo=_prompt_text(body, engine, ids) if echo else None,
+        n=n,
+        echo=_prompt_text(body, engine, ids, 0) if echo else None,
+        more=tuple(
+            (prompt, _prompt_text(body, engine, prompt, i) if echo else None)
+            for i, prompt in enumerate(prompts[1:], 1)
+        ),
     )
 
 
@@ -167,31 +187,37 @@ def _model(body: dict, engine) -> str:
     return model
 
 
-def _prompt_ids(body: dict, engine) -> list[int]:
-    if "prompt" not in body:
-        raise ApiError("prompt is required: a string or a list of token ids", "prompt")
+def _prompts(body: dict) -> list:
+    """The prompts as sent: one (a string or a list of token ids), or a list of them."""
     prompt = body["prompt"]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        if len(prompt) > 1:
+        return prompt
+    return [prompt]
+
+
+def _prompt_ids(body: dict, engine) -> list[list[int]]:
+    """Each prompt's token ids: a prompt is a string or a list of token ids, and completions
+    take a list of prompts too (their choices in that order)."""
+    if "prompt" not in body:
+        raise ApiError("prompt is required: a string or a list of token ids", "prompt")
+    prompts = _prompts(body)
+    out = []
+    for i, prompt in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if (
+            not isinstance(prompt, str | list)
+            or isinstance(prompt, list)
+            and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
             raise ApiError(
-                f"prompt is a list of {len(prompt)} prompts: send one prompt per request (a "
-                "string or a list of token ids)",
+                f"{where} must be a string or a list of token ids (integers), got {prompt!r:.80}",
                 "prompt",
             )
-        prompt = prompt[0]
-    if (
-        not isinstance(prompt, str | list)
-        or isinstance(prompt, list)
-        and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        raise ApiError(
-            f"prompt must be a string or a list of token ids (integers), got {prompt!r:.80}",
-            "prompt",
-        )
-    try:
-        return engine.encode(prompt)
-    except (TypeError, ValueError) as exc:
-        raise ApiError(str(exc).replace("prompt 0", "prompt"), "prompt") from None
+        try:
+            out.append(engine.encode(prompt))
+        except (TypeError, ValueError) as exc:
+            raise ApiError(str(exc).replace("prompt 0", where), "prompt") from None
+    return out
 
 
 def _chat_ids(body: dict, engine) -> list[int]:
@@ -242,11 +268,9 @@ def _text(content: Any, where: str) -> str:
     )
 
 
-def _prompt_text(body: dict, engine, ids: list[int]) -> str:
-    """The prompt as echoed: its text as sent, or its token ids' text."""
-    prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
+def _prompt_text(body: dict, engine, ids: list[int], index: int) -> str:
+    """The prompt `index` as echoed: its text as sent, or its token ids' text."""
+    prompt = _prompts(body)[index]
     if isinstance(prompt, str):
         return prompt
     known = len(engine.tokenizer)
@@ -289,16 +313,22 @@ def _sampling(body: dict, chat: bool, ids: list[int], engine, echo: bool = False
         raise ApiError(message, param) from None
 
 
-def _choices(body: dict, engine) -> int:
-    """`n`: how many choices, each its own request in the engine, so at most as many as the
-    server queues."""
-    n = body.get("n")
-    if n is None:
-        return 1
-    most = min(MAX_CHOICES, engine.limits.max_queued)
+def _choices(body: dict, engine, prompts: int = 1) -> int:
+    """`n`: how many choices a prompt, each its own request in the engine, so at most as many in
+    all as the server queues."""
+    n = body.get("n", 1)
+    n = 1 if n is None else n
+    queued = engine.limits.max_queued
+    most = min(MAX_CHOICES, queued)
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= most:
         why = "" if most == MAX_CHOICES else f" (--max-queued-requests {most})"
         raise ApiError(f"n must be an integer in [1, {most}]{why}, got {n!r:.40}", "n")
+    if n * prompts > queued:
+        raise ApiError(
+            f"{prompts} prompts of n={n} choices are {n * prompts} requests, more than this "
+            f"server queues (--max-queued-requests {queued})",
+            "n" if n > 1 else "prompt",
+        )
     return n
 
 

@@ -67,19 +67,20 @@ class Service:
         return min(self.limits.max_seq_len, self.limits.kv_capacity) - len(ids)
 
     def accept(self, parsed: Parsed) -> list[Output]:
-        """Send a checked request to the engine, as one request per choice (`n`); a 503 when
-        stopping or when the queue has no room for all of them. With a `seed`, choice i samples
-        with seed + i: each is reproducible, and they differ."""
+        """Send a checked request to the engine, as one request per choice (`n` a prompt, the
+        prompts in order); a 503 when stopping or when the queue has no room for all of them.
+        With a `seed`, a prompt's choice i samples with seed + i: each is reproducible, and a
+        prompt's choices differ."""
         if not self.serving:
             raise ApiError("the server is stopping", status=503)
         waiting = self.engine_waiting + self._unseen
-        most, n = self.limits.max_queued, parsed.n
+        most, n = self.limits.max_queued, parsed.n * len(parsed.prompts)
         if waiting + n > most:
             if n == 1:
                 message = f"{waiting} requests are waiting, the most this server queues"
             else:
                 message = (
-                    f"{waiting} requests are waiting, and this request's n={n} choices would "
+                    f"{waiting} requests are waiting, and this request's {n} choices would "
                     f"make {waiting + n}, more than this server queues"
                 )
             raise ApiError(f"{message} (--max-queued-requests {most}); retry later", status=503)
@@ -90,17 +91,21 @@ class Service:
         if not self._adds:
             asyncio.get_running_loop().call_soon(self._send_adds)
         outputs = []
-        for index in range(parsed.n):
-            output = Output(parsed, received, self.tokenizer, self.limits.vocab_size, interval)
+        for index in range(n):
+            prompt, echo = parsed.prompts[index // parsed.n]
+            choice = index % parsed.n
+            output = Output(
+                parsed, received, self.tokenizer, self.limits.vocab_size, interval, prompt, echo
+            )
             output.id, output.index = response_id, index
             rid = output.rid = next(self._ids)
             self.outputs[rid] = output
             sampling = parsed.sampling
-            if index and sampling.seed is not None:
-                sampling = dataclasses.replace(sampling, seed=(sampling.seed + index) % 2**63)
-            self._adds.append((rid, parsed.token_ids, sampling, received))
+            if choice and sampling.seed is not None:
+                sampling = dataclasses.replace(sampling, seed=(sampling.seed + choice) % 2**63)
+            self._adds.append((rid, prompt, sampling, received))
             outputs.append(output)
-        self._unseen += parsed.n
+        self._unseen += n
         return outputs
 
     def _send_adds(self) -> None:
