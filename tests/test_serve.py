@@ -363,6 +363,8 @@ def test_a_shared_prefix_is_reported_as_cached_tokens(served):
 
 
 def test_stop_strings_end_the_text_before_them(served):
+    """Whole and streamed, the text ends before the stop string, and the engine stops there
+    too: the tokens after it are not computed (a whole answer's too), nor reported or counted."""
     wb, server, client = served
     (want,) = reference([PROMPTS[4]], 16)
     stop = want["text"][5:8]
@@ -370,6 +372,28 @@ def test_stop_strings_end_the_text_before_them(served):
     got = client.completions.create(model=MODEL, prompt=PROMPTS[4], stop=[stop], **greedy(16))
     assert got.choices[0].text == want["text"][: want["text"].index(stop)]
     assert got.choices[0].finish_reason == "stop"
+    (long,) = reference([PROMPTS[4]], 400)
+    body = dict(model=MODEL, prompt=PROMPTS[4], stop=[stop], logprobs=0, **greedy(400))
+    # up to the token whose text reached the stop string, not the 400 asked for
+    reached = next(i for i in range(1, 401) if stop in wb.llm.decode(long["token_ids"][:i]))
+    for stream in (False, True):
+        usage = {"stream_options": {"include_usage": True}} if stream else {}
+        answer = client.completions.create(stream=stream, **usage, **body)
+        if stream:
+            chunks = list(answer)
+            choices, counted = [c.choices[0] for c in chunks if c.choices], chunks[-1].usage
+        else:
+            choices, counted = answer.choices, answer.usage
+        ids = [t for c in choices for t in c.model_extra["token_ids"]]
+        assert "".join(c.text for c in choices) == long["text"][: long["text"].index(stop)]
+        assert ids == long["token_ids"][:reached]
+        assert sum(len(c.logprobs.tokens) for c in choices) == reached
+        assert counted.completion_tokens == reached
+    deadline = time.monotonic() + 30
+    while server.loop.live and time.monotonic() < deadline:
+        time.sleep(0.02)
+    done = wb.history.requests.tail(2)
+    assert (done.completion_tokens < 400).all(), done
     wb.pause()  # between steps: every stopped request let go of what it held
     try:
         wb.check_integrity()

@@ -210,7 +210,8 @@ async def _choice(service: "Service", output: Output, request) -> "dict | None":
 
 
 def _usage(outputs: list[Output]) -> dict:
-    """The engine's counts, or where a stop string ended a choice's text, its tokens up to it.
+    """The engine's counts, or where a stop string ended a choice's text, its tokens up to the
+    one that reached it.
     Each prompt counts once however many choices (`n`) share it, as OpenAI counts it, with its
     first choice's tokens found in the prefix cache."""
     n = outputs[0].parsed.n
@@ -218,7 +219,9 @@ def _usage(outputs: list[Output]) -> dict:
     prompt = sum(len(output.prompt_ids) for output in firsts)
     completion = 0
     for output in outputs:
-        if output.usage is not None and not output.stopped:
+        if output.answered >= 0:  # a stop string: the tokens up to it
+            completion += output.answered
+        elif output.usage is not None:
             completion += output.usage["completion_tokens"]
         else:
             completion += len(output.tokens)

@@ -49,6 +49,7 @@ class Output:
         self.rid = -1  # set by the service; the engine's messages name it
         self.cancelled = False  # the client left, or a stop string ended it: abort it
         self.stopped = False  # a stop string ended it before the engine did
+        self.answered = -1  # with a stop string reached: the tokens up to it (-1: not reached)
         self.cached_tokens = 0
         self.tokens: list[int] = []
         self._taken = 0
@@ -125,16 +126,21 @@ class Output:
         if not self.parsed.stop:
             text = self._decoder.add(new)
             return Delta(text, new, self.finish_reason, *self._offsets(logprobs, new))
-        self._sent_ids.extend(new)
-        if logprobs is not None:
-            self._sent_logprobs.extend(logprobs)
-        self._text += self._decoder.add(new)
         finish = self.finish_reason
-        cut = _first_stop(self._text, self.parsed.stop)
-        if cut is not None:
-            self._text, finish = self._text[:cut], "stop"
-            if self.finish_reason is None:
-                self.finish_reason, self.stopped = "stop", True
+        # NOTE: token by token: the tokens after the one whose text reached a stop string (the
+        # engine may have run on while this waited) are not the answer's
+        for i, token in enumerate(new):
+            self._sent_ids.append(token)
+            if logprobs is not None:
+                self._sent_logprobs.append(logprobs[i])
+            self._text += self._decoder.add([token])
+            cut = _first_stop(self._text, self.parsed.stop)
+            if cut is not None:
+                self._text, finish = self._text[:cut], "stop"
+                if self.finish_reason is None:
+                    self.finish_reason, self.stopped = "stop", True
+                self.answered = taken + i + 1
+                break
         held = 0 if finish is not None else min(self._stop_hold, len(self._text))
         text = self._text[: len(self._text) - held]
         self._text = self._text[len(text) :]

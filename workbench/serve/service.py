@@ -85,7 +85,9 @@ class Service:
                 )
             raise ApiError(f"{message} (--max-queued-requests {most}); retry later", status=503)
         received = time.perf_counter()
-        interval = self.limits.stream_interval if parsed.stream else 1 << 30
+        # NOTE: a whole answer wakes at its end, or with a stop string at each token: the
+        # engine lets go of it once its text reaches one, as a stream's does
+        interval = self.limits.stream_interval if parsed.stream else 1 if parsed.stop else 1 << 30
         response_id = ("chatcmpl-" if parsed.chat else "cmpl-") + uuid.uuid4().hex[:24]
         # NOTE: one message per turn of the event loop, not one per client
         if not self._adds:
