@@ -100,25 +100,14 @@ class Sampler:
         if len(rows) < logits.shape[0]:
             index = to_device(rows, self.device)
             logits, tokens = logits[index], tokens[index]
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        chosen = logprobs.gather(1, tokens.long()[:, None])[:, 0]
-        values, ids = logprobs.topk(top, dim=-1)
-        return tuple(to_host(t) for t in (chosen, values, ids))
+        return _log_softmax_at(logits, tokens.long(), top)
 
     def prompt_logprobs(
         self, logits: torch.Tensor, targets: np.ndarray, top: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """As `logprobs`, for prompt positions: the log-softmax of each row at its `targets`
-        token (the prompt's next) and its `top` largest, `PROMPT_SLICE` rows at a time (a
-        float32 copy of them all could be gigabytes)."""
-        targets_t = to_device(targets, self.device)
-        out = []
-        for start in range(0, logits.shape[0], PROMPT_SLICE):
-            rows = torch.log_softmax(logits[start : start + PROMPT_SLICE].float(), dim=-1)
-            chosen = rows.gather(1, targets_t[start : start + PROMPT_SLICE, None])[:, 0]
-            values, ids = rows.topk(top, dim=-1)
-            out.append((chosen, values, ids))
-        return tuple(to_host(torch.cat(parts)) for parts in zip(*out))
+        """As `logprobs`, for prompt positions: each row's at its `targets` token (the
+        prompt's next)."""
+        return _log_softmax_at(logits, to_device(targets, self.device), top)
 
     def prepare(self, reqs: list[Req], device_lens: np.ndarray | None = None) -> SamplingArgs:
         """The sampling of `reqs`, whose forward has run. `device_lens`: theirs, if at hand."""
@@ -249,3 +238,18 @@ def philox_keys(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
     x ^= x >> _S31
     x >>= _S1
     return x.view(np.int64)
+
+
+def _log_softmax_at(
+    logits: torch.Tensor, targets: torch.Tensor, top: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The log-softmax of each row of `logits` in float32 at its `targets` column (int64) and its
+    `top` largest (values and columns), enqueued to the host; `PROMPT_SLICE` rows at a time (a
+    float32 copy of a prompt's every position could be gigabytes)."""
+    out = []
+    for start in range(0, logits.shape[0], PROMPT_SLICE):
+        rows = torch.log_softmax(logits[start : start + PROMPT_SLICE].float(), dim=-1)
+        chosen = rows.gather(1, targets[start : start + PROMPT_SLICE, None])[:, 0]
+        values, ids = rows.topk(top, dim=-1)
+        out.append((chosen, values, ids))
+    return tuple(to_host(torch.cat(parts)) for parts in zip(*out))

@@ -434,9 +434,7 @@ def _give_prompt_logprobs(batch: Batch, launch: Launch) -> list | None:
         if not n:
             continue
         top = req.sampling.prompt_logprobs
-        req.prompt_logprobs.extend(
-            (chosen[i], list(zip(ids[i][:top], values[i][:top]))) for i in range(at, at + n)
-        )
+        req.prompt_logprobs.extend(_entry(chosen, values, ids, i, top) for i in range(at, at + n))
         at += n
     first = batch.num_decode  # (the sampled requests after the decoding ones ran their prompt)
     out = [
@@ -455,6 +453,10 @@ def _row_logprobs(reqs: list[Req], launch: Launch) -> list | None:
     chosen, values, ids = (t.tolist() for t in launch.logprob_values)
     out: list = [None] * len(reqs)
     for j, i in enumerate(rows.tolist()):
-        top = reqs[i].sampling.logprobs
-        out[i] = (chosen[j], list(zip(ids[j][:top], values[j][:top])))
+        out[i] = _entry(chosen, values, ids, j, reqs[i].sampling.logprobs)
     return out
+
+
+def _entry(chosen: list, values: list, ids: list, i: int, top: int) -> tuple:
+    """Row `i`'s log probability entry: its token's, and the `top` most likely as (id, value)."""
+    return chosen[i], list(zip(ids[i][:top], values[i][:top]))

@@ -177,7 +177,7 @@ async def _choice(service: "Service", output: Output, request) -> "dict | None":
         try:
             await asyncio.wait_for(output.wait(), timeout=_POLL_S)
         except asyncio.TimeoutError:
-            if output.cancelled or await request.is_disconnected():
+            if await request.is_disconnected():
                 service.cancel(output)
                 return None
             continue
