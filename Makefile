@@ -29,8 +29,10 @@ test: $(STAMP) chromium
 	$(PY) -m ruff check workbench tests benchmarks
 	$(PY) -m ruff format --check workbench tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache  # the layers of ARCHITECTURE.md (pyproject.toml)
-	# two processes, one per core (each test takes one thread); the browser tests on one of them
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	# two processes, one per core (each test takes one thread), a module's tests in one of them:
+	# its fixtures (JupyterLab and the browser, a server, an interpreted kernel) start once.
+	# NOTE: not `--dist loadgroup`: under pytest 9.2 it no longer groups (pytest-xdist#1386)
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ""

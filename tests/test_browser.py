@@ -33,8 +33,8 @@ BROWSER_ARGS = [
     "--no-first-run",
 ]
 
-# one browser and one JupyterLab at a time, on one worker of the parallel suite
-pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser")]
+# one browser and one JupyterLab at a time: `make test` keeps a module on one worker
+pytestmark = pytest.mark.browser
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 

@@ -21,9 +21,6 @@ from workbench.viz.charts import BY_NAME
 
 from .conftest import greedy
 
-# one worker runs them all (`make test`'s xdist): one engine for the module, built once
-pytestmark = pytest.mark.xdist_group("tp_timeline")
-
 MODEL = "tiny-qwen3"  # 3 layers: 7 all-reduces a step (embedding, then o and down per layer)
 PROMPTS = [[5, 17, 33, 2, 91, 4, 4, 8, 120, 7], [9, 9, 9, 14], list(range(100, 121))]
 FORWARD_OPS = {"aten::mm", "aten::scaled_dot_product_attention", "gloo:all_reduce"}
