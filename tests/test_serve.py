@@ -346,6 +346,69 @@ def test_echo_gives_the_prompt_and_its_log_probabilities_as_an_evaluation_harnes
         wb.resume()
 
 
+def test_max_tokens_0_with_echo_scores_the_prompt_and_generates_nothing(served):
+    """`max_tokens: 0` with `echo` (as older harnesses score a text): the prompt's text and its
+    tokens' log probabilities, `LLM.generate`'s `prompt_logprobs`, and no token of the
+    engine's: `finish_reason` "length", no completion tokens; whole, streamed, several prompts
+    and choices alike. Without echo, 0 is a 400 that says so."""
+    wb, server, client = served
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    ids = [wb.llm.encode(p) for p in prompts]
+    llm = LLM(MODEL, max_running_reqs=8, max_extend_tokens=64)
+    try:
+        want = llm.generate(ids, SamplingParams(max_tokens=1, prompt_logprobs=3))
+    finally:
+        llm.close()
+    text_of = lambda t: wb.llm.tokenizer.decode([t])  # noqa: E731
+    whole = client.completions.create(
+        model=MODEL, prompt=prompts[0], echo=True, logprobs=3, max_tokens=0
+    )
+    (choice,) = whole.choices
+    assert choice.text == prompts[0] and choice.finish_reason == "length"
+    assert choice.logprobs.tokens == [text_of(t) for t in ids[0]]
+    assert choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(
+        [lp for lp, _ in want[0]["prompt_logprobs"][1:]], abs=1e-5
+    )
+    assert whole.usage.prompt_tokens == len(ids[0]) and whole.usage.completion_tokens == 0
+
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=prompts[0], echo=True, logprobs=3, max_tokens=0, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks) == prompts[0]
+    streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert streamed == choice.logprobs.tokens
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+    # token ids, two prompts, two choices each: every choice its prompt's, and nothing more
+    body = {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 1, "n": 2}
+    scored = httpx.post(server.url + "/completions", json=body, timeout=60).json()
+    assert [c["index"] for c in scored["choices"]] == [0, 1, 2, 3]
+    for c in scored["choices"]:
+        p = c["index"] // 2
+        assert c["logprobs"]["tokens"] == [text_of(t) for t in ids[p]]
+        assert c["logprobs"]["token_logprobs"][1:] == pytest.approx(
+            [lp for lp, _ in want[p]["prompt_logprobs"][1:]], abs=1e-5
+        )
+    usage = scored["usage"]
+    assert usage["prompt_tokens"] == usage["total_tokens"] == len(ids[0]) + len(ids[1])
+    assert usage["completion_tokens"] == 0
+
+    refused = httpx.post(
+        server.url + "/completions", json={"prompt": prompts[0], "max_tokens": 0}, timeout=30
+    )
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["param"] == "max_tokens"
+    assert "echo" in error["message"], error["message"]
+    wb.pause()
+    try:
+        wb.check_integrity()
+    finally:
+        wb.resume()
+
+
 def test_a_shared_prefix_is_reported_as_cached_tokens(served):
     wb, server, client = served
     prefix = "Zanzibar " + " ".join(["The scheduler admits requests under a token budget."] * 6)

@@ -41,6 +41,7 @@ class Output:
         self.parsed = parsed
         self.prompt_ids = parsed.token_ids if prompt is None else prompt
         self.echo = parsed.echo if prompt is None else echo
+        self.echo_only = parsed.echo_only  # the prompt alone: the engine's one token left out
         self.interval = interval  # tokens that wake the response (`stream_interval`)
         self.arrived = arrived  # time.perf_counter()
         self.created = int(time.time())
@@ -78,6 +79,8 @@ class Output:
         return self._decoder.token_text(token)
 
     def push(self, tokens: list[int], at: float, logprobs: list | None = None) -> None:
+        if self.echo_only:
+            tokens, logprobs = [], None
         self.tokens.extend(tokens)
         if self.logprobs is not None and logprobs is not None:
             self.logprobs.extend(logprobs)
@@ -87,6 +90,8 @@ class Output:
             self._wake.set()
 
     def end(self, reason: str, usage: dict, error: str | None = None) -> None:
+        if self.echo_only and reason in ("stop", "length"):  # asked for no tokens, given none
+            reason, usage = "length", {**usage, "completion_tokens": 0}
         if self.finish_reason is None:
             self.finish_reason, self.usage, self.error = reason, usage, error
         self._wake.set()

@@ -96,6 +96,9 @@ class Parsed:
     model: str = ""
     n: int = 1  # choices a prompt: one request each in the engine
     echo: str | None = None  # completions' echo: the prompt's text, which the answer begins with
+    # completions' max_tokens 0 with echo: the prompt scored and nothing generated (the engine
+    # samples one token, which the answer leaves out)
+    echo_only: bool = False
     # completions' further prompts (a list of them), each with its echo as above
     more: tuple[tuple[list[int], str | None], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
@@ -135,7 +138,8 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
     prompts = [_chat_ids(body, engine)] if chat else _prompt_ids(body, engine)
     ids = prompts[0]
     echo = not chat and _flag(body, "echo")
-    sampling = _sampling(body, chat, ids, engine, echo)
+    echo_only = echo and _is_zero(body.get("max_tokens"))
+    sampling = _sampling(body, chat, ids, engine, echo, echo_only)
     for i, prompt in enumerate(prompts):
         try:
             engine.check_request(prompt, sampling)
@@ -170,6 +174,7 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
         model=model,
         n=n,
         echo=_prompt_text(body, engine, ids, 0) if echo else None,
+        echo_only=echo_only,
         more=tuple(
             (prompt, _prompt_text(body, engine, prompt, i) if echo else None)
             for i, prompt in enumerate(prompts[1:], 1)
@@ -277,8 +282,14 @@ def _prompt_text(body: dict, engine, ids: list[int], index: int) -> str:
     return engine.tokenizer.decode([t for t in ids if t < known], skip_special_tokens=True)
 
 
-def _sampling(body: dict, chat: bool, ids: list[int], engine, echo: bool = False) -> SamplingParams:
-    max_tokens = body.get("max_tokens")
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value == 0
+
+
+def _sampling(
+    body: dict, chat: bool, ids: list[int], engine, echo: bool = False, echo_only: bool = False
+) -> SamplingParams:
+    max_tokens = 1 if echo_only else body.get("max_tokens")
     name = "max_tokens"
     if chat and body.get("max_completion_tokens") is not None:
         if max_tokens is not None:
@@ -310,6 +321,8 @@ def _sampling(body: dict, chat: bool, ids: list[int], engine, echo: bool = False
         )
         if param == "max_tokens":
             param, message = name, message.replace("max_tokens", name, 1)
+            if not chat and _is_zero(max_tokens):
+                message += " (0 only with echo: the prompt scored, nothing generated)"
         raise ApiError(message, param) from None
 
 
