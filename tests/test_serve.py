@@ -409,6 +409,49 @@ def test_max_tokens_0_with_echo_scores_the_prompt_and_generates_nothing(served):
         wb.resume()
 
 
+def test_logit_bias_is_the_engines_whole_streamed_and_in_chat(served):
+    """`logit_bias` (token ids as strings) is `SamplingParams.logit_bias`: a completion equals
+    `LLM.generate` with it, whole and streamed; +100 forces a sampled chat answer's every token."""
+    wb, server, client = served
+    prompt = PROMPTS[1]
+    ids = wb.llm.encode(prompt)
+    llm = LLM(MODEL, max_running_reqs=8, max_extend_tokens=64)
+    try:
+        (plain,) = llm.generate([ids], SamplingParams(max_tokens=5, ignore_eos=True))
+        bias = {plain["token_ids"][0]: -100.0, plain["token_ids"][1]: 3.0}
+        asked = SamplingParams(max_tokens=5, ignore_eos=True, logit_bias=bias)
+        (want,) = llm.generate([ids], asked)
+    finally:
+        llm.close()
+    assert want["token_ids"] != plain["token_ids"]
+    sent = {str(t): v for t, v in bias.items()}
+    whole = client.completions.create(model=MODEL, prompt=prompt, logit_bias=sent, **greedy(5))
+    assert whole.choices[0].model_extra["token_ids"] == want["token_ids"]
+    chunks = client.completions.create(
+        model=MODEL, prompt=prompt, logit_bias=sent, stream=True, **greedy(5)
+    )
+    streamed = [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]]
+    assert streamed == want["token_ids"]
+    forced = wb.llm.encode(" yes")[0]
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say no."}],
+        max_tokens=4,
+        temperature=1.0,
+        seed=5,
+        logit_bias={str(forced): 100},
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    assert chat.choices[0].model_extra["token_ids"] == [forced] * 4
+    too_big = httpx.post(
+        server.url + "/completions",
+        json={"prompt": prompt, "logit_bias": {str(wb.llm.engine.model_config.vocab_size): 1}},
+        timeout=30,
+    )
+    assert too_big.status_code == 400 and "vocabulary" in too_big.json()["error"]["message"]
+    assert too_big.json()["error"]["param"] == "logit_bias"
+
+
 def test_a_shared_prefix_is_reported_as_cached_tokens(served):
     wb, server, client = served
     prefix = "Zanzibar " + " ".join(["The scheduler admits requests under a token budget."] * 6)
@@ -550,6 +593,13 @@ BAD = [
     ({"model": MODEL, "prompt": [1, 2, 10**9]}, "prompt"),
     ({"model": MODEL, "prompt": ["a", [1, "b"]]}, "prompt"),
     ({"model": MODEL, "prompt": ["a", ""]}, "prompt"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {"5": "up"}}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {"-2": 1}}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {str(2**40): 1}}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": [5]}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
 ]
 BAD_CHAT = [
     ({"model": MODEL, "messages": []}, "messages"),

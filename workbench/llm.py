@@ -278,8 +278,10 @@ class LLM:
     def check_request(self, token_ids: list[int], sampling: SamplingParams, index: int = 0) -> None:
         """Raise TypeError or ValueError if this request could never run; takes nothing."""
         capacity = self.scheduler.cache.total_size
+        engine = self.engine
+        vocab = engine.model_config.vocab_size
         check_request(
-            token_ids, sampling, index, self.engine.max_seq_len, self.config.page_size, capacity
+            token_ids, sampling, index, engine.max_seq_len, self.config.page_size, capacity, vocab
         )
 
     def add_requests(

@@ -22,8 +22,10 @@ def check_request(
     max_seq_len: int,
     page_size: int,
     capacity: int,
+    vocab_size: int | None = None,
 ) -> None:
-    """Raise TypeError or ValueError if request `index` could never run in this context and pool."""
+    """Raise TypeError or ValueError if request `index` could never run in this context and pool
+    (and, given `vocab_size`, if its `logit_bias` names a token the model does not have)."""
     if not isinstance(sampling, SamplingParams):
         raise TypeError(f"sampling for prompt {index} must be a SamplingParams, got {sampling!r}")
     if not token_ids:
@@ -34,6 +36,12 @@ def check_request(
             f"prompt {index} has {len(token_ids)} tokens; with "
             f"max_tokens={sampling.max_tokens} that is {total}, longer than the context "
             f"of {max_seq_len} tokens"
+        )
+    unknown = [t for t in sampling.logit_bias or () if vocab_size is not None and t >= vocab_size]
+    if unknown:
+        raise ValueError(
+            f"logit_bias of prompt {index} names token {unknown[0]}, outside this model's "
+            f"vocabulary [0, {vocab_size})"
         )
     need = ceil_page(total, page_size)
     if need > capacity:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 MIN_TEMPERATURE = 1e-5  # logits / temperature must stay finite in float32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 MAX_LOGPROBS = 20  # most likely tokens a position reports at most (OpenAI's top_logprobs bound)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound of a logit_bias value
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,10 @@ class SamplingParams:
     # the `prompt_logprobs` most likely tokens there; None: none. Every prompt position is
     # computed: the request takes nothing from the prefix cache
     prompt_logprobs: int | None = None
+    # token id -> a number in [-100, 100] added to that token's logit before it is picked (as
+    # OpenAI's `logit_bias`: -100 bans it, 100 all but forces it); log probabilities stay the
+    # model's own. None: no bias
+    logit_bias: Mapping[int, float] | None = None
 
     def __post_init__(self) -> None:
         from .. import validate as V
@@ -59,6 +65,7 @@ class SamplingParams:
             prompt_logprobs=V.optional_integer(
                 "prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS
             ),
+            logit_bias=_logit_bias(self.logit_bias),
         )
         for name, value in checked.items():  # plain Python values (numpy ints become ints)
             object.__setattr__(self, name, value)
@@ -66,6 +73,21 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+
+def _logit_bias(value) -> dict[int, float] | None:
+    """A copy as {token id: bias} (None for none); token ids are checked against a model's
+    vocabulary when a request is made (`LLM.check_request`)."""
+    from .. import validate as V
+
+    if value is None:
+        return None
+    bias = V.mapping("logit_bias", value)
+    checked = {}
+    for token, number in bias.items():
+        token = V.integer("logit_bias's token ids", token, 0)
+        checked[token] = V.real(f"logit_bias[{token}]", number, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+    return checked or None
 
 
 def sampling_batch(

@@ -25,6 +25,9 @@ class SamplingArgs:
     top_p: torch.Tensor | None = None
     seeded: list[tuple[int, int]] | None = None  # (row, generator key)
     keys: torch.Tensor | None = None  # [batch] Philox keys; set when the fused kernel samples
+    # `SamplingParams.logit_bias` of the rows with one: (rows, token ids, biases), added to the
+    # logits before anything else (int64, int64, float32 [entries]); None: no row has one
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class _Rows(NamedTuple):
@@ -44,6 +47,7 @@ class _Rows(NamedTuple):
     rows: np.ndarray
     logprob_rows: np.ndarray | None  # the rows that report log probabilities; None: none
     top_logprobs: int  # the most likely tokens the most of them asks for
+    bias: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # as `SamplingArgs.bias`, on the host
 
 
 class Sampler:
@@ -80,8 +84,15 @@ class Sampler:
             rows=np.arange(len(reqs), dtype=np.uint64),
             logprob_rows=np.array(wants, dtype=np.int64) if wants else None,
             top_logprobs=max((params[i].logprobs for i in wants), default=0),
+            bias=_bias_entries(params),
         )
         return self._rows
+
+    def _bias(self, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if rows.bias is None:
+            return None
+        at, tokens, values = send_arrays(list(rows.bias), self.device)
+        return at, tokens, values
 
     def logprob_rows(self, reqs: list[Req]) -> tuple[np.ndarray, int] | None:
         """The rows of `reqs` that report log probabilities, and the most likely tokens the
@@ -115,7 +126,7 @@ class Sampler:
             return SamplingArgs(all_greedy=True)
         rows = self._rows_of(reqs)
         if rows.all_greedy:
-            return SamplingArgs(all_greedy=True)
+            return SamplingArgs(all_greedy=True, bias=self._bias(rows))
         if device_lens is None:
             device_lens = np.array([r.device_len for r in reqs], dtype=np.int64)
         # NOTE: keyed by the sampled token's index, which the device side knows (overlap)
@@ -125,6 +136,7 @@ class Sampler:
         dev = self.device
         args = SamplingArgs(
             all_greedy=False,
+            bias=self._bias(rows),
             greedy=to_device(rows.greedy, dev, torch.bool) if rows.greedy.any() else None,
             temperatures=to_device(
                 np.where(rows.greedy, np.float32(1.0), rows.temperatures), dev, torch.float32
@@ -146,7 +158,7 @@ class Sampler:
         if not self.fused:
             return None
         rows = self._rows_of(reqs)
-        if rows.top_k is not None or rows.top_p is not None:
+        if rows.top_k is not None or rows.top_p is not None or rows.bias is not None:
             return None
         if rows.all_greedy:  # a plain argmax: no key needed
             return rows.temperatures, np.zeros(len(reqs), dtype=np.int64)
@@ -165,10 +177,15 @@ class Sampler:
         temperatures, keys = send_arrays(
             [rows.temperatures, self._keys(rows, outputs)], self.device
         )
-        return SamplingArgs(all_greedy=False, temperatures=temperatures, keys=keys)
+        return SamplingArgs(
+            all_greedy=False, temperatures=temperatures, keys=keys, bias=self._bias(rows)
+        )
 
     def sample(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
         """logits [batch, vocab] -> token ids [batch] int32."""
+        if args.bias is not None:  # (a new tensor: the caller's logits give log probabilities)
+            at, tokens, values = args.bias
+            logits = logits.index_put((at, tokens), values.to(logits.dtype), accumulate=True)
         if args.all_greedy:
             return logits.argmax(-1).to(torch.int32)
         if args.keys is not None:
@@ -191,6 +208,23 @@ class Sampler:
             gen = torch.Generator(logits.device).manual_seed(key)
             noise[row] = _exponential(logits.shape[1:], gen, logits.device)
         return logits.sub_(noise.log_()).argmax(-1)
+
+
+def _bias_entries(params: list) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every row's `logit_bias` as (rows, token ids, biases); None when no row has one."""
+    entries = [
+        (row, token, value)
+        for row, p in enumerate(params)
+        for token, value in (p.logit_bias or {}).items()
+    ]
+    if not entries:
+        return None
+    at, tokens, values = zip(*entries)
+    return (
+        np.array(at, dtype=np.int64),
+        np.array(tokens, dtype=np.int64),
+        np.array(values, dtype=np.float32),
+    )
 
 
 def _mask_top_k_top_p(

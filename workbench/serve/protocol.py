@@ -29,7 +29,6 @@ _HARMLESS = {
     "tool_choice": _none_or("none"),
     "functions": _none_or([]),
     "function_call": _none_or("none"),
-    "logit_bias": _none_or({}),
     "presence_penalty": _none_or(0, 0.0),
     "frequency_penalty": _none_or(0, 0.0),
     "repetition_penalty": _none_or(1, 1.0),
@@ -49,6 +48,7 @@ _COMMON = {
     "stream",
     "stream_options",
     "return_token_ids",
+    "logit_bias",
     "user",
     "metadata",
     *_HARMLESS,
@@ -147,6 +147,8 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
             message = str(exc)
             if "max_tokens" in message:
                 field_name = "max_tokens"
+            elif message.startswith("logit_bias"):
+                field_name = "logit_bias"
             else:
                 field_name = "messages" if chat else "prompt"
             if len(prompts) > 1:
@@ -308,9 +310,10 @@ def _sampling(
         "top_k": body.get("top_k", -1),
         "seed": body.get("seed"),
         "ignore_eos": body.get("ignore_eos", False),
+        "logit_bias": _logit_bias(body.get("logit_bias")),
     }
     for key, value in options.items():  # None is the default, as OpenAI's clients send it
-        if value is None and key not in ("seed", "logprobs", "prompt_logprobs"):
+        if value is None and key not in ("seed", "logprobs", "prompt_logprobs", "logit_bias"):
             options[key] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}.get(key, False)
     try:
         return SamplingParams(**options)
@@ -324,6 +327,26 @@ def _sampling(
             if not chat and _is_zero(max_tokens):
                 message += " (0 only with echo: the prompt scored, nothing generated)"
         raise ApiError(message, param) from None
+
+
+def _logit_bias(value: Any) -> Any:
+    """OpenAI's `logit_bias` (token ids as the JSON object's keys, strings) with integer keys;
+    its values are checked by `SamplingParams`."""
+    if not isinstance(value, dict):
+        return value  # (None, or what SamplingParams refuses)
+    bias = {}
+    for key, bias_value in value.items():
+        try:
+            token = int(key) if isinstance(key, str) and key.isascii() else None
+        except ValueError:
+            token = None
+        if token is None:
+            raise ApiError(
+                f"logit_bias's keys must be token ids (integers as strings), got {key!r:.40}",
+                "logit_bias",
+            )
+        bias[token] = bias_value
+    return bias
 
 
 def _choices(body: dict, engine, prompts: int = 1) -> int:

@@ -60,7 +60,15 @@ class Service:
 
     def check_request(self, ids: list[int], sampling: SamplingParams) -> None:
         limits = self.limits
-        check_request(ids, sampling, 0, limits.max_seq_len, limits.page_size, limits.kv_capacity)
+        check_request(
+            ids,
+            sampling,
+            0,
+            limits.max_seq_len,
+            limits.page_size,
+            limits.kv_capacity,
+            limits.vocab_size,
+        )
 
     def room_for(self, ids: list[int]) -> int:
         """The most tokens a request of this prompt may ask for: the context, and the KV pool."""
