@@ -31,8 +31,8 @@ class SamplingParams:
     # computed: the request takes nothing from the prefix cache
     prompt_logprobs: int | None = None
     # token id -> a number in [-100, 100] added to that token's logit before it is picked (as
-    # OpenAI's `logit_bias`: -100 bans it, 100 all but forces it); log probabilities stay the
-    # model's own. None: no bias
+    # OpenAI's `logit_bias`: -100 all but bans it, 100 all but forces it, unless logits differ
+    # by more); log probabilities stay the model's own. None: no bias
     logit_bias: Mapping[int, float] | None = None
 
     def __post_init__(self) -> None:
