@@ -452,6 +452,39 @@ def test_logit_bias_is_the_engines_whole_streamed_and_in_chat(served):
     assert too_big.json()["error"]["param"] == "logit_bias"
 
 
+def test_penalties_are_the_engines(served):
+    """`presence_penalty`, `frequency_penalty` (OpenAI's) and `repetition_penalty` (vLLM's
+    extra) are `SamplingParams`' own: a completion and a chat answer equal `LLM.generate` with
+    them on the same ids."""
+    wb, server, client = served
+    prompt = PROMPTS[0]
+    ids = wb.llm.encode(prompt)
+    penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.3}
+    llm = LLM(MODEL, max_running_reqs=8, max_extend_tokens=64)
+    try:
+        (plain,) = llm.generate([ids], SamplingParams(max_tokens=12, ignore_eos=True))
+        asked = SamplingParams(max_tokens=12, ignore_eos=True, **penalties)
+        (want,) = llm.generate([ids], asked)
+    finally:
+        llm.close()
+    assert want["token_ids"] != plain["token_ids"]
+    extra = {"ignore_eos": True, "return_token_ids": True, "repetition_penalty": 1.3}
+    whole = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        presence_penalty=1.5,
+        frequency_penalty=0.5,
+        extra_body=extra,
+    )
+    assert whole.choices[0].model_extra["token_ids"] == want["token_ids"]
+    defaults = client.completions.create(
+        model=MODEL, prompt=prompt, presence_penalty=0, frequency_penalty=0, **greedy(12)
+    )
+    assert defaults.choices[0].model_extra["token_ids"] == plain["token_ids"]
+
+
 def test_a_shared_prefix_is_reported_as_cached_tokens(served):
     wb, server, client = served
     prefix = "Zanzibar " + " ".join(["The scheduler admits requests under a token budget."] * 6)
@@ -599,7 +632,9 @@ BAD = [
     ({"model": MODEL, "prompt": "hi", "logit_bias": {"-2": 1}}, "logit_bias"),
     ({"model": MODEL, "prompt": "hi", "logit_bias": {str(2**40): 1}}, "logit_bias"),
     ({"model": MODEL, "prompt": "hi", "logit_bias": [5]}, "logit_bias"),
-    ({"model": MODEL, "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": MODEL, "prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
+    ({"model": MODEL, "prompt": "hi", "frequency_penalty": "high"}, "frequency_penalty"),
+    ({"model": MODEL, "prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
 ]
 BAD_CHAT = [
     ({"model": MODEL, "messages": []}, "messages"),

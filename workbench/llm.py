@@ -281,7 +281,14 @@ class LLM:
         engine = self.engine
         vocab = engine.model_config.vocab_size
         check_request(
-            token_ids, sampling, index, engine.max_seq_len, self.config.page_size, capacity, vocab
+            token_ids,
+            sampling,
+            index,
+            engine.max_seq_len,
+            self.config.page_size,
+            capacity,
+            vocab,
+            engine.tp.size,
         )
 
     def add_requests(

@@ -23,6 +23,7 @@ def check_request(
     page_size: int,
     capacity: int,
     vocab_size: int | None = None,
+    tp_size: int = 1,
 ) -> None:
     """Raise TypeError or ValueError if request `index` could never run in this context and pool
     (and, given `vocab_size`, if its `logit_bias` names a token the model does not have)."""
@@ -42,6 +43,13 @@ def check_request(
         raise ValueError(
             f"logit_bias of prompt {index} names token {unknown[0]}, outside this model's "
             f"vocabulary [0, {vocab_size})"
+        )
+    if sampling.penalized and tp_size > 1:
+        # NOTE: the other ranks lack the prompt tokens a step takes from the prefix cache
+        raise ValueError(
+            f"presence_penalty, frequency_penalty and repetition_penalty (prompt {index}) are "
+            f"not supported with tensor parallelism (tp_size {tp_size}); leave them at 0, 0 "
+            "and 1"
         )
     need = ceil_page(total, page_size)
     if need > capacity:

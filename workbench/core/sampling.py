@@ -11,6 +11,8 @@ MIN_TEMPERATURE = 1e-5  # logits / temperature must stay finite in float32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 MAX_LOGPROBS = 20  # most likely tokens a position reports at most (OpenAI's top_logprobs bound)
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound of a logit_bias value
+MAX_PENALTY = 2.0  # OpenAI's bound of presence_penalty and frequency_penalty (either sign)
+MAX_REPETITION_PENALTY = 100.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,14 @@ class SamplingParams:
     # OpenAI's `logit_bias`: -100 all but bans it, 100 all but forces it, unless logits differ
     # by more); log probabilities stay the model's own. None: no bias
     logit_bias: Mapping[int, float] | None = None
+    # OpenAI's penalties on the tokens generated so far, subtracted from their logits before a
+    # token is picked: `presence_penalty` once for each token that has appeared,
+    # `frequency_penalty` once for each time it has (both in [-2, 2]); and Hugging Face's
+    # `repetition_penalty` on every token of the prompt and the output, a logit divided by it
+    # where positive and multiplied where not (1: none)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         from .. import validate as V
@@ -66,6 +76,19 @@ class SamplingParams:
                 "prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS
             ),
             logit_bias=_logit_bias(self.logit_bias),
+            presence_penalty=V.real(
+                "presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY
+            ),
+            frequency_penalty=V.real(
+                "frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY
+            ),
+            repetition_penalty=V.real(
+                "repetition_penalty",
+                self.repetition_penalty,
+                0.0,
+                MAX_REPETITION_PENALTY,
+                low_open=True,
+            ),
         )
         for name, value in checked.items():  # plain Python values (numpy ints become ints)
             object.__setattr__(self, name, value)
@@ -73,6 +96,13 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty depends on the tokens so far."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
 
 
 def _logit_bias(value) -> dict[int, float] | None:

@@ -22,7 +22,13 @@ from ..models.decoder import check_tp_size
 from ..models.weights import build_model
 from ..profiling import release_cupti_at_stop
 from .graph import GraphRunner, Shape
-from .inputs import fill_inputs, prompt_logprob_rows, prompt_tokens, write_prompts
+from .inputs import (
+    fill_inputs,
+    prompt_logprob_rows,
+    prompt_tokens,
+    write_penalized_prefixes,
+    write_prompts,
+)
 from .memory import check_weights_fit, out_of_memory, pages_from_memory
 from .placement import check_gpus, num_devices, rank_device, use_cpu_threads
 from .ranks import Ranks
@@ -81,7 +87,11 @@ class Engine:
             shape = (len(self.moe_layers), model_cfg.num_experts)
             self.ctx.routing = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self.sampler = Sampler(
-            model_cfg.vocab_size, self.device, config.seed, fused=config.fused_sampling_enabled
+            model_cfg.vocab_size,
+            self.device,
+            config.seed,
+            fused=config.fused_sampling_enabled,
+            token_pool=self.table.token_pool,
         )
         if self.device.type == "cuda":
             self._token_host = [
@@ -181,6 +191,8 @@ class Engine:
             table.sync_device()
         if prompt_ids is None and batch.num_decode < batch.size:
             prompt_ids = prompt_tokens(batch)
+        if batch.num_decode < batch.size:
+            write_penalized_prefixes(batch, table)
         # NOTE: a step that computes prompt log probabilities runs eagerly (more rows of logits)
         extra = prompt_logprob_rows(batch)
         runner, shape = self._runner_for(batch) if extra is None else (None, None)

@@ -80,6 +80,30 @@ def write_prompts(batch: Batch, table: TableManager, prompt_ids: np.ndarray) -> 
     table.token_pool[rows_t, positions_t] = ids.to(torch.int32)
 
 
+def write_penalized_prefixes(batch: Batch, table: TableManager) -> None:
+    """The tokens before a prompt step's first (a prefix taken from the cache, or computed
+    before a retraction) to the token pool, for the requests whose penalties count their tokens
+    there (`SamplingParams.penalized`): a step writes only the tokens it computes."""
+    rows, cached, _ = batch.ledger
+    first = batch.num_decode
+    picks = [
+        i for i in range(first, batch.size) if cached[i] > 0 and batch.reqs[i].sampling.penalized
+    ]
+    if not picks:
+        return
+    ends = cached[picks]
+    ids = np.concatenate(
+        [
+            np.asarray(batch.reqs[i].token_ids[:c], dtype=np.int64)
+            for i, c in zip(picks, ends.tolist())
+        ]
+    )
+    positions = ranges(np.zeros(len(picks), dtype=np.int64), ends)
+    token_rows = np.repeat(rows[picks], ends)
+    rows_t, positions_t, ids_t = to_device_many([token_rows, positions, ids], table.device)
+    table.token_pool[rows_t, positions_t] = ids_t.to(torch.int32)
+
+
 def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """``concatenate([arange(a, b) for a, b in zip(starts, ends)])`` in whole-array steps."""
     lens = ends - starts

@@ -28,6 +28,23 @@ class SamplingArgs:
     # `SamplingParams.logit_bias` of the rows with one: (rows, token ids, biases), added to the
     # logits before anything else (int64, int64, float32 [entries]); None: no row has one
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # the penalized rows (`SamplingParams.penalized`): applied before the bias (`Penalties`)
+    penalties: Penalties | None = None
+
+
+class Penalties(NamedTuple):
+    """The penalized rows of a batch: which rows, their requests' rows of the token pool and
+    where their outputs start and their tokens end there (the device knows them all by the time
+    it samples, overlap or not), and their penalties (float32)."""
+
+    rows: torch.Tensor  # int64 [k]
+    table_rows: torch.Tensor  # int64 [k]
+    prompt_lens: torch.Tensor  # int64 [k]
+    ends: torch.Tensor  # int64 [k]: tokens before the one sampled
+    presence: torch.Tensor
+    frequency: torch.Tensor
+    repetition: torch.Tensor
+    span: int  # the largest end (read on the host, so no step waits for it)
 
 
 class _Rows(NamedTuple):
@@ -48,11 +65,22 @@ class _Rows(NamedTuple):
     logprob_rows: np.ndarray | None  # the rows that report log probabilities; None: none
     top_logprobs: int  # the most likely tokens the most of them asks for
     bias: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # as `SamplingArgs.bias`, on the host
+    penalized: np.ndarray | None  # the rows with a penalty; None: none
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device, seed: int, fused: bool = False):
+    def __init__(
+        self,
+        vocab_size: int,
+        device: torch.device,
+        seed: int,
+        fused: bool = False,
+        token_pool: torch.Tensor | None = None,
+    ):
+        """`token_pool`: the request table's tokens (`TableManager.token_pool`), which
+        penalties count."""
         self.vocab_size, self.device = vocab_size, device
+        self.token_pool = token_pool
         self.seed = seed
         self.generator = torch.Generator(device).manual_seed(seed)
         self.fused = fused  # the one-pass Triton kernel, for batches without top-k / top-p
@@ -69,6 +97,7 @@ class Sampler:
         seeded = np.array([p.seed is not None for p in params], dtype=bool) & ~greedy
         seeds = np.array([(p.seed or 0) % 2**64 for p in params], dtype=np.uint64)
         wants = [i for i, p in enumerate(params) if p.logprobs is not None]
+        penalized = np.flatnonzero([p.penalized for p in params])
         self._rows = _Rows(
             reqs=list(reqs),
             all_greedy=bool(greedy.all()),
@@ -85,8 +114,31 @@ class Sampler:
             logprob_rows=np.array(wants, dtype=np.int64) if wants else None,
             top_logprobs=max((params[i].logprobs for i in wants), default=0),
             bias=_bias_entries(params),
+            penalized=penalized if len(penalized) else None,
         )
         return self._rows
+
+    def _penalties(self, rows: _Rows, device_lens: np.ndarray) -> Penalties | None:
+        at = rows.penalized
+        if at is None:
+            return None
+        if self.token_pool is None:
+            raise RuntimeError("penalties need the sampler's token_pool")
+        params = [rows.reqs[i].sampling for i in at]
+        ends = device_lens[at].astype(np.int64) - 1
+        tensors = send_arrays(
+            [
+                at.astype(np.int64),
+                np.array([rows.reqs[i].table_idx for i in at], dtype=np.int64),
+                rows.prompt_lens[at],
+                ends,
+                np.array([p.presence_penalty for p in params], dtype=np.float32),
+                np.array([p.frequency_penalty for p in params], dtype=np.float32),
+                np.array([p.repetition_penalty for p in params], dtype=np.float32),
+            ],
+            self.device,
+        )
+        return Penalties(*tensors, span=int(ends.max()))
 
     def _bias(self, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         if rows.bias is None:
@@ -125,18 +177,20 @@ class Sampler:
         if not reqs:
             return SamplingArgs(all_greedy=True)
         rows = self._rows_of(reqs)
-        if rows.all_greedy:
-            return SamplingArgs(all_greedy=True, bias=self._bias(rows))
         if device_lens is None:
             device_lens = np.array([r.device_len for r in reqs], dtype=np.int64)
+        penalties = self._penalties(rows, device_lens)
+        if rows.all_greedy:
+            return SamplingArgs(all_greedy=True, bias=self._bias(rows), penalties=penalties)
         # NOTE: keyed by the sampled token's index, which the device side knows (overlap)
         outputs = device_lens - 1 - rows.prompt_lens
         if self.fused and rows.top_k is None and rows.top_p is None:
-            return self._prepare_fused(rows, outputs)
+            return self._prepare_fused(rows, outputs, penalties)
         dev = self.device
         args = SamplingArgs(
             all_greedy=False,
             bias=self._bias(rows),
+            penalties=penalties,
             greedy=to_device(rows.greedy, dev, torch.bool) if rows.greedy.any() else None,
             temperatures=to_device(
                 np.where(rows.greedy, np.float32(1.0), rows.temperatures), dev, torch.float32
@@ -158,7 +212,9 @@ class Sampler:
         if not self.fused:
             return None
         rows = self._rows_of(reqs)
-        if rows.top_k is not None or rows.top_p is not None or rows.bias is not None:
+        if rows.top_k is not None or rows.top_p is not None:
+            return None
+        if rows.bias is not None or rows.penalized is not None:
             return None
         if rows.all_greedy:  # a plain argmax: no key needed
             return rows.temperatures, np.zeros(len(reqs), dtype=np.int64)
@@ -173,17 +229,26 @@ class Sampler:
             counters[rows.seeded] = outputs[rows.seeded].astype(np.uint64)
         return philox_keys(rows.key_seeds, counters)
 
-    def _prepare_fused(self, rows: _Rows, outputs: np.ndarray) -> SamplingArgs:
+    def _prepare_fused(
+        self, rows: _Rows, outputs: np.ndarray, penalties: Penalties | None
+    ) -> SamplingArgs:
         temperatures, keys = send_arrays(
             [rows.temperatures, self._keys(rows, outputs)], self.device
         )
         return SamplingArgs(
-            all_greedy=False, temperatures=temperatures, keys=keys, bias=self._bias(rows)
+            all_greedy=False,
+            temperatures=temperatures,
+            keys=keys,
+            bias=self._bias(rows),
+            penalties=penalties,
         )
 
     def sample(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
         """logits [batch, vocab] -> token ids [batch] int32."""
-        if args.bias is not None:  # (a new tensor: the caller's logits give log probabilities)
+        # NOTE: new tensors from here: the caller's logits give the log probabilities
+        if args.penalties is not None:
+            logits = _penalize(logits, args.penalties, self.token_pool)
+        if args.bias is not None:
             at, tokens, values = args.bias
             logits = logits.index_put((at, tokens), values.to(logits.dtype), accumulate=True)
         if args.all_greedy:
@@ -208,6 +273,25 @@ class Sampler:
             gen = torch.Generator(logits.device).manual_seed(key)
             noise[row] = _exponential(logits.shape[1:], gen, logits.device)
         return logits.sub_(noise.log_()).argmax(-1)
+
+
+def _penalize(logits: torch.Tensor, p: Penalties, token_pool: torch.Tensor) -> torch.Tensor:
+    """`logits` with the penalized rows' penalties applied (a new tensor), in float32: Hugging
+    Face's repetition penalty over the prompt and output, then OpenAI's frequency and presence
+    penalties over the output, each counted from the token pool."""
+    tokens = token_pool[p.table_rows, : p.span].long()  # [k, span]
+    position = torch.arange(p.span, device=logits.device)[None, :]
+    known = (position < p.ends[:, None]).float()
+    output = known * (position >= p.prompt_lens[:, None])
+    vocab = logits.shape[1]
+    seen = torch.zeros(len(tokens), vocab, device=logits.device).scatter_add_(1, tokens, known)
+    counts = torch.zeros_like(seen).scatter_add_(1, tokens, output)
+    rows = logits[p.rows].float()
+    repetition = p.repetition[:, None]
+    repeated = torch.where(rows > 0, rows / repetition, rows * repetition)
+    rows = torch.where(seen > 0, repeated, rows)
+    rows = rows - p.frequency[:, None] * counts - p.presence[:, None] * (counts > 0)
+    return logits.index_put((p.rows,), rows.to(logits.dtype))
 
 
 def _bias_entries(params: list) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

@@ -3,7 +3,7 @@
 `parse(body, chat, engine)` reads the JSON body of ``POST /v1/completions`` or
 ``/v1/chat/completions`` into a `Parsed` request. Every problem is an `ApiError` (HTTP 400,
 OpenAI's error body) naming the field, the value and what is allowed. Fields that ask for what
-this engine does not do (`best_of` > 1, `suffix`, tools, penalties: `_HARMLESS`) are refused, and
+this engine does not do (`best_of` > 1, `suffix`, tools: `_HARMLESS`) are refused, and
 unknown ones too, as OpenAI's API does; docs/serving.md ("The API") lists what is honoured.
 """
 
@@ -29,9 +29,6 @@ _HARMLESS = {
     "tool_choice": _none_or("none"),
     "functions": _none_or([]),
     "function_call": _none_or("none"),
-    "presence_penalty": _none_or(0, 0.0),
-    "frequency_penalty": _none_or(0, 0.0),
-    "repetition_penalty": _none_or(1, 1.0),
     "min_tokens": _none_or(0),
     "parallel_tool_calls": _none_or(True, False),
 }
@@ -49,6 +46,9 @@ _COMMON = {
     "stream_options",
     "return_token_ids",
     "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
     "user",
     "metadata",
     *_HARMLESS,
@@ -125,7 +125,7 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
         if name in body and not asks_nothing(body[name]):
             raise ApiError(
                 f"{name}={body[name]!r} is not supported by this server (it serves completions "
-                f"without best_of, suffix, tools or penalties); leave {name} out",
+                f"without best_of, suffix or tools); leave {name} out",
                 name,
             )
     if chat and body.get("response_format") not in (None, {"type": "text"}):
@@ -311,10 +311,15 @@ def _sampling(
         "seed": body.get("seed"),
         "ignore_eos": body.get("ignore_eos", False),
         "logit_bias": _logit_bias(body.get("logit_bias")),
+        "presence_penalty": body.get("presence_penalty", 0.0),
+        "frequency_penalty": body.get("frequency_penalty", 0.0),
+        "repetition_penalty": body.get("repetition_penalty", 1.0),
     }
     for key, value in options.items():  # None is the default, as OpenAI's clients send it
         if value is None and key not in ("seed", "logprobs", "prompt_logprobs", "logit_bias"):
-            options[key] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}.get(key, False)
+            defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}
+            defaults |= {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+            options[key] = defaults.get(key, False)
     try:
         return SamplingParams(**options)
     except (TypeError, ValueError) as exc:

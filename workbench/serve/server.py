@@ -55,6 +55,7 @@ class Server:
             host=V.text("host", hostname),
             port=V.integer("port", port, 0, 65535),
             stream_interval=V.integer("stream_interval", stream_interval, 1),
+            tp_size=llm.engine.tp.size,
         )
         self.name, self.hostname, self.port = self.limits.served_name, hostname, port
         self.host = host

@@ -34,6 +34,7 @@ class Limits:
     host: str
     port: int
     stream_interval: int = 1  # tokens a streamed chunk waits for (SGLang's --stream-interval)
+    tp_size: int = 1
 
 
 class Service:
@@ -68,6 +69,7 @@ class Service:
             limits.page_size,
             limits.kv_capacity,
             limits.vocab_size,
+            limits.tp_size,
         )
 
     def room_for(self, ids: list[int]) -> int:
