@@ -143,6 +143,20 @@ def test_every_rank_samples_each_request_as_its_params_say(wb2):
     assert wb2.llm.engine.ranks.requests_known <= len(PROMPTS)  # only the last run's, at most
 
 
+def test_a_bias_reaches_every_rank_and_a_penalty_is_refused_by_name(wb2, expected):
+    """`logit_bias` is sampled alike on both ranks (their token pools agree: `run` checks) and
+    forces its token; a penalty is refused before anything is queued (the other ranks lack a
+    cached prefix's tokens), and the engine serves on."""
+    wb2.reconfigure(policy="prefill_first", max_extend_tokens=8192, overlap=True)
+    forced = SamplingParams(max_tokens=6, ignore_eos=True, logit_bias={77: 100.0})
+    outputs, _ = run(wb2.llm, PROMPTS[:2], [forced, greedy(10)])
+    assert outputs[0]["token_ids"] == [77] * 6 and outputs[1]["token_ids"] == expected[1]
+    with pytest.raises(ValueError, match="presence_penalty.*tensor parallelism"):
+        wb2.llm.generate(PROMPTS[:1], SamplingParams(presence_penalty=1.0))
+    outputs, _ = run(wb2.llm, PROMPTS, greedy(10))
+    assert [o["token_ids"] for o in outputs] == expected
+
+
 def test_the_rank_times_chart_draws_every_ranks_device_time(wb2, tmp_path):
     wb2.reset()
     for p in PROMPTS[:3]:
