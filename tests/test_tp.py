@@ -157,6 +157,26 @@ def test_a_bias_reaches_every_rank_and_a_penalty_is_refused_by_name(wb2, expecte
     assert [o["token_ids"] for o in outputs] == expected
 
 
+def test_a_server_of_two_ranks_answers_and_refuses_a_penalty_by_name(wb2, expected):
+    """Served over HTTP from the two-rank engine: a completion's tokens are Hugging Face's, and a
+    penalty is a 400 naming the field asked (the other ranks lack a cached prefix's tokens)."""
+    import httpx
+
+    wb2.reconfigure(policy="prefill_first", max_extend_tokens=8192, overlap=True)
+    server = wb2.serve(port=0)
+    try:
+        body = {"prompt": PROMPTS[0], "max_tokens": 10, "temperature": 0, "ignore_eos": True}
+        url = server.url + "/completions"
+        answer = httpx.post(url, json=body | {"return_token_ids": True}, timeout=60)
+        assert answer.json()["choices"][0]["token_ids"] == expected[0]
+        refused = httpx.post(url, json=body | {"repetition_penalty": 1.2}, timeout=60)
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and error["param"] == "repetition_penalty", error
+        assert "tensor parallelism" in error["message"]
+    finally:
+        wb2.stop_serving()
+
+
 def test_the_rank_times_chart_draws_every_ranks_device_time(wb2, tmp_path):
     wb2.reset()
     for p in PROMPTS[:3]:

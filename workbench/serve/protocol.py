@@ -32,6 +32,7 @@ _HARMLESS = {
     "min_tokens": _none_or(0),
     "parallel_tool_calls": _none_or(True, False),
 }
+_PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 _COMMON = {
     "model",
     "n",
@@ -149,6 +150,9 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
                 field_name = "max_tokens"
             elif message.startswith("logit_bias"):
                 field_name = "logit_bias"
+            elif message.startswith("presence_penalty"):  # (a server of several ranks)
+                asked = [f for f in _PENALTIES if body.get(f) not in (None, _PENALTIES[f])]
+                field_name = asked[0] if asked else "presence_penalty"
             else:
                 field_name = "messages" if chat else "prompt"
             if len(prompts) > 1:
@@ -311,14 +315,11 @@ def _sampling(
         "seed": body.get("seed"),
         "ignore_eos": body.get("ignore_eos", False),
         "logit_bias": _logit_bias(body.get("logit_bias")),
-        "presence_penalty": body.get("presence_penalty", 0.0),
-        "frequency_penalty": body.get("frequency_penalty", 0.0),
-        "repetition_penalty": body.get("repetition_penalty", 1.0),
+        **{name: body.get(name, default) for name, default in _PENALTIES.items()},
     }
+    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, **_PENALTIES}
     for key, value in options.items():  # None is the default, as OpenAI's clients send it
         if value is None and key not in ("seed", "logprobs", "prompt_logprobs", "logit_bias"):
-            defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}
-            defaults |= {"presence_penalty": 0.0, "frequency_penalty": 0.0}
             options[key] = defaults.get(key, False)
     try:
         return SamplingParams(**options)
