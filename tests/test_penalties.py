@@ -37,13 +37,15 @@ def _hf_openai_penalties(
     ids: tuple[int, ...], presence: float, frequency: float, max_new: int
 ) -> list[int]:
     """Greedy, one Hugging Face forward a token: OpenAI's penalties over the output so far."""
-    model, out = hf_model(MODEL), []
+    model, out, past, step = hf_model(MODEL), [], None, torch.tensor([ids])
     with torch.inference_mode():
         for _ in range(max_new):
-            logits = model(torch.tensor([[*ids, *out]])).logits[0, -1].float()
+            forward = model(step, past_key_values=past, use_cache=True)
+            logits, past = forward.logits[0, -1].float(), forward.past_key_values
             counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=len(logits))
-            logits -= frequency * counts[: len(logits)] + presence * (counts[: len(logits)] > 0)
+            logits -= frequency * counts + presence * (counts > 0)
             out.append(int(logits.argmax()))
+            step = torch.tensor([[out[-1]]])
     return out
 
 
