@@ -1,8 +1,9 @@
 """Penalties on the tokens so far (`SamplingParams.presence_penalty`, `frequency_penalty`,
 `repetition_penalty`), counted on the device from the request's tokens in the table: greedy,
 the repetition penalty equals Hugging Face `generate(repetition_penalty=...)` and OpenAI's
-presence and frequency penalties a step-by-step loop over Hugging Face's forward, token for
-token in float32, under chunked prompts, overlap on and off and beside unpenalized requests."""
+presence and frequency penalties Hugging Face `generate` with a logits processor of them,
+token for token in float32, under chunked prompts, overlap on and off and beside unpenalized
+requests."""
 
 from __future__ import annotations
 
@@ -36,17 +37,27 @@ def _hf_repetition(ids: tuple[int, ...], penalty: float) -> list[int]:
 def _hf_openai_penalties(
     ids: tuple[int, ...], presence: float, frequency: float, max_new: int
 ) -> list[int]:
-    """Greedy, one Hugging Face forward a token: OpenAI's penalties over the output so far."""
-    model, out, past, step = hf_model(MODEL), [], None, torch.tensor([ids])
+    """Hugging Face `generate`, greedy, with OpenAI's penalties over the output so far as a
+    logits processor of its own (Hugging Face has none)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class OpenAIPenalties(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            output = input_ids[:, len(ids) :]
+            counts = torch.zeros_like(scores).scatter_add_(
+                1, output, torch.ones_like(output, dtype=scores.dtype)
+            )
+            return scores - frequency * counts - presence * (counts > 0)
+
     with torch.inference_mode():
-        for _ in range(max_new):
-            forward = model(step, past_key_values=past, use_cache=True)
-            logits, past = forward.logits[0, -1].float(), forward.past_key_values
-            counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=len(logits))
-            logits -= frequency * counts + presence * (counts > 0)
-            out.append(int(logits.argmax()))
-            step = torch.tensor([[out[-1]]])
-    return out
+        out = hf_model(MODEL).generate(
+            torch.tensor([ids]),
+            max_new_tokens=max_new,
+            min_new_tokens=max_new,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([OpenAIPenalties()]),
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def _llm() -> LLM:
@@ -73,7 +84,9 @@ def test_greedy_repetition_penalty_equals_hf(max_extend_tokens, overlap):
 
 
 @pytest.mark.parametrize("max_extend_tokens, overlap", SETTINGS, ids=str)
-def test_greedy_presence_and_frequency_penalties_equal_a_loop_over_hf(max_extend_tokens, overlap):
+def test_greedy_presence_and_frequency_penalties_equal_hf_with_them_as_a_processor(
+    max_extend_tokens, overlap
+):
     llm = _llm()
     llm.reconfigure(max_extend_tokens=max_extend_tokens, overlap=overlap)
     # each changes its prompt's greedy answer within 16 tokens (a negative one favours repeats)
