@@ -51,13 +51,20 @@ def hf_model(name: str):
     return AutoModelForCausalLM.from_pretrained(resolve(name), dtype=torch.float32).eval()
 
 
-@functools.cache
-def _hf_greedy_one(name: str, ids: tuple[int, ...], max_new: int, ignore_eos: bool) -> list[int]:
-    model = hf_model(name)
+def hf_generate(name: str, ids, max_new: int, ignore_eos: bool = True, **options) -> list[int]:
+    """Hugging Face `generate` on one prompt (no padding), greedy, float32: its new tokens;
+    `options`: more of `generate`'s arguments (a repetition penalty, logits processors)."""
     extra = {"min_new_tokens": max_new} if ignore_eos else {}
     with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False, **extra)
+        out = hf_model(name).generate(
+            torch.tensor([list(ids)]), max_new_tokens=max_new, do_sample=False, **extra, **options
+        )
     return out[0, len(ids) :].tolist()
+
+
+@functools.cache
+def _hf_greedy_one(name: str, ids: tuple[int, ...], max_new: int, ignore_eos: bool) -> list[int]:
+    return hf_generate(name, ids, max_new, ignore_eos)
 
 
 def hf_greedy(

@@ -8,11 +8,10 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
 
 from workbench import LLM, SamplingParams
 
-from .conftest import CPU_AND_GPU, PROMPTS, hf_greedy, hf_model, run, shared
+from .conftest import CPU_AND_GPU, PROMPTS, hf_generate, hf_greedy, run, shared
 
 MODEL = "smollm2"
 MAX_NEW = 8
@@ -20,16 +19,8 @@ MAX_NEW = 8
 
 @functools.cache
 def _hf_biased(ids: tuple[int, ...], bias: tuple[tuple[int, float], ...]) -> list[int]:
-    model = hf_model(MODEL)
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([ids]),
-            max_new_tokens=MAX_NEW,
-            min_new_tokens=MAX_NEW,
-            do_sample=False,
-            sequence_bias={(token,): value for token, value in bias},
-        )
-    return out[0, len(ids) :].tolist()
+    sequence_bias = {(token,): value for token, value in bias}
+    return hf_generate(MODEL, ids, MAX_NEW, sequence_bias=sequence_bias)
 
 
 def _biases(llm: LLM, ids: list[list[int]]) -> list[dict[int, float] | None]:

@@ -14,7 +14,7 @@ import torch
 
 from workbench import LLM, SamplingParams
 
-from .conftest import CPU_AND_GPU, PROMPTS, hf_greedy, hf_model, run, shared
+from .conftest import CPU_AND_GPU, PROMPTS, hf_generate, hf_greedy, run, shared
 
 MODEL = "smollm2"
 MAX_NEW = 10
@@ -22,15 +22,7 @@ MAX_NEW = 10
 
 @functools.cache
 def _hf_repetition(ids: tuple[int, ...], penalty: float) -> list[int]:
-    with torch.inference_mode():
-        out = hf_model(MODEL).generate(
-            torch.tensor([ids]),
-            max_new_tokens=MAX_NEW,
-            min_new_tokens=MAX_NEW,
-            do_sample=False,
-            repetition_penalty=penalty,
-        )
-    return out[0, len(ids) :].tolist()
+    return hf_generate(MODEL, ids, MAX_NEW, repetition_penalty=penalty)
 
 
 @functools.cache
@@ -49,15 +41,8 @@ def _hf_openai_penalties(
             )
             return scores - frequency * counts - presence * (counts > 0)
 
-    with torch.inference_mode():
-        out = hf_model(MODEL).generate(
-            torch.tensor([ids]),
-            max_new_tokens=max_new,
-            min_new_tokens=max_new,
-            do_sample=False,
-            logits_processor=LogitsProcessorList([OpenAIPenalties()]),
-        )
-    return out[0, len(ids) :].tolist()
+    processors = LogitsProcessorList([OpenAIPenalties()])
+    return hf_generate(MODEL, ids, max_new, logits_processor=processors)
 
 
 def _llm() -> LLM:

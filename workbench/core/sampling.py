@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -92,10 +92,14 @@ class SamplingParams:
         )
         for name, value in checked.items():  # plain Python values (numpy ints become ints)
             object.__setattr__(self, name, value)
+        # NOTE: read for every request of a batch the sampler has not seen: a plain attribute
+        object.__setattr__(self, "adjusts_logits", self.logit_bias is not None or self.penalized)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    adjusts_logits: bool = field(init=False, repr=False, compare=False)  # a bias or a penalty
 
     @property
     def penalized(self) -> bool:

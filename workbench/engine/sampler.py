@@ -97,7 +97,8 @@ class Sampler:
         seeded = np.array([p.seed is not None for p in params], dtype=bool) & ~greedy
         seeds = np.array([(p.seed or 0) % 2**64 for p in params], dtype=np.uint64)
         wants = [i for i, p in enumerate(params) if p.logprobs is not None]
-        penalized = np.flatnonzero([p.penalized for p in params])
+        adjusted = [i for i, p in enumerate(params) if p.adjusts_logits]
+        penalized = [i for i in adjusted if params[i].penalized]
         self._rows = _Rows(
             reqs=list(reqs),
             all_greedy=bool(greedy.all()),
@@ -113,8 +114,8 @@ class Sampler:
             rows=np.arange(len(reqs), dtype=np.uint64),
             logprob_rows=np.array(wants, dtype=np.int64) if wants else None,
             top_logprobs=max((params[i].logprobs for i in wants), default=0),
-            bias=_bias_entries(params),
-            penalized=penalized if len(penalized) else None,
+            bias=_bias_entries(params, adjusted),
+            penalized=np.array(penalized, dtype=np.int64) if penalized else None,
         )
         return self._rows
 
@@ -294,12 +295,15 @@ def _penalize(logits: torch.Tensor, p: Penalties, token_pool: torch.Tensor) -> t
     return logits.index_put((p.rows,), rows.to(logits.dtype))
 
 
-def _bias_entries(params: list) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Every row's `logit_bias` as (rows, token ids, biases); None when no row has one."""
+def _bias_entries(
+    params: list, rows: list[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The `logit_bias` of `rows` of `params` as (rows, token ids, biases); None when none of
+    them has one."""
     entries = [
         (row, token, value)
-        for row, p in enumerate(params)
-        for token, value in (p.logit_bias or {}).items()
+        for row in rows
+        for token, value in (params[row].logit_bias or {}).items()
     ]
     if not entries:
         return None
