@@ -195,3 +195,60 @@ def test_the_triton_kernel_is_refused_where_flashinfer_does_not_run():
         Workbench("tiny-qwen3", device="cpu", decode_kernel="triton")
     with pytest.raises(ValueError, match="decode_kernel"):
         Workbench("tiny-qwen3", device="cpu", decode_kernel="cutlass")
+
+
+def test_flashinfer_decode_takes_cuda_cores_for_small_batches_of_small_groups():
+    """The FlashInfer backend's decode kernel by batch size: `decode_tensor_cores` True or False
+    decides for every batch; left to the backend, tensor cores for 4 or more query heads a KV
+    head, CUDA cores for one, and for 2 or 3 CUDA cores up to 128 requests."""
+    from workbench.attention.flashinfer_backend import CUDA_CORES_UP_TO, tensor_cores_above
+
+    assert CUDA_CORES_UP_TO == 128
+    for group, asked, above in (
+        (2, None, 128),
+        (3, None, 128),
+        (4, None, 0),
+        (8, None, 0),
+        (1, None, float("inf")),
+        (2, True, 0),
+        (1, True, 0),
+        (8, False, float("inf")),
+    ):
+        assert tensor_cores_above(group, asked) == above, (group, asked)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(
+    "tensor_cores", [None, True, False], ids=["by-batch", "tensor-cores", "cuda-cores"]
+)
+def test_the_engine_answers_the_planted_workload_on_each_flashinfer_decode_kernel(tensor_cores):
+    """FlashInfer's decode on CUDA cores and on tensor cores, in graphs and eagerly: the planted
+    induction model (two query heads a KV head) answers every request with the pattern's
+    continuation, and each wrapper runs on the cores the rule gives its batch size."""
+    from workbench import Workbench
+
+    from .planted import run_workload
+
+    for graphs in (True, False):
+        wb = Workbench(
+            "dummy:qwen3-induction",
+            decode_tensor_cores=tensor_cores,
+            cuda_graph=graphs,
+            num_pages=16384,
+            max_running_reqs=8,
+            cuda_graph_max_bs=8,
+        )
+        try:
+            for chunk, policy, overlap in ((16, "mixed", True), (8192, "prefill_first", False)):
+                counts = run_workload(wb, chunk, policy, overlap, graphs)
+                assert counts["exact"] == counts["outputs"]
+            backend = wb.engine.backend
+            expect = {None: False, True: True, False: False}[tensor_cores]
+            wrappers = list(backend.graphs.wrappers.values()) if graphs else []
+            wrappers += [backend.decode_wrapper(8)]
+            assert [w.use_tensor_cores for w in wrappers] == [expect] * len(wrappers)
+            big = {None: True, True: True, False: False}[tensor_cores]  # above 128 requests
+            assert backend.decode_wrapper(129).use_tensor_cores is big
+        finally:
+            wb.close()

@@ -67,7 +67,9 @@ class EngineConfig:
     fused_kernels: bool | None = None  # FlashInfer norm / rope / SiLU-and-mul; None: if available
     fused_rope: bool | None = None  # q/k norm + RoPE + KV store in one Triton kernel
     fused_sampling: bool | None = None  # one-pass Triton sampling (not for top-k / top-p)
-    decode_tensor_cores: bool | None = None  # FlashInfer decode on tensor cores; None: for GQA
+    # FlashInfer decode on tensor cores; None: by the GQA group and batch size
+    # (attention/flashinfer_backend.py, `tensor_cores_above`)
+    decode_tensor_cores: bool | None = None
     # FlashInfer's KV split in captured decode steps on tensor cores (False: a program per
     # request and KV head, no merge launch; benchmarks/decode_attention.py times both)
     decode_split_kv: bool = True

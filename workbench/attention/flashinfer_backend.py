@@ -42,24 +42,34 @@ class FlashInferBackend(AttentionBackend):
         heads = (num_heads, self.num_kv_heads, head_dim, self.page_size)
         self.planner = Planner(self.staging, self.device, pool.buffer.dtype, heads)
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        # tensor cores from GQA group 2, and fa2: faster kernels (benchmarks/decode_attention.py)
-        gqa = num_heads // self.num_kv_heads >= 2
-        self.use_tensor_cores = gqa if decode_tensor_cores is None else decode_tensor_cores
+        group = num_heads // self.num_kv_heads
+        self.tensor_cores_above = tensor_cores_above(group, decode_tensor_cores)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend="fa2"
         )
-        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend="fa2"
-        )
+        # eager decode steps: a wrapper on CUDA cores and one on tensor cores, made when needed
+        self._decode_wrappers: dict[bool, object] = {}
         self.graphs = GraphWrappers(
             flashinfer,
             self.planner,
             table,
             self.workspace,
-            self.use_tensor_cores,
-            split_kv=decode_split_kv or not self.use_tensor_cores,
+            self.tensor_cores_above,
+            split_kv=decode_split_kv,
             triton_decode=self.triton_decode,
         )
+
+    def decode_wrapper(self, batch_size: int):
+        """The eager decode wrapper for `batch_size` requests (tensor cores above
+        `tensor_cores_above`)."""
+        tensor_cores = batch_size > self.tensor_cores_above
+        if tensor_cores not in self._decode_wrappers:
+            import flashinfer
+
+            self._decode_wrappers[tensor_cores] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=tensor_cores, backend="fa2"
+            )
+        return self._decode_wrappers[tensor_cores]
 
     def _kv_indices(self, rows: np.ndarray, kv: PagedKV) -> torch.Tensor:
         from ..kernels.page_indices import page_indices
@@ -86,8 +96,9 @@ class FlashInferBackend(AttentionBackend):
             self.planner.plan(self.prefill_wrapper, qo_indptr, kv, indices)
             batch.attn_metadata = FlashInferMetadata(self.prefill_wrapper, batch.out_loc)
         else:
-            self.planner.plan(self.decode_wrapper, None, kv, indices)
-            batch.attn_metadata = FlashInferMetadata(self.decode_wrapper, batch.out_loc)
+            wrapper = self.decode_wrapper(len(rows))
+            self.planner.plan(wrapper, None, kv, indices)
+            batch.attn_metadata = FlashInferMetadata(wrapper, batch.out_loc)
 
     def out_loc(self, batch: Batch) -> torch.Tensor:
         return batch.attn_metadata.out_loc  # a graph's static buffer when replayed
@@ -114,3 +125,23 @@ class FlashInferBackend(AttentionBackend):
         shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
         kv = (self.pool.k(layer_id).view(shape), self.pool.v(layer_id).view(shape))
         return meta.wrapper.run(q, kv)
+
+
+# Decode attention on CUDA cores at or below this many requests when the grouped query heads are
+# 2 or 3 a KV head, on tensor cores above: on an H100, dummy Qwen3-0.6B (group 2), CUDA cores
+# took 4-5% off steps of 8 and 64 requests of 500-600 tokens and 2% off nano-vllm's steps of at
+# most 128 requests, but made its larger steps 4% slower (docs/performance.md, "Decode attention
+# in the step").
+CUDA_CORES_UP_TO = 128
+
+
+def tensor_cores_above(group: int, asked: bool | None) -> int | float:
+    """The batch size above which decode attention runs on tensor cores: 0 always, inf never.
+    `asked` (the engine's `decode_tensor_cores`) True or False decides for every batch; None:
+    tensor cores for groups of 4 or more query heads a KV head, CUDA cores for one (MHA), and
+    for 2 or 3 CUDA cores up to `CUDA_CORES_UP_TO` requests."""
+    if asked is not None:
+        return 0 if asked else float("inf")
+    if group >= 4:
+        return 0
+    return CUDA_CORES_UP_TO if group >= 2 else float("inf")

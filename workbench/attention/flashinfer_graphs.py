@@ -47,19 +47,20 @@ class GraphWrappers:
         planner: Planner,
         table: TableManager,
         workspace: torch.Tensor,
-        use_tensor_cores: bool,
+        tensor_cores_above: int | float,
         split_kv: bool = True,
         triton_decode: bool = False,
     ) -> None:
-        """`split_kv` False: decode shapes (on tensor cores) plan without FlashInfer's KV split;
-        `triton_decode`: decode shapes run `kernels/decode_attention.py` (nothing to plan)."""
+        """Decode shapes of more requests than `tensor_cores_above` run on tensor cores, the
+        others on CUDA cores; `split_kv` False: those on tensor cores plan without FlashInfer's
+        KV split; `triton_decode`: decode shapes run `kernels/decode_attention.py` (no plan)."""
         self.flashinfer, self.planner, self.table = flashinfer, planner, table
-        self.workspace, self.use_tensor_cores = workspace, use_tensor_cores
+        self.workspace, self.tensor_cores_above = workspace, tensor_cores_above
         self.triton_decode = triton_decode
-        # NOTE: passed only when off, so the default plans are the calls they always were
-        self._decode_split = {} if split_kv else {"disable_split_kv": True}
+        self.split_kv = split_kv
         self.device, self.page_size = planner.device, planner.page_size
         self.wrappers: dict[int, Any] = {}  # decode: batch size -> wrapper
+        self._decode_options: dict[int, dict] = {}  # decode: batch size -> more plan() arguments
         self._indices: torch.Tensor | None = None
         self._replans: dict[int, Replan | None] = {}
         # prefill and mixed: (tokens, rows) -> its wrapper's planner; the workspaces they share
@@ -94,23 +95,27 @@ class GraphWrappers:
         self, bs: int, out_loc: torch.Tensor, indptr: torch.Tensor, last_page_len: torch.Tensor
     ) -> FlashInferMetadata:
         """A wrapper for decode batches of exactly `bs` requests, planned with dummy requests."""
+        tensor_cores = bs > self.tensor_cores_above
         wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace,
             "NHD",
             use_cuda_graph=True,
-            use_tensor_cores=self.use_tensor_cores,
+            use_tensor_cores=tensor_cores,
             paged_kv_indptr_buffer=indptr,
             paged_kv_indices_buffer=self.indices_buffer(),
             paged_kv_last_page_len_buffer=last_page_len,
             backend="fa2",
         )
         self.wrappers[bs] = wrapper
+        # NOTE: passed only when off (tensor cores only), so the default plans are the calls they
+        # always were
+        no_split = tensor_cores and not self.split_kv
+        self._decode_options[bs] = options = {"disable_split_kv": True} if no_split else {}
         kv_lens = np.ones(bs, dtype=np.int32)
-        split = self._decode_split
-        self.planner.plan(wrapper, None, self.planner.paged(kv_lens), self._indices[:0], **split)
-        known = self.use_tensor_cores  # CUDA-core decode has a planner of its own
-        no_split = bool(split)
-        replan = Replan.of(wrapper, self.planner.heads, bs, bs, False, no_split) if known else None
+        self.planner.plan(wrapper, None, self.planner.paged(kv_lens), self._indices[:0], **options)
+        # CUDA-core decode has a planner of its own, which `Replan` does not know
+        heads = self.planner.heads
+        replan = Replan.of(wrapper, heads, bs, bs, False, no_split) if tensor_cores else None
         self._replans[bs] = replan
         if self._replans[bs] is not None:  # it must plan what plan() planned
             indptr, last = np.empty(bs + 1, np.int32), np.empty(bs, np.int32)
@@ -132,7 +137,7 @@ class GraphWrappers:
                     q_data_type=self.planner.dtype,
                     kv_data_type=self.planner.dtype,
                     seq_lens=kv.seq_lens,
-                    **self._decode_split,
+                    **self._decode_options[bs],
                 )
             else:
                 replan(indptr, kv_lens)
