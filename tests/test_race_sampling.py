@@ -21,8 +21,8 @@ from workbench.kernels.sampling import race_sample
 
 cases = torch.load(sys.argv[1])
 out = {}
-for name, (logits, temperatures, keys) in cases.items():
-    out[name] = race_sample(logits, temperatures, keys, block=256, segment=1024, num_warps=1)
+for name, (logits, temperatures, keys, segment) in cases.items():
+    out[name] = race_sample(logits, temperatures, keys, block=256, segment=segment, num_warps=1)
 torch.save(out, sys.argv[2])
 """
 
@@ -36,13 +36,15 @@ def _cases() -> dict:
     logits[5, [300, 364]] = 50.0  # a tie in one lane (64 columns apart): the earlier
     temperatures = torch.tensor([0.0, 0.0, 0.0, 0.8, 1.0, 0.0])
     keys = torch.tensor([11, 12, 13, 14, 15, 16])
-    cases = {"batch": (logits, temperatures, keys)}
+    cases = {"batch": (logits, temperatures, keys, SEGMENT)}
     for row in (3, 4):  # each sampled row alone
-        cases[f"row {row}"] = (logits[row : row + 1], temperatures[row : row + 1], keys[row:])
+        row_case = (logits[row : row + 1], temperatures[row : row + 1], keys[row:], SEGMENT)
+        cases[f"row {row}"] = row_case
     # one row of three likely tokens, sampled under 400 keys: their shares follow the softmax
-    flat = torch.full((300,), -30.0)  # (one segment: the interpreter's time is per program)
+    # (one segment of two blocks a row: the interpreter's time is per program and block)
+    flat = torch.full((300,), -30.0)
     flat[[10, 120, 250]] = torch.tensor([1.0, 0.0, -1.0])
-    cases["draws"] = (flat.repeat(400, 1), torch.ones(400), torch.arange(400) * 7 + 1)
+    cases["draws"] = (flat.repeat(400, 1), torch.ones(400), torch.arange(400) * 7 + 1, 2 * BLOCK)
     return cases
 
 
@@ -54,7 +56,7 @@ def interpreted(tmp_path_factory):
 
 def test_greedy_rows_take_the_earliest_largest_logit(interpreted):
     cases, out = interpreted
-    logits, temperatures, _ = cases["batch"]
+    logits, temperatures, _, _ = cases["batch"]
     tokens = out["batch"]
     assert tokens[[0, 1, 2, 5]].tolist() == [1500, 7, 2999, 300]
     greedy = temperatures == 0
