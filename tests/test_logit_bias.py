@@ -146,3 +146,12 @@ def test_biased_requests_beside_unbiased_ones_where_a_graph_would_sample(device)
         assert outputs[2]["token_ids"] == unbiased[2]["token_ids"]
     finally:
         llm.close()
+
+
+def test_biased_params_are_values_that_hash():
+    """Sampling params with a bias compare by value and can key a dict or sit in a set, as
+    params without one can (a dict field would make them unhashable)."""
+    a, b = SamplingParams(logit_bias={5: 1.0}), SamplingParams(logit_bias={5: 1.0})
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != SamplingParams(logit_bias={5: 2.0}) and a != SamplingParams()
+    assert len({a, SamplingParams(logit_bias={5: 2.0}), SamplingParams()}) == 3

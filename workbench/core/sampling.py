@@ -34,8 +34,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # token id -> a number in [-100, 100] added to that token's logit before it is picked (as
     # OpenAI's `logit_bias`: -100 all but bans it, 100 all but forces it, unless logits differ
-    # by more); log probabilities stay the model's own. None: no bias
-    logit_bias: Mapping[int, float] | None = None
+    # by more); log probabilities stay the model's own. None: no bias. (Left out of the hash: a
+    # dict has none, and params that compare equal still hash alike.)
+    logit_bias: Mapping[int, float] | None = field(default=None, hash=False)
     # OpenAI's penalties on the tokens generated so far, subtracted from their logits before a
     # token is picked: `presence_penalty` once for each token that has appeared,
     # `frequency_penalty` once for each time it has (both in [-2, 2]); and Hugging Face's
