@@ -159,3 +159,34 @@ def test_penalized_requests_beside_others_where_a_graph_would_sample(device):
         assert [o["token_ids"] for o in outputs] == [pattern_continuation(p, 6) for p in prompts]
     finally:
         llm.close()
+
+
+def test_the_penalties_equal_their_definition_over_the_whole_vocabulary():
+    """The sampler counts a row's tokens where they sit (sorted, not scattered over the
+    vocabulary): its logits equal, bit for bit, the penalties applied token by token over the
+    whole vocabulary, with tokens repeated in the prompt and output, prompt tokens generated
+    again, rows of unequal lengths and unpenalized rows left alone."""
+    from workbench.engine.sampler import Penalties, _penalize
+
+    gen = torch.Generator().manual_seed(0)
+    vocab, span = 50, 24
+    pool = torch.randint(0, 12, (6, span + 3), generator=gen, dtype=torch.int32)  # repeats
+    logits = torch.randn(5, vocab, generator=gen) * 3
+    rows, table_rows = [0, 2, 3], [4, 1, 0]
+    prompt_lens, ends = [5, 1, 10], [20, 3, span]
+    presence, frequency, repetition = [0.5, -1.0, 2.0], [0.7, 0.0, -0.4], [1.3, 0.8, 1.0]
+    p = Penalties(
+        *(torch.tensor(v) for v in (rows, table_rows, prompt_lens, ends)),
+        *(torch.tensor(v, dtype=torch.float32) for v in (presence, frequency, repetition)),
+        span=span,
+    )
+    want = logits.clone()
+    for i, row in enumerate(rows):
+        held = pool[table_rows[i], : ends[i]].tolist()
+        out = held[prompt_lens[i] :]
+        r, f, pr = p.repetition[i], p.frequency[i], p.presence[i]  # float32, as the sampler's
+        for t in set(held):
+            x = want[row, t]
+            x = x / r if x > 0 else x * r
+            want[row, t] = x - f * float(out.count(t)) - pr * float(t in out)
+    assert torch.equal(_penalize(logits, p, pool), want)

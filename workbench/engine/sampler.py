@@ -279,19 +279,27 @@ class Sampler:
 def _penalize(logits: torch.Tensor, p: Penalties, token_pool: torch.Tensor) -> torch.Tensor:
     """`logits` with the penalized rows' penalties applied (a new tensor), in float32: Hugging
     Face's repetition penalty over the prompt and output, then OpenAI's frequency and presence
-    penalties over the output, each counted from the token pool."""
+    penalties over the output, each counted from the token pool. Works on the tokens a row
+    holds ([k, span]), not on its whole vocabulary: one float32 copy of the rows, where counting
+    into [k, vocab] tensors took several."""
     tokens = token_pool[p.table_rows, : p.span].long()  # [k, span]
     position = torch.arange(p.span, device=logits.device)[None, :]
-    known = (position < p.ends[:, None]).float()
-    output = known * (position >= p.prompt_lens[:, None])
-    vocab = logits.shape[1]
-    seen = torch.zeros(len(tokens), vocab, device=logits.device).scatter_add_(1, tokens, known)
-    counts = torch.zeros_like(seen).scatter_add_(1, tokens, output)
+    known = position < p.ends[:, None]
+    output = known & (position >= p.prompt_lens[:, None])
+    # NOTE: a position past its request's end stands for the request's first token (every
+    # request has one), so it writes the very value that position writes
+    index = torch.where(known, tokens, tokens[:, :1])
+    # how often each position's token is among the row's output: its run in the sorted output
+    ordered = torch.where(output, tokens, -1).sort(dim=1).values  # -1: not output, sorts first
+    counts = torch.searchsorted(ordered, index, right=True) - torch.searchsorted(ordered, index)
+    counts = counts.float()
     rows = logits[p.rows].float()
+    seen = rows.gather(1, index)
     repetition = p.repetition[:, None]
-    repeated = torch.where(rows > 0, rows / repetition, rows * repetition)
-    rows = torch.where(seen > 0, repeated, rows)
-    rows = rows - p.frequency[:, None] * counts - p.presence[:, None] * (counts > 0)
+    value = torch.where(seen > 0, seen / repetition, seen * repetition)
+    value = value - p.frequency[:, None] * counts - p.presence[:, None] * (counts > 0)
+    # a token held at several positions gets the same value from each
+    rows.scatter_(1, index, value)
     return logits.index_put((p.rows,), rows.to(logits.dtype))
 
 
