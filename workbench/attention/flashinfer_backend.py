@@ -129,9 +129,10 @@ class FlashInferBackend(AttentionBackend):
 
 # Decode attention on CUDA cores at or below this many requests when the grouped query heads are
 # 2 or 3 a KV head, on tensor cores above: on an H100, dummy Qwen3-0.6B (group 2), CUDA cores
-# took 4-5% off steps of 8 and 64 requests of 500-600 tokens and 2% off nano-vllm's steps of at
-# most 128 requests, but made its larger steps 4% slower (docs/performance.md, "Decode attention
-# in the step").
+# took 4-5% off steps of 8 and 64 requests of 500-600 tokens, nothing measurable off nano-vllm's
+# ragged steps of at most 128, and made its steps above 128 4% slower (docs/performance.md,
+# "FlashInfer's decode cores by batch size"). Their plan costs the host 0.1 ms a step more,
+# hidden under the device's step with overlap.
 CUDA_CORES_UP_TO = 128
 
 
