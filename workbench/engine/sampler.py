@@ -294,9 +294,9 @@ def _penalize(logits: torch.Tensor, p: Penalties, token_pool: torch.Tensor) -> t
     counts = torch.searchsorted(ordered, index, right=True) - torch.searchsorted(ordered, index)
     counts = counts.float()
     rows = logits[p.rows].float()
-    seen = rows.gather(1, index)
+    held = rows.gather(1, index)  # the logit of each position's token
     repetition = p.repetition[:, None]
-    value = torch.where(seen > 0, seen / repetition, seen * repetition)
+    value = torch.where(held > 0, held / repetition, held * repetition)
     value = value - p.frequency[:, None] * counts - p.presence[:, None] * (counts > 0)
     # a token held at several positions gets the same value from each
     rows.scatter_(1, index, value)
