@@ -7,6 +7,8 @@ graph)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -158,33 +160,42 @@ def test_gpu_kernel_replays_in_a_cuda_graph_on_new_lengths():
     assert torch.equal(out, compiled.decode_attention(q, k, v, table, rows, lens, scale))
 
 
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
-def test_the_engine_answers_the_planted_workload_with_the_triton_kernel(graphs, page_size):
-    """`decode_kernel="triton"` in the engine: the planted induction model's answers are the
-    pattern's continuations (chunked prompts beside decodes, requests aborted mid-prompt and
-    mid-decode, overlap on and off), decode steps replayed as graphs or run eagerly."""
+@contextlib.contextmanager
+def _answered_the_planted_workload(graphs: bool, page_size: int = 16, **options):
+    """A Workbench of the planted induction model (two query heads a KV head) with `options`,
+    once every answer of the planted workload was the pattern's continuation (chunked prompts
+    beside decodes, requests aborted mid-prompt and mid-decode, overlap on and off), decode
+    steps replayed as graphs or run eagerly."""
     from workbench import Workbench
 
     from .planted import run_workload
 
     wb = Workbench(
         "dummy:qwen3-induction",
-        decode_kernel="triton",
         page_size=page_size,
         cuda_graph=graphs,
         num_pages=16384 // page_size,
         max_running_reqs=8,
         cuda_graph_max_bs=8,
+        **options,
     )
     try:
         for chunk, policy, overlap in ((16, "mixed", True), (8192, "prefill_first", False)):
             counts = run_workload(wb, chunk, policy, overlap, graphs)
             assert counts["exact"] == counts["outputs"]
+        yield wb
     finally:
         wb.close()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_the_engine_answers_the_planted_workload_with_the_triton_kernel(graphs, page_size):
+    """`decode_kernel="triton"` in the engine answers the planted workload."""
+    with _answered_the_planted_workload(graphs, page_size, decode_kernel="triton"):
+        pass
 
 
 def test_the_triton_kernel_is_refused_where_flashinfer_does_not_run():
@@ -226,29 +237,12 @@ def test_the_engine_answers_the_planted_workload_on_each_flashinfer_decode_kerne
     """FlashInfer's decode on CUDA cores and on tensor cores, in graphs and eagerly: the planted
     induction model (two query heads a KV head) answers every request with the pattern's
     continuation, and each wrapper runs on the cores the rule gives its batch size."""
-    from workbench import Workbench
-
-    from .planted import run_workload
-
+    expect = {None: False, True: True, False: False}[tensor_cores]
+    big = {None: True, True: True, False: False}[tensor_cores]  # above 128 requests
     for graphs in (True, False):
-        wb = Workbench(
-            "dummy:qwen3-induction",
-            decode_tensor_cores=tensor_cores,
-            cuda_graph=graphs,
-            num_pages=16384,
-            max_running_reqs=8,
-            cuda_graph_max_bs=8,
-        )
-        try:
-            for chunk, policy, overlap in ((16, "mixed", True), (8192, "prefill_first", False)):
-                counts = run_workload(wb, chunk, policy, overlap, graphs)
-                assert counts["exact"] == counts["outputs"]
+        with _answered_the_planted_workload(graphs, decode_tensor_cores=tensor_cores) as wb:
             backend = wb.engine.backend
-            expect = {None: False, True: True, False: False}[tensor_cores]
             wrappers = list(backend.graphs.wrappers.values()) if graphs else []
             wrappers += [backend.decode_wrapper(8)]
             assert [w.use_tensor_cores for w in wrappers] == [expect] * len(wrappers)
-            big = {None: True, True: True, False: False}[tensor_cores]  # above 128 requests
             assert backend.decode_wrapper(129).use_tensor_cores is big
-        finally:
-            wb.close()

@@ -64,11 +64,10 @@ class FlashInferBackend(AttentionBackend):
         `tensor_cores_above`)."""
         tensor_cores = batch_size > self.tensor_cores_above
         if tensor_cores not in self._decode_wrappers:
-            import flashinfer
-
-            self._decode_wrappers[tensor_cores] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            wrapper = self.graphs.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_tensor_cores=tensor_cores, backend="fa2"
             )
+            self._decode_wrappers[tensor_cores] = wrapper
         return self._decode_wrappers[tensor_cores]
 
     def _kv_indices(self, rows: np.ndarray, kv: PagedKV) -> torch.Tensor:
