@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .base import paged_lens
-from .flashinfer_replan import Replan, split_kv_bytes
+from .flashinfer_replan import CudaCoreReplan, Replan, split_kv_bytes
 
 if TYPE_CHECKING:
     from ..kvcache.table import TableManager
@@ -113,9 +113,11 @@ class GraphWrappers:
         self._decode_options[bs] = options = {"disable_split_kv": True} if no_split else {}
         kv_lens = np.ones(bs, dtype=np.int32)
         self.planner.plan(wrapper, None, self.planner.paged(kv_lens), self._indices[:0], **options)
-        # CUDA-core decode has a planner of its own, which `Replan` does not know
         heads = self.planner.heads
-        replan = Replan.of(wrapper, heads, bs, bs, False, no_split) if tensor_cores else None
+        if tensor_cores:
+            replan = Replan.of(wrapper, heads, bs, bs, False, no_split)
+        else:  # FlashInfer's decode scheduler, not the prefill one
+            replan = CudaCoreReplan.of(wrapper, heads, bs, self.planner.dtype)
         self._replans[bs] = replan
         if self._replans[bs] is not None:  # it must plan what plan() planned
             indptr, last = np.empty(bs + 1, np.int32), np.empty(bs, np.int32)

@@ -1,5 +1,6 @@
-"""FlashInfer's scheduler called directly for wrappers captured in CUDA graphs: their plan layout
-is fixed by the captured batch, only the work split changes (FlashInfer 0.7.2)."""
+"""FlashInfer's schedulers (prefill and CUDA-core decode) called directly for wrappers captured in
+CUDA graphs: their plan layout is fixed by the captured batch, only the work split changes
+(FlashInfer 0.7.2)."""
 
 from __future__ import annotations
 
@@ -46,12 +47,7 @@ class Replan:
     @classmethod
     def of(cls, wrapper: Any, *args) -> Replan | None:
         """A `Replan` of `wrapper` (planned once already); None when it is not one this knows."""
-        known = (
-            getattr(wrapper, "_backend", None) == "fa2"
-            and getattr(wrapper, "_jit_module", None) is None
-            and all(hasattr(wrapper, name) for name in _ATTRIBUTES)
-        )
-        return cls(wrapper, *args) if known else None
+        return cls(wrapper, *args) if _known(wrapper) else None
 
     def __call__(
         self, indptr: np.ndarray, kv_lens: np.ndarray, qo_indptr: np.ndarray | None = None
@@ -77,6 +73,50 @@ class Replan:
                 f"query tokens unlike the plan its CUDA graph was captured with ({info} "
                 f"against {self.expected})"
             )
+
+
+class CudaCoreReplan(Replan):
+    """A `Replan` of a decode wrapper on CUDA cores: FlashInfer's decode scheduler, which splits
+    the work by each request's pages alone (the KV lengths do not enter)."""
+
+    def __init__(self, wrapper: Any, heads: tuple[int, int, int, int], rows: int, dtype) -> None:
+        """`heads`: query heads, KV heads, head size and page size; `dtype`: the query's and the
+        KV cache's (the module dispatches on them)."""
+        num_heads, num_kv_heads, head_dim, page_size = heads
+        self.module, self.expected = wrapper._cached_module, list(wrapper._plan_info)
+        self.workspaces = (
+            wrapper._float_workspace_buffer,
+            wrapper._int_workspace_buffer,
+            wrapper._pin_memory_int_workspace_buffer,
+        )
+        self.checks = 2
+        empty = torch.empty(0, dtype=dtype)
+        # ..., CUDA graph, window_left, logits soft cap, head sizes (QK, VO), query and KV dtypes
+        self.after = (rows, num_heads, num_kv_heads, page_size, True, -1, 0.0, head_dim, head_dim)
+        self.after += (empty, empty)
+        self.rows, self.total_rows = rows, rows
+
+    @classmethod
+    def of(cls, wrapper: Any, *args) -> Replan | None:
+        cuda_cores = getattr(wrapper, "use_tensor_cores", None) is False
+        return cls(wrapper, *args) if cuda_cores and _known(wrapper) else None
+
+    def __call__(
+        self, indptr: np.ndarray, kv_lens: np.ndarray, qo_indptr: np.ndarray | None = None
+    ) -> None:
+        info = self.module.plan(*self.workspaces, torch.from_numpy(indptr), *self.after)
+        if self.checks:
+            self.checks -= 1
+            self._check(list(info))
+
+
+def _known(wrapper: Any) -> bool:
+    """Whether `wrapper` plans with FlashInfer's own FA2 modules, as this file calls them."""
+    return (
+        getattr(wrapper, "_backend", None) == "fa2"
+        and getattr(wrapper, "_jit_module", None) is None
+        and all(hasattr(wrapper, name) for name in _ATTRIBUTES)
+    )
 
 
 def split_kv_bytes(
