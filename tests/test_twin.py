@@ -481,3 +481,31 @@ def test_comparisons_overlay_a_twins_runs_on_real_ones():
     values = next(iter(sweep["datasets"].values()))
     assert {v["source"] for v in values} == {"real", "simulated"}
     assert sorted(v["max_extend_tokens"] for v in values) == [16, 32, 32, 64]
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        {"logprobs": 2},
+        {"prompt_logprobs": 1},
+        {"logit_bias": {7: 5.0}},
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": -0.5},
+        {"repetition_penalty": 1.2},
+    ],
+    ids=lambda a: next(iter(a)),
+)
+def test_a_twin_refuses_what_its_costs_do_not_time_and_keeps_running(asked):
+    """A twin computes no logits, and its costs come from runs without penalties, a bias or log
+    probabilities: such a request is refused by name before anything is queued, and the
+    twin runs the others as before."""
+    twin = Workbench(MODEL, step_costs=synthetic_costs(), max_extend_tokens=64)
+    (name,) = asked
+    with pytest.raises(ValueError, match=rf"^{name}=.*leave {name} at"):
+        twin.add_request([5, 6, 7, 8], SamplingParams(max_tokens=3, **asked))
+    assert twin.submitted_count == 0 and not twin.scheduler.live_reqs
+    twin.add_request([5, 6, 7, 8], SamplingParams(max_tokens=3, temperature=0.7, seed=1))
+    twin.run(progress=False)
+    twin.check_integrity()
+    (out,) = twin.outputs()
+    assert out["completion_tokens"] == 3 and out["logprobs"] is None

@@ -32,7 +32,7 @@ from .scheduler.record import StepRecord
 from .scheduler.scheduler import Scheduler
 from .scheduler.warmup import WarmUp, warm_up
 from .serve import MAX_QUEUED_REQUESTS, Host, Server
-from .twin.build import build_twin, twin_meta, twin_settings
+from .twin.build import build_twin, check_twin_request, twin_meta, twin_settings
 from .twin.costs import StepCosts
 
 Prompt = str | Sequence[int]
@@ -290,6 +290,8 @@ class LLM:
             vocab,
             engine.tp.size,
         )
+        if self.step_costs is not None:
+            check_twin_request(sampling, index)
 
     def add_requests(
         self,

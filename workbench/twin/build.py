@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import EngineConfig, default_page_size
+from ..core import SamplingParams
 from ..history.roofline import Roofline, spec_named
 from .costs import StepCosts
 from .engine import TwinEngine
@@ -55,6 +56,31 @@ def twin_settings(costs: StepCosts, model: str, options: dict[str, Any]) -> dict
         "dtype": meta["dtype"],
         "overlap": recorded_type == "cuda" if overlap is None else overlap,
     }
+
+
+# What a request may ask that a twin cannot stand for: its steps' costs were fitted on runs
+# without it (penalties and a bias move sampling out of the decode graph; prompt log
+# probabilities compute the logits of every prompt token), and it has no logits to give.
+_UNTIMED = {
+    "logprobs": None,
+    "prompt_logprobs": None,
+    "logit_bias": None,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
+
+
+def check_twin_request(sampling: SamplingParams, index: int = 0) -> None:
+    """A ValueError, naming the parameter, for a request whose cost a twin does not model."""
+    for name, plain in _UNTIMED.items():
+        value = getattr(sampling, name)
+        if value != plain:
+            raise ValueError(
+                f"{name}={value!r} (prompt {index}): a twin (step_costs) predicts the steps of "
+                f"requests without it (its costs were fitted on such runs, and it computes no "
+                f"logits); leave {name} at {plain!r} to time this request"
+            )
 
 
 def twin_meta(costs: StepCosts, engine: TwinEngine) -> dict[str, Any]:
