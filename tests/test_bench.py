@@ -321,6 +321,8 @@ def test_bench_under_vllm_names_writes_its_results(tmp_path):
     assert (result["policy"], result["max_extend_tokens"], result["cache"]) == ("mixed", 8, "naive")
     assert result["num_requests"] == 3 and result["output_tokens"] == 12
     assert result["input_len"] == [16, 16]
+    # the kernels as the engine resolved them, as a saved run says them (`Engine.kernels`)
+    assert result["kernels"]["attention"] == "torch" and result["kernels"]["pdl"] is False
 
 
 def test_record_cost_says_where_full_recordings_time_went(capsys):

@@ -398,6 +398,8 @@ def test_bench_replays_a_mooncake_slice_and_prints_its_hits_beside_the_ideal(tmp
     assert result["device"].startswith("a twin of") and result["seconds"] >= trace.duration_s
     assert result["prefix_reuse"]["ideal"] == reuse["ideal"]
     assert "at the trace's times: TTFT" in printed and "prefix cache hits:" in printed
+    # the kernels its costs stand for, not the CPU's it runs on (these costs do not say them)
+    assert ", kernels not recorded by its runs, " in printed and "fused kernels" not in printed
 
 
 # -- bad input ----------------------------------------------------------------------------------

@@ -509,3 +509,31 @@ def test_a_twin_refuses_what_its_costs_do_not_time_and_keeps_running(asked):
     twin.check_integrity()
     (out,) = twin.outputs()
     assert out["completion_tokens"] == 3 and out["logprobs"] is None
+
+
+def test_runs_say_their_kernels_and_a_twin_predicts_only_its_runs_kernels(tmp_path):
+    """A saved run carries the kernels its engine resolved (`Engine.kernels`); step costs keep
+    the kernels their runs shared and refuse runs that ran different ones; a twin says it ran
+    its runs' kernels and refuses a kernel option by name (it runs none), but not one left at
+    its default."""
+    real = shared(lambda: Workbench(MODEL, page_size=1, num_pages=NUM_PAGES), "twin", 1)
+    real.reset()
+    run_workload(real, workload(seed=8, n=4))
+    kernels = real.llm.engine.kernels
+    assert kernels["attention"] == "torch" and kernels["decode_cores"] is None
+    mine = load_run(real.save(tmp_path / "run.parquet"))
+    assert mine.meta["kernels"] == kernels
+    costs = fit_step_costs(mine)
+    assert costs.meta["kernels"] == kernels
+    # a run of other kernels (its meta as a GPU run's would say them)
+    gpu = {**kernels, "attention": "flashinfer", "decode_cores": "tensor cores"}
+    other = type(mine)(mine.tables(), {**mine.meta, "run": "other", "kernels": gpu})
+    with pytest.raises(ValueError, match=r"same kernels: run 'other' ran .*'tensor cores'"):
+        fit_step_costs({"mine": mine, "other": other})
+    twin = Workbench(MODEL, step_costs=costs, max_extend_tokens=32, moe_backend="auto")
+    run_workload(twin, workload(seed=5, n=3))
+    assert twin.run_meta()["kernels"] == kernels
+    with pytest.raises(ValueError, match=r"^decode_tensor_cores=True: a twin runs no kernels"):
+        Workbench(MODEL, step_costs=costs, decode_tensor_cores=True)
+    with pytest.raises(ValueError, match=r"small_gemm=True.*they do not say which"):
+        Workbench(MODEL, step_costs=synthetic_costs(), small_gemm=True)

@@ -262,6 +262,7 @@ class LLM:
             "cuda_graph": engine.captures_graphs,  # (asked for, with no capturable backend: off)
             "cuda_graph_max_bs": config.cuda_graph_max_bs,
             "cuda_graph_max_tokens": config.cuda_graph_max_tokens,
+            "kernels": engine.kernels,
             "record": self.record,
             "warmup_ms": round(self.warmup_ms, 1),
             **self.scheduler.probe.window.meta(),

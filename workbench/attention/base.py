@@ -42,6 +42,8 @@ class AttentionBackend(ABC):
     into `batch.attn_metadata`), `forward` per layer (k and v None: a fused kernel stored them)."""
 
     graphs: GraphPlans | None = None  # None: it runs unpadded steps only
+    # in words, the cores FlashInfer's decode kernel runs on, by batch size; None: another kernel
+    decode_cores: str | None = None
 
     def __init__(
         self,

@@ -59,6 +59,17 @@ class FlashInferBackend(AttentionBackend):
             triton_decode=self.triton_decode,
         )
 
+    @property
+    def decode_cores(self) -> str | None:
+        above = self.tensor_cores_above
+        if self.triton_decode:
+            return None
+        if above == 0:
+            return "tensor cores"
+        if above == float("inf"):
+            return "CUDA cores"
+        return f"CUDA cores up to {above} requests, tensor cores above"
+
     def decode_wrapper(self, batch_size: int):
         """The eager decode wrapper for `batch_size` requests (tensor cores above
         `tensor_cores_above`)."""

@@ -63,14 +63,30 @@ def _settings_line(r: dict) -> str:
             if r.get("tp_size", 1) > 1
             else ""
         )
-        + ", overlap "
-        f"{on('overlap')}, cuda graphs {on('cuda_graph')}, fused kernels {on('fused_kernels')}, "
-        f"fused rope {on('fused_rope')}, fused sampling {on('fused_sampling')}, "
-        + (f"small-batch GEMM {on('small_gemm')}, " if "small_gemm" in r else "")
-        + (f"decode attention {r['decode_kernel']}, " if "decode_kernel" in r else "")
-        + (f"PDL {on('pdl')}, " if "pdl" in r else "")
+        + f", overlap {on('overlap')}, cuda graphs {on('cuda_graph')}, "
+        + _kernels_said(r.get("kernels"))
         + f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, policy {r['policy']}, "
         f"record {r['record']}"
+    )
+
+
+def _kernels_said(k: dict | None) -> str:
+    """`Engine.kernels` in the settings line."""
+    if k is None:
+        return "kernels not recorded by its runs, "
+
+    def on(key: str) -> str:
+        return "on" if k[key] else "off"
+
+    cores = k.get("decode_cores")
+    split = {True: ", KV split", False: ", no KV split"}.get(k.get("decode_split_kv"), "")
+    return (
+        f"fused kernels {on('fused_kernels')}, fused rope {on('fused_rope')}, "
+        f"fused sampling {on('fused_sampling')}, small-batch GEMM {on('small_gemm')}, "
+        f"decode attention {k['decode_attention']}"
+        + (f" ({cores}{split})" if cores else "")
+        + f", PDL {on('pdl')}, "
+        + (f"MoE experts {k['moe_backend']}, " if k.get("moe_backend") else "")
     )
 
 

@@ -230,12 +230,7 @@ def settings(llm: LLM, args: argparse.Namespace, work: Workload) -> dict:
         tp_size=engine.tp.size,
         tp_backend=engine.config.tp_collectives,
         cuda_graph=engine.captures_graphs,
-        fused_kernels=engine.config.fused_kernels_enabled,
-        fused_sampling=engine.config.fused_sampling_enabled,
-        fused_rope=engine.config.fused_rope_enabled,
-        small_gemm=engine.config.small_gemm_enabled,
-        decode_kernel=engine.config.decode_attention,
-        pdl=engine.config.pdl_enabled,
+        kernels=engine.kernels,  # a twin's: its runs' (None where they do not say)
         page_size=engine.config.page_size,
         max_extend_tokens=args.max_extend_tokens,
         max_running_reqs=args.max_running_reqs,

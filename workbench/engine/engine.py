@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,6 +81,7 @@ class Engine:
         self.model.use_pdl(config.pdl_enabled)
         self.model.use_moe_backend(config.moe_backend_used)
         self._build_memory(config, model_cfg)
+        self.kernels = self._kernels()
         self.ctx = ForwardContext(self.backend)
         # the decoder layers whose MoE blocks count their experts' tokens in `ctx.routing`
         self.moe_layers: tuple[int, ...] = tuple(model_cfg.moe_layers) if model_cfg.is_moe else ()
@@ -182,6 +184,24 @@ class Engine:
     def captures_graphs(self) -> bool:
         """Whether the padded steps replay captured CUDA graphs (not run eagerly)."""
         return self.graphs is not None and self.graphs.capture
+
+    def _kernels(self) -> dict[str, Any]:
+        """What the model's steps run on, every choice resolved (a saved run carries it): the
+        attention backend and decode steps' kernel, the cores FlashInfer's decode runs on and
+        its KV split (None for another decode kernel), and which fused or Triton kernels are on."""
+        config, cores = self.config, self.backend.decode_cores
+        return {
+            "attention": config.attention_backend,
+            "decode_attention": config.decode_attention,
+            "decode_cores": cores,
+            "decode_split_kv": None if cores is None else config.decode_split_kv,
+            "fused_kernels": config.fused_kernels_enabled,
+            "fused_rope": config.fused_rope_enabled,
+            "fused_sampling": config.fused_sampling_enabled,
+            "small_gemm": config.small_gemm_enabled,
+            "pdl": config.pdl_enabled,
+            "moe_backend": config.moe_backend_used if self.model_config.is_moe else None,
+        }
 
     def prepare(self, batch: Batch, prompt_ids: np.ndarray | None = None) -> Launch:
         """Decide how the batch runs and make every device-side write of its step. `prompt_ids`:

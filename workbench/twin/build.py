@@ -3,6 +3,7 @@ were recorded on, then its engine and probe on one timeline."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from ..config import EngineConfig, default_page_size
@@ -39,6 +40,7 @@ def twin_settings(costs: StepCosts, model: str, options: dict[str, Any]) -> dict
                 f"{name}={given!r}: the step costs were recorded with {name}={recorded!r}, "
                 "the only one they can predict"
             )
+    _check_no_kernels(options, meta.get("kernels"))
     recorded_type = "cuda" if str(meta["device"]).startswith("cuda") else "cpu"
     overlap, page_size = options.get("overlap"), options.get("page_size")
     if page_size is None:
@@ -56,6 +58,34 @@ def twin_settings(costs: StepCosts, model: str, options: dict[str, Any]) -> dict
         "dtype": meta["dtype"],
         "overlap": recorded_type == "cuda" if overlap is None else overlap,
     }
+
+
+# `LLM` keywords that choose kernels (`Engine.kernels` reports what they resolved to)
+KERNEL_OPTIONS = (
+    "attention",
+    "decode_tensor_cores",
+    "decode_split_kv",
+    "decode_kernel",
+    "fused_kernels",
+    "fused_rope",
+    "fused_sampling",
+    "small_gemm",
+    "pdl",
+    "moe_backend",
+)
+
+
+def _check_no_kernels(options: dict[str, Any], recorded: dict | None) -> None:
+    """A twin runs no kernels: its costs stand for those its runs ran, whatever it is told."""
+    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    for name in KERNEL_OPTIONS:
+        if name in options and options[name] != defaults[name]:
+            ran = f"they ran {recorded}" if recorded else "they do not say which"
+            raise ValueError(
+                f"{name}={options[name]!r}: a twin runs no kernels, its step costs predict the "
+                f"kernels of the runs they were fitted on ({ran}); leave {name} out, or fit "
+                "step costs on runs recorded with it"
+            )
 
 
 # What a request may ask that a twin cannot stand for: its steps' costs were fitted on runs

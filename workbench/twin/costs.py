@@ -32,7 +32,7 @@ from .features import (
 )
 from .fit import robust_nnls
 from .routing import fit_prompt_spread
-from .runs import check_same_setup, named_runs, steps_of
+from .runs import check_same_setup, named_runs, shared_kernels, steps_of
 
 VERSION = 1
 _FORWARD, _SAMPLE = HOST_STAGES.index("forward"), HOST_STAGES.index("sample")
@@ -267,6 +267,7 @@ def fit_step_costs(runs) -> StepCosts:
         "cuda_graph": bool(first.get("cuda_graph", False)),
         "cuda_graph_max_bs": first.get("cuda_graph_max_bs", 256),
         "cuda_graph_max_tokens": first.get("cuda_graph_max_tokens", 0),
+        "kernels": shared_kernels(named),
         "runs": list(named),
         "steps": int(len(steps)),
     }

@@ -34,6 +34,7 @@ class TwinEngine:
         self.dtype = config.torch_dtype
         self.device = torch.device("cpu")  # its tables; the device it stands for: `simulates`
         self.simulates = f"{meta['device_name']} ({meta['device']})"
+        self.kernels = meta.get("kernels")  # the runs', where they said (`Engine.kernels`)
         self.ranks, self.tp, self.launches = None, SINGLE, 0
         self.num_devices = int(meta["tp_size"])
         self.max_seq_len = config.max_seq_len or min(

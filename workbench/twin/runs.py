@@ -62,6 +62,23 @@ def check_same_setup(named: dict[str, Any], keys: tuple[str, ...]) -> dict[str, 
     return setup
 
 
+def shared_kernels(named: dict[str, Any]) -> dict | None:
+    """The kernels every run ran (their meta's "kernels"); None when a run does not say; a
+    ValueError naming two runs that ran different ones (one fit would blend their costs)."""
+    said = {name: history.meta.get("kernels") for name, history in named.items()}
+    if any(kernels is None for kernels in said.values()):
+        return None
+    (first, kernels), *others = said.items()
+    for name, other in others:
+        differ = {k: v for k, v in other.items() if kernels.get(k) != v}
+        if differ:
+            raise ValueError(
+                f"step costs are fitted on runs of the same kernels: run {name!r} ran {differ}, "
+                f"run {first!r} { {k: kernels.get(k) for k in differ} }"
+            )
+    return dict(kernels)
+
+
 def steps_of(named: dict[str, Any]):
     """The measured steps of every run, in one table (a `run` column says whose)."""
     import pandas as pd
