@@ -61,6 +61,7 @@ class FlashInferBackend(AttentionBackend):
 
     @property
     def decode_cores(self) -> str | None:
+        """`tensor_cores_above` in words; None when decode steps run the Triton kernel."""
         above = self.tensor_cores_above
         if self.triton_decode:
             return None

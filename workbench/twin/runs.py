@@ -74,7 +74,7 @@ def shared_kernels(named: dict[str, Any]) -> dict | None:
         if differ:
             raise ValueError(
                 f"step costs are fitted on runs of the same kernels: run {name!r} ran {differ}, "
-                f"run {first!r} { {k: kernels.get(k) for k in differ} }"
+                f"run {first!r} ran { {k: kernels.get(k) for k in differ} }"
             )
     return dict(kernels)
 
