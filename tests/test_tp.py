@@ -211,3 +211,14 @@ def test_rank_device_times_survive_a_save(wb2, tmp_path):
     loaded = load_run(wb2.save(tmp_path / "run.parquet"))
     assert loaded.steps.device_ms_rank1.tolist() == wb2.history.steps.device_ms_rank1.tolist()
     assert loaded.steps.device_ms_rank1.notna().all()
+
+
+def test_a_rank_starts_without_runpys_warning():
+    """Ranks run `python -m workbench.engine.worker`; `import workbench` must not import that
+    module first, or every rank warns (RuntimeWarning: found in sys.modules) at start."""
+    import subprocess
+    import sys
+
+    code = "import sys, workbench; print('workbench.engine.worker' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stdout

@@ -21,7 +21,6 @@ from .core import Req, SamplingParams, check_request, encode_prompt, sampling_ba
 from .device import device_name
 from .engine.engine import Engine
 from .engine.ranks import torchrun_rank
-from .engine.worker import serve_under_torchrun
 from .history.history import History
 from .history.roofline import Roofline
 from .instrument.hooks import HookRegistry
@@ -95,6 +94,10 @@ class LLM:
     def _build_engine(self, probe: Probe) -> Engine:
         # NOTE: torchrun's ranks 1.. serve here and never return
         if (torchrun_rank(self.config) or 0) > 0:
+            # NOTE: imported here, so that `import workbench` leaves the module that ranks run
+            # with `python -m` (`engine/ranks.py`) unimported: runpy warns otherwise
+            from .engine.worker import serve_under_torchrun
+
             serve_under_torchrun(self.config)
         engine = Engine(self.config)
         self.warmup = warm_up(engine) if self.config.warmup else None
