@@ -525,6 +525,8 @@ def test_runs_say_their_kernels_and_a_twin_predicts_only_its_runs_kernels(tmp_pa
     assert mine.meta["kernels"] == kernels
     costs = fit_step_costs(mine)
     assert costs.meta["kernels"] == kernels
+    assert "kernels of its runs: attention torch, decode_attention torch," in costs.summary()
+    assert "kernels of its runs: not recorded" in synthetic_costs().summary()
     # a run of other kernels (its meta as a GPU run's would say them)
     gpu = {**kernels, "attention": "flashinfer", "decode_cores": "tensor cores"}
     other = type(mine)(mine.tables(), {**mine.meta, "run": "other", "kernels": gpu})

@@ -35,6 +35,7 @@ from .routing import fit_prompt_spread
 from .runs import check_same_setup, named_runs, shared_kernels, steps_of
 
 VERSION = 1
+_NO_KERNELS = "kernels of its runs: not recorded (runs saved before 2026-12-06 do not say them)"
 _FORWARD, _SAMPLE = HOST_STAGES.index("forward"), HOST_STAGES.index("sample")
 # the paths whose costs a path the runs never took uses, in turn
 _STANDS_IN = {"graph": ("eager",), "prompt_graph": ("eager",), "eager": ("prompt_graph",)}
@@ -129,6 +130,9 @@ class StepCosts:
             f"step costs of {m['model']} on {m['device_name']} ({m['dtype']}, tp {m['tp_size']}), "
             f"fitted on {m['steps']} steps of {len(m['runs'])} runs: {'; '.join(m['runs'])}"
         )
+        kernels = m.get("kernels")
+        said = ", ".join(f"{k} {v}" for k, v in (kernels or {}).items() if v is not None)
+        lines += _wrapped(f"kernels of its runs: {said}" if kernels else _NO_KERNELS)
         lines += _wrapped(
             "per path, the ms one unit of each column costs: a step's device time (or a host "
             "stage's) is the sum over its row of cost x the step's count of that unit"
