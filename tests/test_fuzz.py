@@ -1,6 +1,7 @@
 """Fuzz whole workloads (slow): random settings, arrivals, shared prefixes, aborts in every
-state and tight pools that evict, with the KV pool's integrity checked after every step and
-every finished greedy answer compared with Hugging Face.
+state, tight pools that evict, and steps padded to the CUDA graphs' shapes (their path, run
+eagerly), with the KV pool's integrity checked after every step and every finished greedy answer
+compared with Hugging Face.
 
 `pytest -m slow tests/test_fuzz.py` runs WORKBENCH_FUZZ workloads (default 1000; seed from
 WORKBENCH_FUZZ_SEED) and prints the counts.
@@ -22,9 +23,10 @@ from .conftest import hf_greedy
 _engines: dict[tuple, Workbench] = {}
 
 
-def engine(page_size: int, slots: int, pool_tokens: int) -> Workbench:
-    """Engines by what only an engine fixes; the schedule is reconfigured per workload."""
-    key = (page_size, slots, pool_tokens)
+def engine(page_size: int, slots: int, pool_tokens: int, padded: bool) -> Workbench:
+    """Engines by what only an engine fixes; the schedule is reconfigured per workload.
+    `padded`: steps padded to the CUDA graphs' shapes (their path, run eagerly on the CPU)."""
+    key = (page_size, slots, pool_tokens, padded)
     if key not in _engines:
         _engines[key] = Workbench(
             "tiny-llama",
@@ -32,13 +34,16 @@ def engine(page_size: int, slots: int, pool_tokens: int) -> Workbench:
             max_running_reqs=slots,
             num_pages=pool_tokens // page_size,
             max_seq_len=256,
+            padded_steps=padded,
+            cuda_graph_max_tokens=64,
         )
     return _engines[key]
 
 
 def workload(rng: random.Random, counts: Counter) -> None:
     page_size = rng.choice([1, 2, 4, 8, 16])
-    wb = engine(page_size, rng.choice([1, 2, 4, 6]), rng.choice([128, 256, 1024]))
+    slots, pool_tokens = rng.choice([1, 2, 4, 6]), rng.choice([128, 256, 1024])
+    wb = engine(page_size, slots, pool_tokens, padded=rng.random() < 0.3)
     wb.reset()
     wb.reconfigure(
         policy=rng.choice(["prefill_first", "decode_first", "mixed"]),
