@@ -246,3 +246,10 @@ def test_the_engine_answers_the_planted_workload_on_each_flashinfer_decode_kerne
             wrappers += [backend.decode_wrapper(8)]
             assert [w.use_tensor_cores for w in wrappers] == [expect] * len(wrappers)
             assert backend.decode_wrapper(129).use_tensor_cores is big
+            # a run says the rule it ran under (`Engine.kernels`, a saved run's meta)
+            words = {None: "CUDA cores up to 128 requests, tensor cores above"}
+            words |= {True: "tensor cores", False: "CUDA cores"}
+            assert wb.llm.run_meta()["kernels"]["decode_cores"] == words[tensor_cores]
+            # CUDA-core graphs are planned by FlashInfer's decode scheduler directly
+            replans = backend.graphs._replans.values() if graphs else ()
+            assert all(r is not None for r in replans)
