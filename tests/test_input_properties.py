@@ -1,8 +1,8 @@
 """Property test: constructor settings and sampling values drawn from wide strategies, valid and
 not. Either a TypeError or ValueError comes before anything is taken, or the run is right:
-Hugging Face's greedy tokens (for greedy settings), the promised lengths otherwise, and a KV pool
-whose accounting holds. Never a crash inside a step. `make test` draws a quick sample; the slow
-profile (`pytest -m slow`) draws ten times as many."""
+Hugging Face's greedy tokens (for greedy settings with no bias or penalty), the promised lengths
+otherwise, and a KV pool whose accounting holds. Never a crash inside a step. `make test` draws a
+quick sample; the slow profile (`pytest -m slow`) draws ten times as many."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ ENGINE = {
     "seed": (st.integers(0, 5), st.sampled_from([-1, 1.5, None, "0"])),
     "dtype": (st.sampled_from([None, "float32", "fp32"]), st.sampled_from(["float7", 32, "int8"])),
     "record": (st.sampled_from(["off", "light", "full"]), st.sampled_from(["all", None, 1])),
+    "padded_steps": (st.booleans(), st.sampled_from(["yes", 1, None])),
 }
 SAMPLING = {
     "max_tokens": (st.integers(1, 10), st.sampled_from([0, -1, True, 2.0, "3"])),
@@ -61,6 +62,26 @@ SAMPLING = {
     "prompt_logprobs": (
         st.one_of(st.none(), st.integers(0, 20)),
         st.sampled_from([-1, 21, False, 1.0, "3"]),
+    ),
+    "presence_penalty": (
+        st.floats(-2.0, 2.0),
+        st.sampled_from([2.5, -3.0, float("nan"), float("inf"), "0.5", None]),
+    ),
+    "frequency_penalty": (st.floats(-2.0, 2.0), st.sampled_from([-2.01, 9.0, float("nan"), True])),
+    "repetition_penalty": (
+        st.floats(0.1, 100.0),
+        st.sampled_from([0.0, -1.0, 100.5, float("nan"), float("inf"), "1.2"]),
+    ),
+    # (a token past the vocabulary is the request's to refuse: the model's, not the params')
+    "logit_bias": (
+        st.one_of(
+            st.none(),
+            st.dictionaries(st.integers(0, 49151), st.floats(-100.0, 100.0), max_size=3),
+        ),
+        st.sampled_from(
+            [{-1: 1.0}, {5: 100.5}, {5: float("nan")}, {"a": 1.0}, [1, 2], {49152: 1.0}]
+            + [{True: 1.0}, {5: "1"}, 3]
+        ),
     ),
 }
 PROMPT = (
@@ -115,6 +136,8 @@ def check(engine: dict, sampling: dict, prompts: list) -> None:
         return
     llm.check_integrity()
     assert sched.is_idle
+    # greedy on the model's own logits: Hugging Face's tokens, each its likeliest
+    plain = params.is_greedy and not params.adjusts_logits
     for out in outputs:
         assert 1 <= out["completion_tokens"] <= params.max_tokens
         assert out["finish_reason"] in ("stop", "length")
@@ -126,7 +149,7 @@ def check(engine: dict, sampling: dict, prompts: list) -> None:
                 assert logprob <= 0.0 and len(top) == params.logprobs
                 if top:  # no token is likelier than the likeliest; greedy's is it
                     assert logprob <= top[0][1] + 1e-6
-                    assert not params.is_greedy or logprob == top[0][1]
+                    assert not plain or logprob == top[0][1]
     for out in outputs:
         if params.prompt_logprobs is None:
             assert out["prompt_logprobs"] is None
@@ -136,8 +159,8 @@ def check(engine: dict, sampling: dict, prompts: list) -> None:
             for logprob, top in entries[1:]:
                 assert logprob <= 0.0 and len(top) == params.prompt_logprobs
                 assert not top or logprob <= top[0][1] + 1e-6
-    event("served, greedy" if params.is_greedy else "served, sampled")
-    if params.is_greedy:
+    event("served, greedy" if plain else "served, sampled, biased or penalized")
+    if plain:
         ids = [llm.encode(p) for p in prompts]
         expected = hf_greedy("tiny-llama", ids, params.max_tokens, ignore_eos=params.ignore_eos)
         assert [o["token_ids"] for o in outputs] == expected

@@ -93,6 +93,11 @@ def test_a_bias_on_a_token_the_model_lacks_is_refused_before_anything_is_queued(
     ):
         with pytest.raises(error, match="logit_bias"):
             SamplingParams(logit_bias=bad)
+    # the value once, and its kind with its article
+    with pytest.raises(TypeError, match=r"a mapping \(a dict\), got \[3\] \(a list\)$"):
+        SamplingParams(logit_bias=[3])
+    with pytest.raises(TypeError, match=r"got 3 \(an int\)$"):
+        SamplingParams(logit_bias=3)
     assert SamplingParams(logit_bias={}).logit_bias is None
 
 

@@ -19,7 +19,8 @@ def _show(value: Any) -> str:
 
 
 def _kind(value: Any) -> str:
-    return f"{_show(value)} (a {type(value).__name__})"
+    kind = type(value).__name__
+    return f"{_show(value)} ({'an' if kind[:1] in 'aeiouAEIOU' else 'a'} {kind})"
 
 
 def _as_integer(value: Any) -> int | None:
@@ -84,7 +85,7 @@ def choice(name: str, value: Any, choices: Sequence[str]) -> str:
 
 def mapping(name: str, value: Any) -> Mapping:
     if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a mapping (a dict), got {_kind(value)} {_show(value)}")
+        raise TypeError(f"{name} must be a mapping (a dict), got {_kind(value)}")
     return value
 
 
