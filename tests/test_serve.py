@@ -619,6 +619,7 @@ BAD = [
     ({"model": MODEL, "prompt": "hi", "logprobs": 21}, "logprobs"),
     ({"model": MODEL, "prompt": "hi", "echo": "yes"}, "echo"),
     ({"model": MODEL, "prompt": "hi", "suffix": "!"}, "suffix"),
+    ({"model": MODEL, "prompt": "hi", "min_tokens": 4}, "min_tokens"),
     ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
     ({"model": MODEL, "prompt": "hi", "stop": [""]}, "stop"),
     ({"model": MODEL, "prompt": "hi", "frobnicate": True}, "frobnicate"),

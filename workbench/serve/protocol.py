@@ -126,7 +126,7 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
         if name in body and not asks_nothing(body[name]):
             raise ApiError(
                 f"{name}={body[name]!r} is not supported by this server (it serves completions "
-                f"without best_of, suffix or tools); leave {name} out",
+                f"without best_of, suffix, tools or a minimum length); leave {name} out",
                 name,
             )
     if chat and body.get("response_format") not in (None, {"type": "text"}):
