@@ -108,3 +108,78 @@ def test_fuzz_workloads():
         f"Face greedy, {counts['aborts']} aborts; {time.perf_counter() - start:.0f} s"
     )
     _engines.clear()
+
+
+def api_sequence(rng: random.Random, counts: Counter) -> None:
+    """A user's calls in a random order on one workbench: requests added now and later, single
+    and multiple steps, `run_until`, aborts (of live, finished and unknown uids), reconfigure
+    (refused unless idle; a new run when done) and reset (with `again` or not), the pool checked
+    after each call; then the run to its end, every answer of a request of this run equal to
+    Hugging Face's."""
+    padded = rng.random() < 0.4
+    wb = engine(rng.choice([1, 4, 16]), 4, 512, padded)
+    wb.reset()
+    requests: dict[int, tuple] = {}
+    for _ in range(rng.randint(5, 40)):
+        call = rng.choice(["add", "add", "step", "step", "steps", "until", "abort", "reconfigure"])
+        call = "reset" if rng.random() < 0.08 else call
+        counts[call] += 1
+        if call == "add":
+            prompt = [rng.randrange(100, 600) for _ in range(rng.randint(1, 40))]
+            sampling = SamplingParams(max_tokens=rng.randint(1, 10), ignore_eos=True)
+            step = wb.step_index + rng.randint(0, 5) if rng.random() < 0.5 else None
+            requests[wb.add_request(prompt, sampling, arrival_step=step)] = (prompt, sampling)
+        elif call == "step":
+            wb.step()
+        elif call == "steps":
+            wb.step(rng.randint(2, 6))
+        elif call == "until":
+            wb.run_until(lambda record: record.num_tokens > 3, max_steps=5)
+        elif call == "abort":
+            uid = rng.choice([*requests, 10**6])
+            try:
+                wb.abort(uid)
+            except ValueError:  # finished already, or never added
+                assert uid not in requests or uid in wb.scheduler.finished
+                counts["aborts refused"] += 1
+        elif call == "reconfigure":
+            try:
+                wb.reconfigure(
+                    max_extend_tokens=rng.choice([1, 3, 8, 64]),
+                    policy=rng.choice(["prefill_first", "decode_first", "mixed"]),
+                    overlap=rng.random() < 0.5,
+                    cache=rng.choice(["radix", "naive"]),
+                )
+            except RuntimeError:  # requests due to arrive: not idle
+                counts["reconfigures refused"] += 1
+            else:  # a new run: its history, outputs and uids start over
+                assert wb.step_index == 0 and not wb.outputs() and not len(wb.history.requests)
+                requests = {}
+        else:
+            wb.reset(again=rng.random() < 0.5)
+            requests = {}  # (again: the same requests under new uids)
+        wb.check_integrity()
+    wb.run(progress=False)
+    wb.check_integrity()
+    for out in wb.outputs():
+        if out["uid"] in requests:
+            prompt, sampling = requests[out["uid"]]
+            want = hf_greedy("tiny-llama", [prompt], sampling.max_tokens, True)[0]
+            assert out["token_ids"] == want[: len(out["token_ids"])]
+            assert out["finish_reason"] == "abort" or len(out["token_ids"]) == len(want)
+            counts["answers compared"] += 1
+
+
+@pytest.mark.slow
+def test_fuzz_api_sequences():
+    n = int(os.environ.get("WORKBENCH_FUZZ", "1000")) // 4
+    seed = int(os.environ.get("WORKBENCH_FUZZ_SEED", "0"))
+    counts: Counter = Counter()
+    start = time.perf_counter()
+    for i in range(n):
+        try:
+            api_sequence(random.Random(seed * 1_000_003 + i), counts)
+        except Exception as exc:
+            raise AssertionError(f"sequence {i} (seed {seed}) failed") from exc
+    print(f"\nfuzz: {n} API sequences clean; {dict(counts)}; {time.perf_counter() - start:.0f} s")
+    _engines.clear()

@@ -115,7 +115,8 @@ class LLM:
 
     def reconfigure(self, record: str | None = None, **settings: Any) -> None:
         """Change scheduler settings (`SCHEDULER_SETTINGS`), `record` and the profile window,
-        keeping the loaded engine. Only while idle; the prefix cache starts empty, hooks stay.
+        keeping the loaded engine. Only while idle; a new run starts (history, outputs and uids
+        over again, the prefix cache empty), hooks stay.
         ``llm.reconfigure(max_extend_tokens=64, policy="mixed")``."""
         probe, config = self._checked(record, settings)
         self.check_not_serving("reconfigure")

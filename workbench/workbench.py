@@ -310,7 +310,8 @@ class Workbench:
         return len(self._submitted or self._previous)
 
     def reconfigure(self, record: str | None = None, **settings: Any) -> None:
-        """Change the schedule (`LLM.reconfigure`) on the same engine; only when idle."""
+        """Change the schedule (`LLM.reconfigure`) on the same engine; only when idle. A new run
+        starts, as after `reset` (`snapshot()` the one before to keep it)."""
         if self._arrivals:
             raise RuntimeError(
                 f"reconfigure needs an idle workbench: {len(self._arrivals)} requests are due to "
