@@ -54,6 +54,18 @@ def test_sweep_prints_a_table_and_passes_engine_options_through():
     # the small chunk needs more steps than the large one for the same prompts
     steps = [int(line.split("|")[5]) for line in table[2:]]
     assert steps[0] > steps[1]
+    assert "ran the same kernels" not in out  # (a schedule, not kernels, was varied)
+
+
+def test_a_sweep_of_a_kernel_option_the_device_cannot_take_says_the_runs_ran_alike():
+    """On the CPU small_gemm resolves off either way: the table's difference is noise, and the
+    line under it says so (`Engine.kernels`)."""
+    out = _bench("--sweep", "small_gemm=false,true")
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["False", "True"]
+    (note,) = [line for line in out.splitlines() if "ran the same kernels" in line]
+    assert note.startswith("small_gemm=False and small_gemm=True ran the same kernels here (")
+    assert "small-batch GEMM off" in note and "not the option's" in note
 
 
 def test_a_swept_flag_takes_true_and_false_as_a_shell_writes_them():

@@ -31,6 +31,19 @@ SCHEDULER_SETTINGS = (
     "overlap",
     "share_threshold",
 )
+# the fields that choose kernels, not the schedule (`Engine.kernels` says what they resolved to)
+KERNEL_OPTIONS = (
+    "attention",
+    "decode_tensor_cores",
+    "decode_split_kv",
+    "decode_kernel",
+    "fused_kernels",
+    "fused_rope",
+    "fused_sampling",
+    "small_gemm",
+    "pdl",
+    "moe_backend",
+)
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,

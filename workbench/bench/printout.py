@@ -64,16 +64,17 @@ def _settings_line(r: dict) -> str:
             else ""
         )
         + f", overlap {on('overlap')}, cuda graphs {on('cuda_graph')}, "
-        + _kernels_said(r.get("kernels"))
+        + kernels_said(r.get("kernels"))
+        + ", "
         + f"page size {r['page_size']}, chunk {r['max_extend_tokens']}, policy {r['policy']}, "
         f"record {r['record']}"
     )
 
 
-def _kernels_said(k: dict | None) -> str:
-    """`Engine.kernels` in the settings line."""
+def kernels_said(k: dict | None) -> str:
+    """`Engine.kernels` in words (a twin's costs from older runs: None)."""
     if k is None:
-        return "kernels not recorded by its runs, "
+        return "kernels not recorded by its runs"
 
     def on(key: str) -> str:
         return "on" if k[key] else "off"
@@ -85,8 +86,8 @@ def _kernels_said(k: dict | None) -> str:
         f"fused sampling {on('fused_sampling')}, small-batch GEMM {on('small_gemm')}, "
         f"decode attention {k['decode_attention']}"
         + (f" ({cores}{split})" if cores else "")
-        + f", PDL {on('pdl')}, "
-        + (f"MoE experts {k['moe_backend']}, " if k.get("moe_backend") else "")
+        + f", PDL {on('pdl')}"
+        + (f", MoE experts {k['moe_backend']}" if k.get("moe_backend") else "")
     )
 
 

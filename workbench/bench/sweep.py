@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import json
 
 import torch
 
+from ..config import KERNEL_OPTIONS
 from ..flags import parse_value
-from .printout import print_result
+from .printout import kernels_said, print_result
 from .throughput import check_save, run_bench
 
 
@@ -85,4 +87,24 @@ def sweep_table(results: list[dict]) -> str:
             cells += [f"{r['ttft_ms_p50']:.1f}", f"{r['ttft_ms_p90']:.1f}"]
             cells.append(f"{r['tpot_ms_p50']:.2f}" if "tpot_ms_p50" in r else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + _same_kernels(results, keys))
+
+
+def _same_kernels(results: list[dict], keys: list[str]) -> list[str]:
+    """Where only kernel options were varied: which runs ran the same kernels all the same
+    (an option this device cannot take resolves as the others do: `Engine.kernels`)."""
+    if not keys or not set(keys) <= set(KERNEL_OPTIONS):
+        return []
+    alike: dict[str, list[dict]] = {}
+    for r in results:
+        if r.get("kernels") is not None:
+            alike.setdefault(json.dumps(r["kernels"], sort_keys=True), []).append(r)
+    notes = []
+    for runs in alike.values():
+        if len(runs) > 1:
+            names = " and ".join(", ".join(f"{k}={r['varied'][k]!r}" for k in keys) for r in runs)
+            notes.append(
+                f"\n{names} ran the same kernels here ({kernels_said(runs[0]['kernels'])}): "
+                "their differences are the run-to-run spread, not the option's"
+            )
+    return notes

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from ..config import EngineConfig, default_page_size
+from ..config import KERNEL_OPTIONS, EngineConfig, default_page_size
 from ..core import SamplingParams
 from ..history.roofline import Roofline, spec_named
 from .costs import StepCosts
@@ -58,21 +58,6 @@ def twin_settings(costs: StepCosts, model: str, options: dict[str, Any]) -> dict
         "dtype": meta["dtype"],
         "overlap": recorded_type == "cuda" if overlap is None else overlap,
     }
-
-
-# `LLM` keywords that choose kernels (`Engine.kernels` reports what they resolved to)
-KERNEL_OPTIONS = (
-    "attention",
-    "decode_tensor_cores",
-    "decode_split_kv",
-    "decode_kernel",
-    "fused_kernels",
-    "fused_rope",
-    "fused_sampling",
-    "small_gemm",
-    "pdl",
-    "moe_backend",
-)
 
 
 def _check_no_kernels(options: dict[str, Any], recorded: dict | None) -> None:
