@@ -188,13 +188,15 @@ class Engine:
     def _kernels(self) -> dict[str, Any]:
         """What the model's steps run on, every choice resolved (a saved run carries it): the
         attention backend and decode steps' kernel, the cores FlashInfer's decode runs on and
-        its KV split (None for another decode kernel), and which fused or Triton kernels are on."""
+        its KV split (None where they do not apply), and which fused or Triton kernels are on."""
         config, cores = self.config, self.backend.decode_cores
+        # FlashInfer's KV split is an option of its tensor-core graphs only
+        tensor_cores = cores is not None and self.backend.tensor_cores_above != float("inf")
         return {
             "attention": config.attention_backend,
             "decode_attention": config.decode_attention,
             "decode_cores": cores,
-            "decode_split_kv": None if cores is None else config.decode_split_kv,
+            "decode_split_kv": config.decode_split_kv if tensor_cores else None,
             "fused_kernels": config.fused_kernels_enabled,
             "fused_rope": config.fused_rope_enabled,
             "fused_sampling": config.fused_sampling_enabled,
