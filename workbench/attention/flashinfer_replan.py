@@ -31,17 +31,22 @@ class Replan:
         """`heads`: query heads, KV heads, head size and page size, as planned; `no_split`: as
         planned with `disable_split_kv`."""
         num_heads, num_kv_heads, head_dim, page_size = heads
+        self._take(wrapper, rows, total_rows)
+        self.decode_qo_indptr = torch.arange(rows + 1, dtype=torch.int32)
+        self.middle = (total_rows, rows, num_heads, num_kv_heads, page_size, True)
+        # window_left, fixed split size, disable_split_kv, colocated CTAs, uniform q len
+        self.tail = (head_dim, head_dim, causal, -1, -1, no_split, 0, 0)
+
+    def _take(self, wrapper: Any, rows: int, total_rows: int) -> None:
+        """The wrapper's planning module, workspaces and captured plan, which every plan must
+        match."""
         self.module, self.expected = wrapper._cached_module, list(wrapper._plan_info)
         self.workspaces = (
             wrapper._float_workspace_buffer,
             wrapper._int_workspace_buffer,
             wrapper._pin_memory_int_workspace_buffer,
         )
-        self.decode_qo_indptr = torch.arange(rows + 1, dtype=torch.int32)
         self.checks = 2
-        self.middle = (total_rows, rows, num_heads, num_kv_heads, page_size, True)
-        # window_left, fixed split size, disable_split_kv, colocated CTAs, uniform q len
-        self.tail = (head_dim, head_dim, causal, -1, -1, no_split, 0, 0)
         self.rows, self.total_rows = rows, total_rows
 
     @classmethod
@@ -62,12 +67,15 @@ class Replan:
             *self.middle,
             *self.tail,
         )
-        if self.checks:  # the first (dummy) and the first real plan: the layout is fixed after
-            self.checks -= 1
-            self._check(list(info))
+        self._check(info)
 
-    def _check(self, info: list) -> None:
-        if info != self.expected:
+    def _check(self, info) -> None:
+        """The first (dummy) and the first real plan against the captured one: the layout is
+        fixed after."""
+        if not self.checks:
+            return
+        self.checks -= 1
+        if list(info) != self.expected:
             raise RuntimeError(
                 f"FlashInfer planned a batch of {self.rows} requests and {self.total_rows} "
                 f"query tokens unlike the plan its CUDA graph was captured with ({info} "
@@ -83,18 +91,11 @@ class CudaCoreReplan(Replan):
         """`heads`: query heads, KV heads, head size and page size; `dtype`: the query's and the
         KV cache's (the module dispatches on them)."""
         num_heads, num_kv_heads, head_dim, page_size = heads
-        self.module, self.expected = wrapper._cached_module, list(wrapper._plan_info)
-        self.workspaces = (
-            wrapper._float_workspace_buffer,
-            wrapper._int_workspace_buffer,
-            wrapper._pin_memory_int_workspace_buffer,
-        )
-        self.checks = 2
+        self._take(wrapper, rows, rows)
         empty = torch.empty(0, dtype=dtype)
         # ..., CUDA graph, window_left, logits soft cap, head sizes (QK, VO), query and KV dtypes
         self.after = (rows, num_heads, num_kv_heads, page_size, True, -1, 0.0, head_dim, head_dim)
         self.after += (empty, empty)
-        self.rows, self.total_rows = rows, rows
 
     @classmethod
     def of(cls, wrapper: Any, *args) -> Replan | None:
@@ -104,10 +105,7 @@ class CudaCoreReplan(Replan):
     def __call__(
         self, indptr: np.ndarray, kv_lens: np.ndarray, qo_indptr: np.ndarray | None = None
     ) -> None:
-        info = self.module.plan(*self.workspaces, torch.from_numpy(indptr), *self.after)
-        if self.checks:
-            self.checks -= 1
-            self._check(list(info))
+        self._check(self.module.plan(*self.workspaces, torch.from_numpy(indptr), *self.after))
 
 
 def _known(wrapper: Any) -> bool:
