@@ -7,13 +7,23 @@ the steps that made each answer.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import signal
 import sys
+import threading
 
 from .core import SamplingParams
 from .serve.output import Decoder
 from .workbench import Workbench
 
-HELP = "/steps shows each answer's steps, /reset starts over, /exit ends"
+COMMANDS = {
+    "/steps": "shows or hides each answer's steps",
+    "/reset": "starts a new conversation",
+    "/help": "lists these",
+    "/exit": "ends, as do /quit and Ctrl-D",
+}
+HELP = "; ".join(f"{name} {what}" for name, what in COMMANDS.items())
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,28 +40,38 @@ def run(args: argparse.Namespace, read=input, write=sys.stdout.write) -> None:
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages, show_steps = list(system), args.steps
-    write(f"{args.model} on {wb.engine.device}; {HELP}\n")
+    write(f"{args.model} on {wb.engine.device}; {HELP}; Ctrl-C stops an answer\n")
     try:
         while True:
             try:
                 line = read("> ").strip()
-            except EOFError:
+            except (EOFError, KeyboardInterrupt):
+                write("\n")
                 break
-            if line in ("/exit", "/quit"):
-                break
-            if line == "/steps":
-                show_steps = not show_steps
-                write(f"(steps {'shown' if show_steps else 'hidden'})\n")
-                continue
-            if line == "/reset":
-                messages = list(system)
-                write("(a new conversation)\n")
-                continue
             if not line:
                 continue
+            if line.startswith("/") and " " not in line:
+                if line in ("/exit", "/quit"):
+                    break
+                if line == "/steps":
+                    show_steps = not show_steps
+                    write(f"(steps {'shown' if show_steps else 'hidden'})\n")
+                elif line == "/reset":
+                    messages = list(system)
+                    write("(a new conversation)\n")
+                else:
+                    said = "" if line == "/help" else f"unknown command {line}; "
+                    write(f"({said}{HELP})\n")
+                continue
             messages.append({"role": "user", "content": line})
-            answer, records = _answer(wb, messages, sampling, write)
+            try:
+                answer, records = _answer(wb, messages, sampling, write)
+            except ValueError as e:  # refused before it was queued: the conversation is as it was
+                messages.pop()
+                write(f"(not sent: {e}; /reset starts a new conversation)\n")
+                continue
             messages.append({"role": "assistant", "content": answer})
+            wb.check_integrity()  # (stopped or not, the answer's pages are back in the pool)
             if show_steps:
                 write(_steps(records))
     finally:
@@ -59,25 +79,60 @@ def run(args: argparse.Namespace, read=input, write=sys.stdout.write) -> None:
 
 
 def _answer(wb: Workbench, messages: list[dict], sampling: SamplingParams, write):
+    """Stream one answer. Ctrl-C stops it between steps (the request is aborted, the engine left
+    whole); the words so far stay in the conversation."""
     encoded = wb.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
-    uid = wb.add_request([int(t) for t in ids], sampling)
+    ids = [int(t) for t in (encoded["input_ids"] if hasattr(encoded, "keys") else encoded)]
+    room = wb.engine.max_seq_len - len(ids)
+    if room < 1:
+        raise ValueError(
+            f"the conversation has {len(ids)} tokens, the context {wb.engine.max_seq_len}"
+        )
+    # near the context's end an answer is shortened, not refused (as the server's chat is)
+    sampling = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room))
+    uid = wb.add_request(ids, sampling)
     decoder = Decoder(wb.tokenizer, wb.engine.model_config.vocab_size)
-    text, records = [], []
-    while True:
-        record = wb.step()
-        if record is None:
-            break
-        records.append(record)
-        for row in record.rows:
-            if row.uid == uid and row.token is not None:
-                piece = decoder.add([row.token])
-                text.append(piece)
-                write(piece)
-        if any(row.uid == uid and row.finish for row in record.rows):
-            break
+    text, records, finish = [], [], None
+    with _interrupts() as stopped:
+        while finish is None:
+            if stopped():
+                wb.abort(uid)
+                finish = "stopped"
+                break
+            record = wb.step()
+            if record is None:
+                break
+            records.append(record)
+            for row in record.rows:
+                if row.uid == uid and row.token is not None:
+                    piece = decoder.add([row.token])
+                    text.append(piece)
+                    write(piece)
+                if row.uid == uid and row.finish:
+                    finish = row.finish
+    if finish == "stopped":
+        write(" (stopped)")
+    elif finish == "length" and sampling.max_tokens == room:
+        write(f" (cut at the context's end, {wb.engine.max_seq_len} tokens: /reset starts over)")
+    elif finish == "length":
+        write(f" (cut at {sampling.max_tokens} tokens: --max-tokens allows more)")
     write("\n")
     return "".join(text), records
+
+
+@contextlib.contextmanager
+def _interrupts():
+    """Ctrl-C while answering sets a flag read between steps, instead of raising inside one.
+    Yields the flag's reader (never set off the main thread, where no handler can go)."""
+    pressed = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed.is_set
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: pressed.set())
+    try:
+        yield pressed.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _steps(records) -> str:
