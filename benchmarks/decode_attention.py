@@ -148,6 +148,10 @@ def _triton_rows(k, v, q, indices, pages_per, lens, page, kv_bytes) -> list[tupl
         ("triton (kernels/decode_attention.py)", None, 32, 4, None, False),
         ("triton, PDL", None, 32, 4, None, True),
         ("triton, no split", 1, 32, 4, None, False),
+        # more programs than `splits_for`'s two an SM: more warps in flight for the KV's latency
+        ("triton, 8 splits", 8, 32, 4, None, False),
+        ("triton, 16 splits", 16, 32, 4, None, False),
+        ("triton, 16 splits, 16-token blocks", 16, 16, 4, None, False),
         ("triton, 16-token blocks", None, 16, 4, None, False),
         ("triton, 64-token blocks", None, 64, 4, None, False),
         ("triton, 2 warps", None, 32, 2, None, False),
