@@ -65,11 +65,13 @@ def run(args: argparse.Namespace, read=input, write=sys.stdout.write) -> None:
                 continue
             messages.append({"role": "user", "content": line})
             try:
-                answer, records = _answer(wb, messages, sampling, write)
+                uid, asked, at_context = _send(wb, messages, sampling)
             except ValueError as e:  # refused before it was queued: the conversation is as it was
                 messages.pop()
                 write(f"(not sent: {e}; /reset starts a new conversation)\n")
                 continue
+            answer, finish, records = _stream(wb, uid, write)
+            _say_end(finish, asked, at_context, wb.engine.max_seq_len, write)
             messages.append({"role": "assistant", "content": answer})
             wb.check_integrity()  # (stopped or not, the answer's pages are back in the pool)
             if show_steps:
@@ -78,9 +80,10 @@ def run(args: argparse.Namespace, read=input, write=sys.stdout.write) -> None:
         wb.close()
 
 
-def _answer(wb: Workbench, messages: list[dict], sampling: SamplingParams, write):
-    """Stream one answer. Ctrl-C stops it between steps (the request is aborted, the engine left
-    whole); the words so far stay in the conversation."""
+def _send(wb: Workbench, messages: list[dict], sampling: SamplingParams):
+    """Queue the answer to `messages`: its uid, its SamplingParams and whether the context's end
+    shortened it (near the end an answer is shortened, not refused, as the server's chat is).
+    ValueError, before anything is queued, where the conversation has outgrown the context."""
     encoded = wb.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     ids = [int(t) for t in (encoded["input_ids"] if hasattr(encoded, "keys") else encoded)]
     room = wb.engine.max_seq_len - len(ids)
@@ -88,9 +91,14 @@ def _answer(wb: Workbench, messages: list[dict], sampling: SamplingParams, write
         raise ValueError(
             f"the conversation has {len(ids)} tokens, the context {wb.engine.max_seq_len}"
         )
-    # near the context's end an answer is shortened, not refused (as the server's chat is)
-    sampling = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room))
-    uid = wb.add_request(ids, sampling)
+    asked = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room))
+    return wb.add_request(ids, asked), asked, room <= sampling.max_tokens
+
+
+def _stream(wb: Workbench, uid: int, write) -> tuple[str, str | None, list]:
+    """Step the engine until request `uid` ends, writing its words as they come: its text, how
+    it ended ("stop", "length", or "stopped" by Ctrl-C) and the steps' records. Ctrl-C stops it
+    between steps (the request is aborted, the engine left whole); the words so far are kept."""
     decoder = Decoder(wb.tokenizer, wb.engine.model_config.vocab_size)
     text, records, finish = [], [], None
     with _interrupts() as stopped:
@@ -110,14 +118,17 @@ def _answer(wb: Workbench, messages: list[dict], sampling: SamplingParams, write
                     write(piece)
                 if row.uid == uid and row.finish:
                     finish = row.finish
+    return "".join(text), finish, records
+
+
+def _say_end(finish: str | None, asked: SamplingParams, at_context: bool, context: int, write):
     if finish == "stopped":
         write(" (stopped)")
-    elif finish == "length" and sampling.max_tokens == room:
-        write(f" (cut at the context's end, {wb.engine.max_seq_len} tokens: /reset starts over)")
+    elif finish == "length" and at_context:
+        write(f" (cut at the context's end, {context} tokens: /reset starts over)")
     elif finish == "length":
-        write(f" (cut at {sampling.max_tokens} tokens: --max-tokens allows more)")
+        write(f" (cut at {asked.max_tokens} tokens: --max-tokens allows more)")
     write("\n")
-    return "".join(text), records
 
 
 @contextlib.contextmanager
