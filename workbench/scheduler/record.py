@@ -293,7 +293,8 @@ class StepRecord:
             kinds[r.kind] = kinds.get(r.kind, 0) + r.extend_len
         parts = ", ".join(f"{n} {k}" for k, n in kinds.items())
         return (
-            f"step {self.step} · {self.phase} · {self.size} requests · {self.num_tokens} tokens "
+            f"step {self.step} · {self.phase} · {self.size} request{'s' * (self.size != 1)} · "
+            f"{self.num_tokens} token{'s' * (self.num_tokens != 1)} "
             f"({parts}) · queue {self.queue_len} · KV free {self.kv.free}/{self.kv.total}"
         )
 
