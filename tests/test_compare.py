@@ -72,6 +72,41 @@ def test_compare_runs_its_settings_in_rounds():
     wb.close()
 
 
+def test_each_setting_starts_from_the_workbenchs_settings_not_the_one_before():
+    """A setting that names only the chunk size runs under the workbench's policy, record level
+    and profile window in every round, whatever the setting before it changed; afterwards the
+    workbench has its own settings back (before, round 2's "chunk 16" ran "mixed", profiled)."""
+    wb = Workbench("tiny-qwen3", max_running_reqs=4, record="light", policy="prefill_first")
+    seen: list[tuple] = []
+    wb.hooks.add(
+        "request.arrive",
+        lambda e: seen.append(
+            (wb.config.max_extend_tokens, wb.config.policy, wb.llm.settings()["record"])
+        ),
+    )
+    base = wb.llm.settings()
+    settings = {
+        "chunk 16": dict(max_extend_tokens=16),
+        "mixed, profiled": dict(policy="mixed", record="full", max_running_reqs=2),
+    }
+    runs = wb.compare(settings, [([5, 6, 7] * 10, greedy(3))] * 3, progress=False, repeats=2)
+    per_run = [seen[i] for i in range(0, len(seen), 3)]  # (three requests a run)
+    assert (
+        per_run
+        == [(16, "prefill_first", "light"), (base["max_extend_tokens"], "mixed", "full")] * 2
+    )
+    for run in runs["chunk 16"].repeats:
+        assert run.meta["policy"] == "prefill_first" and run.steps.batch_size.max() == 3
+        assert not run.steps.profiled.any()
+    assert all(r.steps.batch_size.max() <= 2 for r in runs["mixed, profiled"].repeats)
+    assert wb.llm.settings() == base and len(wb.history) == 0  # its own settings, a new run
+    # the requests stay the workbench's: run again, under its own settings
+    wb.reset(again=True)
+    wb.run(progress=False)
+    assert wb.history.steps.batch_size.max() == 3
+    wb.close()
+
+
 def test_a_settings_figure_is_the_mean_of_its_repeats_and_its_spread_covers_them():
     wb = Workbench("tiny-qwen3", max_running_reqs=4)
     requests = [([5, 6, 7, 8] * (3 + i), greedy(4), i) for i in range(4)]

@@ -131,6 +131,17 @@ class LLM:
         self.config = config
         self._stamp()
 
+    def settings(self) -> dict[str, Any]:
+        """What `reconfigure` changes, as it stands: ``reconfigure(**llm.settings())`` brings
+        them back after other settings."""
+        probe = self.check_open().scheduler.probe
+        return {
+            **{name: getattr(self.config, name) for name in SCHEDULER_SETTINGS},
+            "record": probe.record,
+            "profile_steps": probe.window,
+            "max_profiled_steps": probe.window.max_steps,
+        }
+
     def check_settings(self, **settings: Any) -> None:
         """Raise TypeError or ValueError if `reconfigure(**settings)` would; changes nothing."""
         self._checked(settings.pop("record", None), settings)

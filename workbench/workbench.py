@@ -332,10 +332,12 @@ class Workbench:
     ) -> dict[str, RunHistory]:
         """Run the same requests under each named setting; the runs by name, for `viz.compare_*`.
 
-        `settings`: name -> `reconfigure` arguments; `requests`: ``(prompt, sampling[, arrival])``
-        tuples, or a `Trace` (its requests arrive at their times), by default those added since
-        the last reset. `repeats` runs the settings in rounds, so that a slow spell falls on all
-        alike."""
+        `settings`: name -> `reconfigure` arguments, each applied to the settings the workbench
+        has when `compare` is called (not to the setting that ran before it); `requests`:
+        ``(prompt, sampling[, arrival])`` tuples, or a `Trace` (its requests arrive at their
+        times), by default those added since the last reset. `repeats` runs the settings in
+        rounds, so that a slow spell falls on all alike. Afterwards the workbench has its
+        settings back, in a new run (the runs are in what `compare` returns)."""
         repeats = V.integer("repeats", repeats, 1)
         self.llm.check_not_serving("compare")
         if requests is None:
@@ -345,16 +347,18 @@ class Workbench:
         else:
             workload = checked_requests(self.llm, requests, arrival)
         checked = checked_settings(self.llm, settings)
+        base = self.llm.settings()
         done: dict[str, list[RunHistory]] = {name: [] for name in checked}
         for round_ in range(repeats):
             for name, options in checked.items():
                 self.reset()
-                self.reconfigure(**options)
+                self.reconfigure(**{**base, **options})
                 for request in workload:
                     self._add_again(request)
                 self.run(progress=progress)
                 meta = {"repeat": round_} if repeats > 1 else {}
                 done[name].append(self.snapshot(run=name, settings=options, **meta))
+        self.reconfigure(**base)
         for runs in done.values():
             for run in runs:
                 run.repeats = tuple(runs)
