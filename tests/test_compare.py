@@ -107,6 +107,27 @@ def test_each_setting_starts_from_the_workbenchs_settings_not_the_one_before():
     wb.close()
 
 
+def test_the_summary_quotes_the_tables_figures_over_every_repeat():
+    """A sentence's "N steps of X ms on average" and queue time are the table's figures (the mean
+    of a setting's runs), not its first run's."""
+    wb = Workbench("tiny-qwen3", max_running_reqs=4, record="light")
+    requests = [([5, 6, 7] * 10, greedy(4)), ([8, 9] * 12, greedy(4)), ([3, 4] * 9, greedy(4))]
+    settings = {"chunk 8": dict(max_extend_tokens=8), "chunk 64": dict(max_extend_tokens=64)}
+    runs = wb.compare(settings, requests, progress=False, repeats=3)
+    wb.close()
+    table = compare_table(runs)
+    said = " ".join(compare_summary(runs))
+    quoted = dict(re.findall(r"(chunk \d+),? (?:took )?\d+ steps of (\d+\.\d) ms", said))
+    assert set(quoted) == set(settings), said
+    for label, ms in quoted.items():
+        first = runs[label].steps.wall_ms.mean()
+        assert ms == f"{table.loc[label, 'mean step wall (ms)']:.1f}", (label, ms, first)
+    queued = re.search(r"chunk 8's queued (\d+\.\d+) s in all", said)
+    assert queued and float(queued.group(1)) == pytest.approx(
+        table.loc["chunk 8", "queued (s)"], abs=0.006
+    )
+
+
 def test_a_settings_figure_is_the_mean_of_its_repeats_and_its_spread_covers_them():
     wb = Workbench("tiny-qwen3", max_running_reqs=4)
     requests = [([5, 6, 7, 8] * (3 + i), greedy(4), i) for i in range(4)]

@@ -79,6 +79,40 @@ def run_causes(history) -> Causes:
     )
 
 
+def mean_causes(runs: list[Causes]) -> Causes:
+    """The runs of one setting as one: each figure the mean of its runs' (as `compare_table`'s
+    figures are), the largest prompt step the largest of any; a count may then be fractional."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def mean(values) -> float:
+        values = [float(v) for v in values]
+        known = [v for v in values if not math.isnan(v)]
+        return sum(known) / len(known) if known else math.nan
+
+    reasons = {reason for c in runs for reason in c.queued_ms}
+    queued = {r: mean(c.queued_ms.get(r, 0.0) for c in runs) for r in reasons}
+    host_bound = [c.host_bound for c in runs]
+    fields = {
+        name: mean(getattr(c, name) for c in runs)
+        for name in Causes._fields
+        if name not in ("queued_ms", "prompt_tokens_max", "host_bound", "on_cpu")
+    }
+    return Causes(
+        **fields,
+        queued_ms=dict(sorted(queued.items(), key=lambda item: -item[1])),
+        prompt_tokens_max=max(c.prompt_tokens_max for c in runs),
+        host_bound=None if None in host_bound else mean(host_bound),
+        on_cpu=runs[0].on_cpu,
+    )
+
+
+def number(n: float) -> str:
+    """A count as a sentence says it: "16", or "16.5" for the mean of runs."""
+    n = float(n)
+    return f"{n:,.0f}" if n.is_integer() else f"{n:,.1f}"
+
+
 def _steps_per_prompt(ledger: pd.DataFrame) -> pd.Series:
     """Per request, the steps that computed part of its prompt (its chunks and "prefill")."""
     if "kind" not in ledger:  # a run saved with its tokens alone (a slimmed run)
@@ -116,7 +150,9 @@ def prompt_phrase(causes: Causes) -> str:
     """ "91 steps with prompt tokens (up to 256 a step; ...), the device busy 31% of their time"."""
     if not causes.prompt_steps:
         return "no step with prompt tokens"
-    paused = f"; {causes.paused_steps} paused the running decodes" if causes.paused_steps else ""
+    paused = (
+        f"; {number(causes.paused_steps)} paused the running decodes" if causes.paused_steps else ""
+    )
     said = (
         f"{_count(causes.prompt_steps, 'step')} with prompt tokens "
         f"(up to {causes.prompt_tokens_max:,} a step{paused})"
@@ -130,7 +166,7 @@ def host_phrase(causes: Causes) -> str:
     """ "80 of 110 steps host-bound" (or that the run recorded no host times)."""
     if causes.host_bound is None:
         return "no host times recorded"
-    return f"{causes.host_bound} of {_count(causes.steps, 'step')} host-bound"
+    return f"{number(causes.host_bound)} of {_count(causes.steps, 'step')} host-bound"
 
 
 def describe(label: str, causes: Causes) -> str:
@@ -150,5 +186,5 @@ def _s(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+def _count(n: float, noun: str) -> str:
+    return f"{number(n)} {noun}" if n == 1 else f"{number(n)} {noun}s"

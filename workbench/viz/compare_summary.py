@@ -11,7 +11,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from ..timing import DEVICE_MEANING
-from .causes import Causes, describe, queued_phrase, run_causes
+from .causes import Causes, describe, mean_causes, number, queued_phrase, run_causes
 from .compare import compare_table
 from .noise import repeats_of, same_setting_groups
 
@@ -44,7 +44,11 @@ def compare_summary(runs: Mapping[str, object]) -> Summary:
     setting where they differ by more than their noise, and why; else a tie. With one run, the
     run described."""
     firsts = {label: repeats_of(value)[0] for label, value in runs.items()}
-    causes = {label: run_causes(history) for label, history in firsts.items()}
+    # (over all of a setting's runs, as the table's figures are)
+    causes = {
+        label: mean_causes([run_causes(run) for run in repeats_of(value)])
+        for label, value in runs.items()
+    }
     if len(runs) < 2:
         return Summary(describe(label, c) for label, c in causes.items())
     table = compare_table(runs, full=True)
@@ -146,8 +150,8 @@ def _host_bound_why(x: Causes, y: Causes, a: str, b: str) -> list[str]:
     if x.host_bound is None or y.host_bound is None or x.host_bound == y.host_bound:
         return []
     return [
-        f"{x.host_bound} of {a}'s steps were host-bound, {y.host_bound} of {b}'s (the host's "
-        "own work longer than the device's: there the host set the pace)"
+        f"{number(x.host_bound)} of {a}'s steps were host-bound, {number(y.host_bound)} of {b}'s "
+        "(the host's own work longer than the device's: there the host set the pace)"
     ]
 
 
@@ -172,7 +176,7 @@ def _prompts_phrase(label: str, c: Causes) -> str:
     if not c.chunked:
         return f"{label} computed every prompt in one step"
     return (
-        f"{label} split {c.chunked} of {_count(c.prompts, 'prompt')} into chunks "
+        f"{label} split {number(c.chunked)} of {_count(c.prompts, 'prompt')} into chunks "
         f"({c.steps_per_prompt:.2f} steps a prompt on average)"
     )
 
@@ -184,13 +188,13 @@ def _itl_why(causes: dict[str, Causes], a: str, b: str) -> str:
     if x.prompt_steps != y.prompt_steps or x.paused_steps != y.paused_steps:
         said = (
             f"{a} ran {_count(x.prompt_steps, 'step')} with prompt tokens (up to "
-            f"{x.prompt_tokens_max:,} a step), {b} {y.prompt_steps} (up to "
+            f"{x.prompt_tokens_max:,} a step), {b} {number(y.prompt_steps)} (up to "
             f"{y.prompt_tokens_max:,})"
         )
         if x.paused_steps or y.paused_steps:
             said += (
-                f"; prefill steps paused the running decodes {x.paused_steps} times with {a}, "
-                f"{y.paused_steps} with {b}"
+                f"; prefill steps paused the running decodes {number(x.paused_steps)} times with "
+                f"{a}, {number(y.paused_steps)} with {b}"
             )
         parts.append(said)
     if _differ(x.mean_step_ms, y.mean_step_ms, 0.05):
@@ -288,5 +292,5 @@ def _names(labels: list[str]) -> str:
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+def _count(n: float, noun: str) -> str:
+    return f"{number(n)} {noun}" if n == 1 else f"{number(n)} {noun}s"
