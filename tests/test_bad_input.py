@@ -196,6 +196,44 @@ def test_bad_engine_options(kwargs, error, message):
         LLM("tiny-llama", **kwargs)
 
 
+@pytest.mark.parametrize(
+    "name, ours",
+    [
+        ("max_num_seqs", "max_running_reqs"),  # vLLM
+        ("max_running_requests", "max_running_reqs"),  # SGLang
+        ("max_num_batched_tokens", "max_extend_tokens"),
+        ("chunked_prefill_size", "max_extend_tokens"),
+        ("chunk", "max_extend_tokens"),
+        ("block_size", "page_size"),
+        ("tensor_parallel_size", "tp_size"),
+        ("gpu_memory_utilization", "memory_ratio"),
+        ("enforce_eager", "cuda_graph=False"),
+    ],
+)
+def test_another_engines_keyword_is_refused_naming_ours(name, ours):
+    with pytest.raises(TypeError, match=f"LLM has no keyword '{name}': here it is {ours}"):
+        LLM("tiny-llama", **{name: 1})
+
+
+def test_an_unknown_keyword_is_refused_naming_what_is_taken(llm):
+    with pytest.raises(TypeError, match="LLM has no keyword 'colour'; it takes attention, "):
+        LLM("tiny-llama", colour=1)
+    with pytest.raises(
+        TypeError, match="reconfigure has no keyword 'max_num_seqs': here it is max_running_reqs"
+    ):
+        llm.reconfigure(max_num_seqs=2)
+    with pytest.raises(
+        TypeError, match="reconfigure has no keyword 'colour'; it takes cache, max_extend"
+    ):
+        llm.check_settings(colour=1)
+    with pytest.raises(ValueError, match="page_size.* belong to the engine"):
+        llm.reconfigure(page_size=4)
+    with pytest.raises(
+        ValueError, match="prompt 0 has 1 token; with max_tokens=10000 that is 10001"
+    ):
+        llm.generate([[5]], SamplingParams(max_tokens=10_000))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_cuda_without_a_gpu_is_named():
     with pytest.raises(ValueError, match="device 'cuda' is not available: torch sees 0"):

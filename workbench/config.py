@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import torch
@@ -44,6 +45,39 @@ KERNEL_OPTIONS = (
     "pdl",
     "moe_backend",
 )
+# the names vLLM's and SGLang's users write for what a keyword here is (as the command line's
+# flags accept them: flags.py), and the words a person may try first
+OTHER_NAMES = {
+    "max_num_seqs": "max_running_reqs",
+    "max_running_requests": "max_running_reqs",
+    "max_num_batched_tokens": "max_extend_tokens",
+    "chunked_prefill_size": "max_extend_tokens",
+    "chunk_size": "max_extend_tokens",
+    "chunk": "max_extend_tokens",
+    "block_size": "page_size",
+    "tensor_parallel_size": "tp_size",
+    "tp": "tp_size",
+    "max_model_len": "max_seq_len",
+    "context_length": "max_seq_len",
+    "gpu_memory_utilization": "memory_ratio",
+    "mem_fraction_static": "memory_ratio",
+    "schedule_policy": "policy",
+    "enable_prefix_caching": 'cache ("radix" or "naive")',
+    "disable_radix_cache": 'cache="naive"',
+    "enforce_eager": "cuda_graph=False",
+    "disable_cuda_graph": "cuda_graph=False",
+    "disable_overlap_schedule": "overlap=False",
+}
+
+
+def unknown_keyword(name: str, where: str, known: Iterable[str]) -> TypeError:
+    """The error for keyword `name`, which `where` does not take: what it is called here, if it
+    is another engine's name for one, else the keywords it does take."""
+    if name in OTHER_NAMES:
+        return TypeError(f"{where} has no keyword {name!r}: here it is {OTHER_NAMES[name]}")
+    return TypeError(f"{where} has no keyword {name!r}; it takes {', '.join(sorted(known))}")
+
+
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -310,3 +344,8 @@ def _check_device(device: str | torch.device | None) -> str | None:
                 f"device {str(device)!r} is not available: torch sees {count} CUDA GPUs here"
             )
     return str(parsed)
+
+
+def engine_keywords() -> tuple[str, ...]:
+    """The keywords `EngineConfig` takes."""
+    return tuple(f.name for f in fields(EngineConfig))

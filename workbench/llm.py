@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from . import validate as V
-from .config import SCHEDULER_SETTINGS, EngineConfig
+from .config import SCHEDULER_SETTINGS, EngineConfig, engine_keywords, unknown_keyword
 from .core import Req, SamplingParams, check_request, encode_prompt, sampling_batch
 from .device import device_name
 from .engine.engine import Engine
@@ -62,6 +62,9 @@ class LLM:
         step_costs: StepCosts | None = None,
         **engine_options: Any,
     ) -> None:
+        for name in set(engine_options) - set(engine_keywords()):
+            own = ("record", "profile_steps", "max_profiled_steps", "step_costs")
+            raise unknown_keyword(name, "LLM", (*engine_keywords(), *own))
         window = profile_window(profile_steps, max_profiled_steps)
         probe = Probe(record, profile_steps=window)
         options = dict(device=device, dtype=dtype, page_size=page_size, overlap=overlap)
@@ -148,6 +151,9 @@ class LLM:
 
     def _checked(self, record, settings: dict) -> tuple[Probe, EngineConfig]:
         window = settings.pop("profile_steps", KEEP), settings.pop("max_profiled_steps", KEEP)
+        for name in sorted(set(settings) - set(engine_keywords())):
+            window_keywords = ("record", "profile_steps", "max_profiled_steps")
+            raise unknown_keyword(name, "reconfigure", (*SCHEDULER_SETTINGS, *window_keywords))
         engine_only = sorted(set(settings) - set(SCHEDULER_SETTINGS))
         if engine_only:
             raise ValueError(

@@ -34,7 +34,7 @@ def check_request(
     total = len(token_ids) + sampling.max_tokens
     if total > max_seq_len:
         raise ValueError(
-            f"prompt {index} has {len(token_ids)} tokens; with "
+            f"prompt {index} has {len(token_ids)} token{'s' * (len(token_ids) != 1)}; with "
             f"max_tokens={sampling.max_tokens} that is {total}, longer than the context "
             f"of {max_seq_len} tokens"
         )
