@@ -62,7 +62,7 @@ class LLM:
         step_costs: StepCosts | None = None,
         **engine_options: Any,
     ) -> None:
-        for name in set(engine_options) - set(engine_keywords()):
+        for name in sorted(set(engine_options) - set(engine_keywords())):
             own = ("record", "profile_steps", "max_profiled_steps", "step_costs")
             raise unknown_keyword(name, "LLM", (*engine_keywords(), *own))
         window = profile_window(profile_steps, max_profiled_steps)
