@@ -67,6 +67,13 @@ def test_compare_runs_its_settings_in_rounds():
         assert len(repeats) == 3 and repeats[0] is runs[name]
         assert [r.meta["repeat"] for r in repeats] == [0, 1, 2]
         assert all(r.repeats == repeats for r in repeats)
+    # the chart draws one run a setting and says which, where the table is their mean
+    from workbench.viz import compare_chart
+
+    titles = [panel["title"] for panel in compare_chart(runs).to_dict()["vconcat"]]
+    assert all(t.endswith("(the first of each setting's 3 runs)") for t in titles), titles
+    single = {name: [run] for name, run in runs.items()}  # (one run a setting)
+    assert all("runs)" not in p["title"] for p in compare_chart(single).to_dict()["vconcat"])
     with pytest.raises(ValueError, match="repeats"):
         wb.compare(settings, progress=False, repeats=0)
     wb.close()

@@ -231,7 +231,11 @@ def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
     `unit`: "steps" or "ms" for the latencies."""
     if unit not in ("steps", "ms"):
         raise ValueError(f"unit must be 'steps' or 'ms', got {unit!r}")
+    counts = {len(repeats_of(value)) for value in runs.values()}
     runs = {label: repeats_of(value)[0] for label, value in runs.items()}
+    # a chart of one run a setting says so, where the table beside it is the mean of several
+    n = str(max(counts)) if len(counts) == 1 else f"{min(counts)} to {max(counts)}"
+    of = "" if counts == {1} else f" (the first of each setting's {n} runs)"
     alt = altair()
     labels = list(runs)
     run_scale = alt.Scale(domain=labels)
@@ -256,7 +260,7 @@ def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
             ),
             tooltip=["run:N", "source:N", "uid:O", "ttft_steps:Q", "ttft_ms:Q", "tpot_steps:Q"],
         )
-        .properties(width=WIDTH, height=160, title="Time to first token, per request")
+        .properties(width=WIDTH, height=160, title="Time to first token, per request" + of)
     )
     cols = ["num_tokens", "queue_len", "running"]
     steps = pd.concat(
@@ -277,12 +281,12 @@ def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
             y=fitted_y(alt, "num_tokens", "tokens in the batch", steps.num_tokens),
             tooltip=["run:N", "bin:Q"],
         )
-        .properties(width=WIDTH, height=130, title="Tokens per step")
+        .properties(width=WIDTH, height=130, title="Tokens per step" + of)
     )
     queue = (
         base.mark_line(interpolate="step-after")
         .encode(y=alt.Y("queue_len:Q", title="waiting requests"), tooltip=["run:N", "bin:Q"])
-        .properties(width=WIDTH, height=110, title="Queue length")
+        .properties(width=WIDTH, height=110, title="Queue length" + of)
     )
     return alt.vconcat(ttft, tokens, queue).resolve_scale(color="shared")
 
