@@ -55,6 +55,25 @@ def test_sweep_prints_a_table_and_passes_engine_options_through():
     steps = [int(line.split("|")[5]) for line in table[2:]]
     assert steps[0] > steps[1]
     assert "ran the same kernels" not in out  # (a schedule, not kernels, was varied)
+    # each ran once: the table carries no spread, and says so (and how to get one)
+    assert "Each setting ran once: how far apart two runs of one setting fall here is not " in out
+    assert "--sweep max_extend_tokens=8,64,8,64 runs each twice" in out
+
+
+def test_a_setting_swept_twice_gives_the_table_its_run_to_run_spread():
+    out = _bench("--model", "tiny-llama", "--sweep", "max_extend_tokens=8,64,8,64")
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["8", "64", "8", "64"]  # rounds
+    tps = [float(line.split("|")[2].replace(",", "")) for line in table[2:]]
+    for value, (a, b) in (("8", (tps[0], tps[2])), ("64", (tps[1], tps[3]))):
+        (note,) = [
+            line for line in out.splitlines() if line.startswith(f"max_extend_tokens={value} ran")
+        ]
+        low, high = min(a, b), max(a, b)
+        assert f"ran 2 times: {low:,.0f} to {high:,.0f} output tok/s, " in note
+        apart = float(note.split(" output tok/s, ")[1].split("%")[0]) / 100
+        assert apart == pytest.approx((high - low) / low, abs=0.001 + 1 / low)  # (rounded cells)
+    assert "Each setting ran once" not in out
 
 
 def test_a_sweep_of_a_kernel_option_the_device_cannot_take_says_the_runs_ran_alike():

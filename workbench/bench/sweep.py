@@ -87,7 +87,35 @@ def sweep_table(results: list[dict]) -> str:
             cells += [f"{r['ttft_ms_p50']:.1f}", f"{r['ttft_ms_p90']:.1f}"]
             cells.append(f"{r['tpot_ms_p50']:.2f}" if "tpot_ms_p50" in r else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + _same_kernels(results, keys))
+    return "\n".join(lines + _spread(results, keys) + _same_kernels(results, keys))
+
+
+def _spread(results: list[dict], keys: list[str]) -> list[str]:
+    """The run-to-run spread the table carries: a setting swept more than once ran twice or more,
+    and how far apart its runs fell is what a difference must exceed to be the setting's."""
+    runs: dict[tuple, list[float]] = {}
+    for r in results:
+        runs.setdefault(tuple(r["varied"][k] for k in keys), []).append(r["output_tokens_per_s"])
+    repeated = {combo: tps for combo, tps in runs.items() if len(tps) > 1}
+    if not repeated:
+        values = list(dict.fromkeys(str(r["varied"][keys[0]]) for r in results)) if keys else []
+        twice = ",".join(values * 2)
+        example = f"--sweep {keys[0]}={twice}" if keys else "a value given twice"
+        return [
+            "\nEach setting ran once: how far apart two runs of one setting fall here is not "
+            f"measured, so no difference above is known to be the setting's ({example} runs "
+            "each twice, in rounds; Workbench.compare(..., repeats=N) gives every figure its "
+            "noise)"
+        ]
+    notes = []
+    for combo, tps in repeated.items():
+        name = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo, strict=True))
+        spread = (max(tps) - min(tps)) / min(tps)
+        notes.append(
+            f"\n{name} ran {len(tps)} times: {min(tps):,.0f} to {max(tps):,.0f} output tok/s, "
+            f"{spread:.1%} apart: differences in the table within that are run-to-run spread"
+        )
+    return notes
 
 
 def _same_kernels(results: list[dict], keys: list[str]) -> list[str]:
