@@ -114,6 +114,26 @@ def test_each_setting_starts_from_the_workbenchs_settings_not_the_one_before():
     wb.close()
 
 
+def test_a_comparison_without_records_is_refused_by_name():
+    """record='off' keeps no steps: compare refuses it before running anything, and a table of
+    such runs names the run (it raised pandas' "operation 'sub' not supported")."""
+    wb = Workbench("tiny-qwen3", max_running_reqs=4, record="off")
+    work = [([5, 6, 7] * 4, greedy(3))]
+    with pytest.raises(ValueError, match="setting 'a' would run with record='off'"):
+        wb.compare({"a": dict(max_extend_tokens=8), "b": dict(record="light")}, work)
+    assert wb.step_index == 0 and len(wb.history) == 0  # (nothing ran)
+    runs = wb.compare({"a": dict(record="light"), "b": dict(record="light")}, work, progress=False)
+    assert all(len(run.steps) for run in runs.values())
+    wb.reconfigure(record="off")
+    wb.reset()
+    for request in work:
+        wb.add_request(*request)
+    wb.run(progress=False)
+    with pytest.raises(ValueError, match="run 'off' has no step records to compare .*record='off'"):
+        compare_table({"off": wb.snapshot(), "light": runs["a"]})
+    wb.close()
+
+
 def test_the_summary_quotes_the_tables_figures_over_every_repeat():
     """A sentence's "N steps of X ms on average" and queue time are the table's figures (the mean
     of a setting's runs), not its first run's."""

@@ -348,6 +348,12 @@ class Workbench:
             workload = checked_requests(self.llm, requests, arrival)
         checked = checked_settings(self.llm, settings)
         base = self.llm.settings()
+        for name, options in checked.items():
+            if options.get("record", base["record"]) == "off":
+                raise ValueError(
+                    f"compare needs each run's step records: setting {name!r} would run with "
+                    "record='off'; give the workbench (or the setting) record='light' or 'full'"
+                )
         done: dict[str, list[RunHistory]] = {name: [] for name in checked}
         for round_ in range(repeats):
             for name, options in checked.items():

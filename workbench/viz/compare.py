@@ -74,6 +74,7 @@ def compare_table(
         repeats = repeats_of(value)
         figures = []
         for history in repeats:
+            _check_recorded(label, history)
             row = _row(history)
             if slo is not None:
                 extra = slo_figures(history, slo)
@@ -161,6 +162,17 @@ def _number(value) -> str:
         else f"{value:.2f}"
         if abs(value) >= 1
         else f"{value:.2g}"
+    )
+
+
+def _check_recorded(label: str, history) -> None:
+    if len(history.steps):
+        return
+    record = getattr(history, "meta", {}).get("record")
+    why = "it ran with record='off'" if record == "off" else "it recorded no step"
+    raise ValueError(
+        f"run {label!r} has no step records to compare ({why}): run it with record='light' "
+        "or 'full'"
     )
 
 
