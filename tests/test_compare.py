@@ -114,6 +114,25 @@ def test_each_setting_starts_from_the_workbenchs_settings_not_the_one_before():
     wb.close()
 
 
+def test_a_comparison_that_fails_leaves_the_workbench_with_its_settings():
+    wb = Workbench("tiny-qwen3", max_running_reqs=4, record="light")
+    base = wb.llm.settings()
+
+    def fail(event) -> None:
+        if wb.config.policy == "mixed":
+            raise RuntimeError("a hook's own bug")
+
+    hook = wb.hooks.add("request.arrive", fail)
+    settings = {"a": dict(max_extend_tokens=16), "b": dict(policy="mixed")}
+    with pytest.raises(Exception, match="a hook's own bug"):
+        wb.compare(settings, [([5, 6, 7] * 4, greedy(3))], progress=False)
+    assert wb.llm.settings() == base  # not "b"'s policy
+    wb.check_integrity()
+    hook.remove()
+    assert len(wb.compare(settings, progress=False)) == 2  # and it compares on
+    wb.close()
+
+
 def test_a_comparison_without_records_is_refused_by_name():
     """record='off' keeps no steps: compare refuses it before running anything, and a table of
     such runs names the run (it raised pandas' "operation 'sub' not supported")."""

@@ -355,15 +355,21 @@ class Workbench:
                     "record='off'; give the workbench (or the setting) record='light' or 'full'"
                 )
         done: dict[str, list[RunHistory]] = {name: [] for name in checked}
-        for round_ in range(repeats):
-            for name, options in checked.items():
+        try:
+            for round_ in range(repeats):
+                for name, options in checked.items():
+                    self.reset()
+                    self.reconfigure(**{**base, **options})
+                    for request in workload:
+                        self._add_again(request)
+                    self.run(progress=progress)
+                    meta = {"repeat": round_} if repeats > 1 else {}
+                    done[name].append(self.snapshot(run=name, settings=options, **meta))
+        except BaseException:  # (a hook that raised, Ctrl-C): not left in a setting either
+            with contextlib.suppress(Exception):
                 self.reset()
-                self.reconfigure(**{**base, **options})
-                for request in workload:
-                    self._add_again(request)
-                self.run(progress=progress)
-                meta = {"repeat": round_} if repeats > 1 else {}
-                done[name].append(self.snapshot(run=name, settings=options, **meta))
+                self.reconfigure(**base)
+            raise
         self.reconfigure(**base)
         for runs in done.values():
             for run in runs:
