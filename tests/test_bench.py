@@ -76,6 +76,18 @@ def test_a_setting_swept_twice_gives_the_table_its_run_to_run_spread():
     assert "Each setting ran once" not in out
 
 
+def test_a_twins_sweep_says_its_runs_have_no_spread_of_their_own(tmp_path):
+    from .test_twin import MODEL as TWIN_MODEL
+    from .test_twin import synthetic_costs
+
+    costs = synthetic_costs(TWIN_MODEL).save(tmp_path / "costs.json")
+    out = _bench("--model", TWIN_MODEL, "--step-costs", str(costs), "--sweep", "policy=mixed,mixed")
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert len({line.split("|")[2] for line in table[2:]}) == 1  # the same figures, twice
+    assert "A twin's runs are simulated on its virtual clock" in out
+    assert "ran 2 times" not in out and "Each setting ran once" not in out
+
+
 def test_a_sweep_of_a_kernel_option_the_device_cannot_take_says_the_runs_ran_alike():
     """On the CPU small_gemm resolves off either way: the table's difference is noise, and the
     line under it says so (`Engine.kernels`)."""

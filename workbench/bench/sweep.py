@@ -93,6 +93,12 @@ def sweep_table(results: list[dict]) -> str:
 def _spread(results: list[dict], keys: list[str]) -> list[str]:
     """The run-to-run spread the table carries: a setting swept more than once ran twice or more,
     and how far apart its runs fell is what a difference must exceed to be the setting's."""
+    if results and all(str(r.get("device", "")).startswith("a twin of") for r in results):
+        return [
+            "\nA twin's runs are simulated on its virtual clock: a setting gives the same "
+            "figures every run, and how far they are from the GPU's is the twin's error "
+            "against real runs (docs/twin.md), not a run-to-run spread"
+        ]
     runs: dict[tuple, list[float]] = {}
     for r in results:
         runs.setdefault(tuple(r["varied"][k] for k in keys), []).append(r["output_tokens_per_s"])
