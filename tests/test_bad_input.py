@@ -4,6 +4,9 @@ input (numpy and torch token ids, a 2-d array as a batch) is accepted and runs r
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -213,6 +216,19 @@ def test_bad_engine_options(kwargs, error, message):
 def test_another_engines_keyword_is_refused_naming_ours(name, ours):
     with pytest.raises(TypeError, match=f"LLM has no keyword '{name}': here it is {ours}"):
         LLM("tiny-llama", **{name: 1})
+
+
+def test_sampling_keywords_of_other_libraries_are_refused_naming_ours():
+    with pytest.raises(TypeError, match="no keyword 'max_new_tokens': it is max_tokens here"):
+        SamplingParams(max_new_tokens=8)
+    with pytest.raises(TypeError, match="no keyword 'stop': stop strings are the server's"):
+        SamplingParams(stop=["\n"])
+    with pytest.raises(TypeError, match="no keyword 'colour'; it takes max_tokens, temperature"):
+        SamplingParams(colour=1)
+    # made as before: positionally, replaced, copied
+    params = SamplingParams(8, 0.5, logit_bias={3: 1.0})
+    assert dataclasses.replace(params, max_tokens=4).max_tokens == 4
+    assert pickle.loads(pickle.dumps(params)) == params
 
 
 def test_an_unknown_keyword_is_refused_naming_what_is_taken(llm):

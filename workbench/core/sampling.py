@@ -13,11 +13,31 @@ MAX_LOGPROBS = 20  # most likely tokens a position reports at most (OpenAI's top
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound of a logit_bias value
 MAX_PENALTY = 2.0  # OpenAI's bound of presence_penalty and frequency_penalty (either sign)
 MAX_REPETITION_PENALTY = 100.0
+# what vLLM's and Hugging Face's users write that SamplingParams takes otherwise, or not at all
+OTHER_NAMES = {
+    "max_new_tokens": "it is max_tokens here",
+    "do_sample": "temperature > 0 samples here (0, the default, is greedy)",
+    "top_logprobs": "it is logprobs=N here",
+    "n": "for n samples give the prompt n times, each with its own seed",
+    "stop": "stop strings are the server's (a request's 'stop'); here a request ends at its EOS "
+    "or max_tokens",
+    "stop_token_ids": "here a request ends at its EOS or max_tokens (ignore_eos=True: max_tokens)",
+    "min_tokens": "here a request ends at its EOS or max_tokens (ignore_eos=True: max_tokens)",
+}
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens for one request (`temperature=0`, the default: greedy); checked."""
+
+    def __new__(cls, *args, **kwargs):
+        for name in kwargs:
+            if name not in cls.__dataclass_fields__ or name == "adjusts_logits":
+                said = OTHER_NAMES.get(name)
+                taken = ", ".join(f for f in cls.__dataclass_fields__ if f != "adjusts_logits")
+                what = f": {said}" if said else f"; it takes {taken}"
+                raise TypeError(f"SamplingParams has no keyword {name!r}{what}")
+        return super().__new__(cls)
 
     max_tokens: int = 16
     temperature: float = 0.0
