@@ -133,7 +133,7 @@ def test_a_comparison_that_fails_leaves_the_workbench_with_its_settings():
     wb.close()
 
 
-def test_a_comparison_without_records_is_refused_by_name():
+def test_a_comparison_without_records_is_refused_by_name(tmp_path):
     """record='off' keeps no steps: compare refuses it before running anything, and a table of
     such runs names the run (it raised pandas' "operation 'sub' not supported")."""
     wb = Workbench("tiny-qwen3", max_running_reqs=4, record="off")
@@ -148,8 +148,13 @@ def test_a_comparison_without_records_is_refused_by_name():
     for request in work:
         wb.add_request(*request)
     wb.run(progress=False)
-    with pytest.raises(ValueError, match="run 'off' has no step records to compare .*record='off'"):
+    with pytest.raises(ValueError, match="run 'off' has no step records .it ran with record='off'"):
         compare_table({"off": wb.snapshot(), "light": runs["a"]})
+    with pytest.raises(ValueError, match="run 'off' has no step records"):
+        compare_summary({"off": wb.snapshot()})  # (it raised "could not convert string to float")
+    with pytest.raises(ValueError, match="the run has no step records"):
+        wb.report(tmp_path / "report.html")  # (it raised "operation 'add' not supported")
+    assert not (tmp_path / "report.html").exists()
     wb.close()
 
 

@@ -15,6 +15,16 @@ WIDTH = 520
 LOG_SPAN = 100  # values whose largest is this many times their smallest go on a log scale
 
 
+def check_recorded(history, what: str) -> None:
+    """Raise ValueError naming `what` where `history` holds no step (a run with record="off"):
+    the views read steps, and would fail on an empty table in pandas' words instead."""
+    if len(history.steps):
+        return
+    record = getattr(history, "meta", {}).get("record")
+    why = "it ran with record='off'" if record == "off" else "it recorded no step"
+    raise ValueError(f"{what} has no step records ({why}): run it with record='light' or 'full'")
+
+
 def altair():
     import altair as alt
 

@@ -13,7 +13,7 @@ from ..history.families import breakdown_table
 from ..history.latency import inter_token_latencies, tpot
 from ..history.slo import check_slo, slo_figures
 from .causes import run_causes
-from .common import WIDTH, altair, binned_steps, fitted_y
+from .common import WIDTH, altair, binned_steps, check_recorded, fitted_y
 from .noise import (
     PERCENTILES,
     combine,
@@ -74,7 +74,7 @@ def compare_table(
         repeats = repeats_of(value)
         figures = []
         for history in repeats:
-            _check_recorded(label, history)
+            check_recorded(history, f"run {label!r}")
             row = _row(history)
             if slo is not None:
                 extra = slo_figures(history, slo)
@@ -162,17 +162,6 @@ def _number(value) -> str:
         else f"{value:.2f}"
         if abs(value) >= 1
         else f"{value:.2g}"
-    )
-
-
-def _check_recorded(label: str, history) -> None:
-    if len(history.steps):
-        return
-    record = getattr(history, "meta", {}).get("record")
-    why = "it ran with record='off'" if record == "off" else "it recorded no step"
-    raise ValueError(
-        f"run {label!r} has no step records to compare ({why}): run it with record='light' "
-        "or 'full'"
     )
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 from ..history.latency import inter_token_latencies, output_throughput, run_seconds
 from . import charts
 from .causes import describe, run_causes
-from .common import vega_offline
+from .common import check_recorded, vega_offline
 
 
 def summary(history) -> dict:
@@ -59,6 +59,7 @@ def write_report(
 ) -> Path:
     """Write `history` as one HTML file that opens offline (where vl-convert-python is
     installed), `meta` added to its settings."""
+    check_recorded(history, "the run")
     step = focus_step(history)  # the per-step charts' step; the others show the whole run
     figures = [
         (chart.title.format(step=step), chart.draw(history, step if chart.per_step else None))
@@ -87,7 +88,7 @@ def write_report(
         vega=vega,
         online="" if offline else f"<p>{_ONLINE}</p>",
         summary=_table(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]})),
-        said=html.escape(describe("This run", run_causes(history))) if len(history.steps) else "",
+        said=html.escape(describe("This run", run_causes(history))),
         figures="\n".join(figure_html),
         requests=_table(history.requests.round(4)),
         texts=_texts_table(texts),
