@@ -44,6 +44,28 @@ def specs(history, step):
     return out
 
 
+def test_a_run_without_records_draws_every_view_empty_and_saying_why():
+    """record='off' keeps no step: each chart of the views says so (batch composition, the KV
+    pool and SLO misses failed in pandas' words), a comparison's chart names the run."""
+    from workbench.viz import charts
+    from workbench.viz.common import NO_STEPS
+
+    wb = Workbench("tiny-llama", record="off")
+    wb.add_request(PROMPTS[0], greedy(4))
+    wb.run(progress=False)
+    history = wb.history
+    drawn = {
+        c.name: json.dumps(c.draw(history, 0 if c.per_step else None).to_dict())
+        for c in charts.CHARTS
+    }
+    for name in ("batch_composition", "kv_usage", "step_times"):
+        assert NO_STEPS in drawn[name], name
+    assert NO_STEPS in json.dumps(viz.slo_misses(history, {"ttft_ms": 100}).to_dict())
+    with pytest.raises(ValueError, match="run 'off' has no step records"):
+        viz.compare_chart({"off": wb.snapshot()})
+    wb.close()
+
+
 def test_charts_from_a_live_and_a_loaded_run_are_the_same(run):
     wb, loaded = run
     step = int(wb.history.steps.step[wb.history.steps.batch_size.idxmax()])

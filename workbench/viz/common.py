@@ -15,6 +15,9 @@ WIDTH = 520
 LOG_SPAN = 100  # values whose largest is this many times their smallest go on a log scale
 
 
+NO_STEPS = "no steps recorded (yet, or record='off')"
+
+
 def check_recorded(history, what: str) -> None:
     """Raise ValueError naming `what` where `history` holds no step (a run with record="off"):
     the views read steps, and would fail on an empty table in pandas' words instead."""

@@ -234,6 +234,8 @@ def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
         raise ValueError(f"unit must be 'steps' or 'ms', got {unit!r}")
     counts = {len(repeats_of(value)) for value in runs.values()}
     runs = {label: repeats_of(value)[0] for label, value in runs.items()}
+    for label, history in runs.items():
+        check_recorded(history, f"run {label!r}")
     # a chart of one run a setting says so, where the table beside it is the mean of several
     n = str(max(counts)) if len(counts) == 1 else f"{min(counts)} to {max(counts)}"
     of = "" if counts == {1} else f" (the first of each setting's {n} runs)"

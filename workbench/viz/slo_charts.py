@@ -7,7 +7,16 @@ from collections.abc import Mapping
 from ..history.misses import CAUSES, miss_causes
 from ..history.slo import slo_figures
 from ..palette import MISS_COLORS
-from .common import MAX_LINES, WIDTH, altair, color_scale, empty_chart, highlight, rows_height
+from .common import (
+    MAX_LINES,
+    NO_STEPS,
+    WIDTH,
+    altair,
+    color_scale,
+    empty_chart,
+    highlight,
+    rows_height,
+)
 
 
 def has_slo(history) -> bool:
@@ -22,6 +31,8 @@ def slo_misses(history, slo: Mapping[str, float] | None = None, highlight_uid: i
     slo = slo if slo is not None else getattr(history, "meta", {}).get("slo")
     if not slo:
         return empty_chart(alt, "no SLO: slo_misses(history, slo={'ttft_ms': 500, ...})")
+    if history.steps.empty:
+        return empty_chart(alt, NO_STEPS)
     causes = miss_causes(history, slo)
     figures = slo_figures(history, slo)
     title = (

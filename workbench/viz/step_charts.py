@@ -19,6 +19,7 @@ from ..palette import (
 from ..timing import DEVICE_STAGES, add_timing_columns, device_on_host
 from .common import (
     MAX_BARS,
+    NO_STEPS,
     WIDTH,
     altair,
     binned_steps,
@@ -33,6 +34,8 @@ from .common import (
 def batch_composition(history, highlight_step: int | None = None):
     """Tokens computed per step, stacked by kind: chunk, full prefill, decode, and padding."""
     alt = altair()
+    if history.steps.empty:
+        return empty_chart(alt, NO_STEPS)
     cols = ["chunk_tokens", "prefill_tokens", "decode_tokens", "padding_tokens"]
     frame, x_title = binned_steps(history.steps, cols)
     long = frame.melt(
@@ -60,6 +63,8 @@ def batch_composition(history, highlight_step: int | None = None):
 def kv_usage(history, highlight_step: int | None = None):
     """The KV pool over steps: in use by live requests, cached and evictable, free."""
     alt = altair()
+    if history.steps.empty:
+        return empty_chart(alt, NO_STEPS)
     cols = ["kv_in_use", "kv_evictable", "kv_free"]
     frame, x_title = binned_steps(history.steps, cols)
     long = frame.melt(
@@ -102,7 +107,7 @@ def step_times(history, highlight_step: int | None = None):
     alt = altair()
     steps = history.steps
     if steps.empty:
-        return empty_chart(alt, "no steps recorded yet")
+        return empty_chart(alt, NO_STEPS)
     on_host = device_on_host(history)
     if "host_bound" not in steps:
         steps = add_timing_columns(steps.copy(), on_host)
