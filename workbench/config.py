@@ -73,9 +73,10 @@ OTHER_NAMES = {
 def unknown_keyword(name: str, where: str, known: Iterable[str]) -> TypeError:
     """The error for keyword `name`, which `where` does not take: what it is called here, if it
     is another engine's name for one, else the keywords it does take."""
-    if name in OTHER_NAMES:
-        return TypeError(f"{where} has no keyword {name!r}: here it is {OTHER_NAMES[name]}")
-    return TypeError(f"{where} has no keyword {name!r}; it takes {', '.join(sorted(known))}")
+    from . import validate as V
+
+    hints = {other: f"here it is {ours}" for other, ours in OTHER_NAMES.items()}
+    return V.unknown_keyword(where, name, sorted(known), hints)
 
 
 DTYPES = {

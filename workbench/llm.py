@@ -62,9 +62,10 @@ class LLM:
         step_costs: StepCosts | None = None,
         **engine_options: Any,
     ) -> None:
-        for name in sorted(set(engine_options) - set(engine_keywords())):
+        unknown = sorted(set(engine_options) - set(engine_keywords()))
+        if unknown:
             own = ("record", "profile_steps", "max_profiled_steps", "step_costs")
-            raise unknown_keyword(name, "LLM", (*engine_keywords(), *own))
+            raise unknown_keyword(unknown[0], "LLM", (*engine_keywords(), *own))
         window = profile_window(profile_steps, max_profiled_steps)
         probe = Probe(record, profile_steps=window)
         options = dict(device=device, dtype=dtype, page_size=page_size, overlap=overlap)
@@ -151,9 +152,10 @@ class LLM:
 
     def _checked(self, record, settings: dict) -> tuple[Probe, EngineConfig]:
         window = settings.pop("profile_steps", KEEP), settings.pop("max_profiled_steps", KEEP)
-        for name in sorted(set(settings) - set(engine_keywords())):
-            window_keywords = ("record", "profile_steps", "max_profiled_steps")
-            raise unknown_keyword(name, "reconfigure", (*SCHEDULER_SETTINGS, *window_keywords))
+        unknown = sorted(set(settings) - set(engine_keywords()))
+        if unknown:
+            taken = (*SCHEDULER_SETTINGS, "record", "profile_steps", "max_profiled_steps")
+            raise unknown_keyword(unknown[0], "reconfigure", taken)
         engine_only = sorted(set(settings) - set(SCHEDULER_SETTINGS))
         if engine_only:
             raise ValueError(

@@ -205,3 +205,13 @@ def _array_kind(value: Any) -> str:
     if value.is_floating_point() or value.is_complex():
         return str(value.dtype).removeprefix("torch.")
     return "int"
+
+
+def unknown_keyword(
+    where: str, name: str, known: Sequence[str], hints: Mapping[str, str]
+) -> TypeError:
+    """The error for keyword `name`, which `where` does not take: its hint (what another
+    library's name is here) where `hints` has one, else the keywords `where` takes."""
+    if name in hints:
+        return TypeError(f"{where} has no keyword {name!r}: {hints[name]}")
+    return TypeError(f"{where} has no keyword {name!r}; it takes {', '.join(known)}")

@@ -33,10 +33,10 @@ class SamplingParams:
     def __new__(cls, *args, **kwargs):
         for name in kwargs:
             if name not in cls.__dataclass_fields__ or name == "adjusts_logits":
-                said = OTHER_NAMES.get(name)
-                taken = ", ".join(f for f in cls.__dataclass_fields__ if f != "adjusts_logits")
-                what = f": {said}" if said else f"; it takes {taken}"
-                raise TypeError(f"SamplingParams has no keyword {name!r}{what}")
+                from .. import validate as V
+
+                taken = [f for f in cls.__dataclass_fields__ if f != "adjusts_logits"]
+                raise V.unknown_keyword("SamplingParams", name, taken, OTHER_NAMES)
         return super().__new__(cls)
 
     max_tokens: int = 16
