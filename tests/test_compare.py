@@ -194,6 +194,61 @@ def test_a_settings_figure_is_the_mean_of_its_repeats_and_its_spread_covers_them
     wb.close()
 
 
+def test_repeats_that_agree_by_chance_still_carry_their_steps_noise():
+    """Two runs of one schedule whose step times differ but whose means agree: the mean's noise
+    is what drawing each step's time from either run gives (every step has a shape of its own
+    here, so a bootstrap of one run alone sees none), not the zero range of the two means."""
+    from workbench.runs import RunHistory
+
+    wb = Workbench("tiny-qwen3", max_running_reqs=4, max_extend_tokens=16, policy="mixed")
+    requests = [([5, 6, 7] * (5 + 3 * i), greedy(3), 2 * i) for i in range(3)]
+    (run,) = wb.compare({"a": {}}, requests, progress=False).values()
+    wb.close()
+    frames = dict(run.tables())
+    steps = frames["steps"].copy()
+    first, last = steps.index[0], steps.index[-1]
+    a, b = steps.at[first, "wall_ms"], steps.at[last, "wall_ms"]
+    steps.loc[[first, last], "wall_ms"] = [b, a]  # the same total: the means agree
+    again = RunHistory({**frames, "steps": steps}, run.meta)
+    table = compare_table({"a": [run, again]})
+    assert table.loc["a", "repeats"] == 2
+    assert table.loc["a", "mean step wall (ms)"] == pytest.approx(steps.wall_ms.mean(), abs=1e-3)
+    # step 0 and the last step each take either time: the mean moves by |a - b| / steps each way
+    assert table.loc["a", "mean step wall (ms) ±"] >= 0.9 * abs(a - b) / len(steps)
+
+
+def test_a_latency_sentence_quotes_every_setting_it_names_and_what_p99_says():
+    """Each setting a sentence names comes with its own figure from the table; a latency's
+    sentence also gives its p99 verdict (winners beyond the noise, or within it)."""
+    wb = Workbench("tiny-qwen3", max_running_reqs=4, record="light")
+    requests = [([5, 6, 7] * (4 + 4 * i), greedy(5), i) for i in range(5)]
+    settings = {f"chunk {c}": dict(max_extend_tokens=c, policy="mixed") for c in (8, 16, 64)}
+    runs = wb.compare(settings, requests, progress=False)
+    wb.close()
+    table = compare_table(runs)
+    said = {s.split(" is ")[0].split(" ties")[0]: s for s in compare_summary(runs)}
+    quoted = 0
+    for title, q in [("Time to first token", "TTFT"), ("Inter-token latency", "ITL")]:
+        for p in ("p50", "p99"):
+            column = f"{p} {q} (ms)"
+            for label, value, noise in re.findall(
+                rf"(chunk \d+) \({p} ([\d.,]+) ± ([\d.,]+) ms\)", said[title]
+            ):
+                assert float(value.replace(",", "")) == pytest.approx(
+                    table.loc[label, column], rel=0.01, abs=0.051
+                ), (said[title], label)
+                assert float(noise.replace(",", "")) == pytest.approx(
+                    table.loc[label, f"{column} ±"], rel=0.01, abs=0.0051
+                )
+                quoted += 1
+        tail = verdict(table[f"p99 {q} (ms)"], table[f"p99 {q} (ms) ±"], higher=False)
+        if tail.best:
+            assert f"; at p99 it is lowest with {tail.best[0]} (p99 " in said[title], said[title]
+        else:
+            assert "; at p99 within noise of each other (" in said[title], said[title]
+    assert quoted >= 2
+
+
 def _times(f: Linear, scale: float) -> Linear:
     return Linear(f.features, tuple(c * scale for c in f.coef))
 

@@ -81,8 +81,10 @@ def compare_table(
                 row.update(extra)
                 slo_columns.update(dict.fromkeys(extra))
             figures.append(row)
-        alone = len(repeats) == 1
-        own = [run_spreads(h, row, alone) for h, row in zip(repeats, figures)]
+        own = [
+            run_spreads(h, row, repeats[:i] + repeats[i + 1 :])
+            for i, (h, row) in enumerate(zip(repeats, figures))
+        ]
         rows[label], spreads[label] = combine(figures, own)
         rows[label]["repeats"] = len(repeats)
     table = pd.DataFrame.from_dict(rows, orient="index")

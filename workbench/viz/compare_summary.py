@@ -110,28 +110,57 @@ def verdict(
 def _figure_sentence(table, causes, column: str, title: str, higher: bool, why, same) -> str:
     if column not in table:
         return ""
-    values, spreads = table[column], table.get(f"{column} ±", pd.Series(dtype=float))
-    judged = verdict(values, spreads, higher, same)
+    judged = _verdict_of(table, column, higher, same)
     if judged is None:
         return ""
     unit = f" {column}" if column.endswith("/s") else " ms"
+    tail, parted = _tail_clause(table, column, higher, same)
     if not judged.best:
         noise = "not known" if math.isnan(judged.noise) else f"up to ± {_value(judged.noise)}"
         what = "" if unit.endswith("/s") else f"{column.split(' ')[0]} "
-        said = f"{title} ties within noise ({what}{_range(values, unit)}; noise {noise}{unit})"
-        differs = why(causes, *_extremes(values, higher))
-        return said + (f"; what differs in the records: {differs}." if differs else ".")
-    best, worst = judged.best, judged.worst
-    higher_word, lower_word = ("highest", "lowest") if higher else ("lowest", "highest")
-    said = (
-        f"{title} is {higher_word} with {_names(best)} ({_figure(table, best[0], column)})"
-        f" and {lower_word} with {_names(worst)} ({_figure(table, worst[0], column)})"
-    )
+        spans = f"{what}{_range(table[column], unit)}; noise {noise}{unit}"
+        said = f"{title} ties within noise ({spans})"
+        # the records of the settings the tail parts, where it does; else the medians' ends
+        ends = (parted.best[0], parted.worst[0]) if parted else _extremes(table[column], higher)
+        differs = why(causes, *ends)
+        return said + tail + (f"; what differs in the records: {differs}." if differs else ".")
+    said = f"{title} is {_ends(table, column, judged, higher)}"
     if judged.between:
         verb = "is" if len(judged.between) == 1 else "are"
         said += f"; {_names(judged.between)} {verb} within noise of both"
-    differs = why(causes, best[0], worst[0])
-    return said + (f". From the records: {differs}." if differs else ".")
+    differs = why(causes, judged.best[0], judged.worst[0])
+    return said + tail + (f". From the records: {differs}." if differs else ".")
+
+
+def _verdict_of(table, column: str, higher: bool, same) -> Verdict | None:
+    spreads = table.get(f"{column} ±", pd.Series(dtype=float))
+    return verdict(table[column], spreads, higher, same)
+
+
+def _ends(table, column: str, judged: Verdict, higher: bool) -> str:
+    """ "highest with a (1,002 ± 31 output tokens/s) and lowest with b (...) and c (...)": each
+    setting named with its own figure."""
+    higher_word, lower_word = ("highest", "lowest") if higher else ("lowest", "highest")
+
+    def named(labels: list[str]) -> str:
+        return _names([f"{label} ({_figure(table, label, column)})" for label in labels])
+
+    return f"{higher_word} with {named(judged.best)} and {lower_word} with {named(judged.worst)}"
+
+
+def _tail_clause(table, column: str, higher: bool, same) -> tuple[str, Verdict | None]:
+    """For a p50 latency, what its p99 says where the table has it (the tail can part settings
+    whose medians tie, or tie where the medians part), and p99's verdict where it parts them."""
+    tail = column.replace("p50 ", "p99 ", 1)
+    if tail == column or tail not in table:
+        return "", None
+    judged = _verdict_of(table, tail, higher, same)
+    if judged is None:
+        return "", None
+    if judged.best:
+        return f"; at p99 it is {_ends(table, tail, judged, higher)}", judged
+    noise = "" if math.isnan(judged.noise) else f"; noise up to ± {_value(judged.noise)} ms"
+    return f"; at p99 within noise of each other ({_range(table[tail], ' ms')}{noise})", None
 
 
 def _extremes(values: pd.Series, higher: bool) -> tuple[str, str]:

@@ -1,13 +1,17 @@
 """How far a run's figures would move if it ran again: the noise beside `compare_table`'s figures.
 
 A setting's spread is the larger of its repeats' range and a bootstrap of each run (the range of
-few repeats can be small by chance). A bootstrap cannot see the machine, so a setting run once
-has at least its `step_jitter`, and runs of one setting under two names set a floor on spreads.
+few repeats can be small by chance). A run's step times are drawn from the steps of its shape in
+every repeat of its setting, so repeats whose schedules match step for step give each step the
+times the machine gave it in each of them. A bootstrap of one run cannot see the machine, so a
+setting run once has at least its `step_jitter`, and runs of one setting under two names set a
+floor on spreads.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,8 +34,9 @@ def repeats_of(value) -> list:
     return list(getattr(value, "repeats", None) or (value,))
 
 
-def bootstrap_spreads(history) -> dict[str, float]:
-    """One run's bootstrapped spreads, by `compare_table`'s column names."""
+def bootstrap_spreads(history, others: Sequence = ()) -> dict[str, float]:
+    """One run's bootstrapped spreads, by `compare_table`'s column names; `others`: the other
+    runs of its setting, whose steps its steps' times are drawn from too (`_step_spreads`)."""
     rng = np.random.default_rng(_SEED)
     spreads = {}
     r = history.requests
@@ -46,7 +51,7 @@ def bootstrap_spreads(history) -> dict[str, float]:
         spreads["mean TTFT (steps)"] = _half_width(_mean(ttft_steps[draws]))
         spreads["p90 TTFT (steps)"] = _half_width(_percentile(ttft_steps[draws], 90))
         spreads.update(_itl_spreads(history, r.uid.to_numpy(), draws))
-    spreads.update(_step_spreads(history, rng))
+    spreads.update(_step_spreads(history, rng, others))
     return spreads
 
 
@@ -89,23 +94,24 @@ def _itl_spreads(history, uids: np.ndarray, draws: np.ndarray) -> dict[str, floa
     return spreads
 
 
-def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
-    """Step times and throughput, each step drawn from the steps of its shape (`_shape`)."""
-    steps = history.steps
-    if steps.empty:
+def _step_spreads(history, rng: np.random.Generator, others: Sequence = ()) -> dict[str, float]:
+    """Step times and throughput, each step's time drawn from the steps of its shape (`_shape`)
+    in this run and `others` (its setting's other runs)."""
+    if history.steps.empty:
         return {}
-    if "host_work_ms" not in steps:
-        steps = add_timing_columns(steps.copy(), device_on_host(history))
-    draws = _within_shapes(steps, rng)
+    own = _timed_steps(history)
+    steps = pd.concat([own, *(_timed_steps(o) for o in others)], ignore_index=True)
+    draws = _within_shapes(steps, rng, len(own))
     work = _work_ms(steps)
     drawn = work[draws].sum(axis=1)
     device = steps.device_ms.to_numpy(dtype=float)
     share = np.where(drawn > 0, device[draws].sum(axis=1) / drawn, np.nan)
-    own_share = float(device.sum() / work.sum()) if work.sum() > 0 else float("nan")
+    own_work = work[: len(own)].sum()
+    own_share = float(device[: len(own)].sum() / own_work) if own_work > 0 else float("nan")
     spreads = {
-        _RELATIVE_THROUGHPUT: _half_width(np.where(drawn > 0, work.sum() / drawn, np.nan)),
+        _RELATIVE_THROUGHPUT: _half_width(np.where(drawn > 0, own_work / drawn, np.nan)),
         # device busy moves as the device's share of the work does
-        "device busy (%)": _half_width(share) / own_share * _busy_pct(steps),
+        "device busy (%)": _half_width(share) / own_share * _busy_pct(own),
     }
     for column, name in (
         ("wall_ms", "mean step wall (ms)"),
@@ -115,6 +121,13 @@ def _step_spreads(history, rng: np.random.Generator) -> dict[str, float]:
         if column in steps:
             spreads[name] = _half_width(_mean(steps[column].to_numpy(dtype=float)[draws]))
     return spreads
+
+
+def _timed_steps(history) -> pd.DataFrame:
+    steps = history.steps
+    if "host_work_ms" not in steps:
+        steps = add_timing_columns(steps.copy(), device_on_host(history))
+    return steps
 
 
 def _work_ms(steps: pd.DataFrame) -> np.ndarray:
@@ -128,12 +141,13 @@ def _busy_pct(steps: pd.DataFrame) -> float:
     return 100 * float(steps.device_ms.sum()) / span if span > 0 else float("nan")
 
 
-def _within_shapes(steps: pd.DataFrame, rng: np.random.Generator) -> np.ndarray:
-    """[RESAMPLES, steps] row indices: each step replaced by one of its shape, with replacement."""
-    draws = np.empty((RESAMPLES, len(steps)), dtype=np.int64)
-    shapes = steps.groupby(_shape(steps)).indices
-    for members in shapes.values():
-        draws[:, members] = members[rng.integers(0, len(members), (RESAMPLES, len(members)))]
+def _within_shapes(steps: pd.DataFrame, rng: np.random.Generator, own: int) -> np.ndarray:
+    """[RESAMPLES, own] row indices: each of the first `own` steps replaced by one of its shape
+    among all of `steps`, with replacement."""
+    draws = np.empty((RESAMPLES, own), dtype=np.int64)
+    for members in steps.groupby(_shape(steps)).indices.values():
+        mine = members[members < own]
+        draws[:, mine] = members[rng.integers(0, len(members), (RESAMPLES, len(mine)))]
     return draws
 
 
@@ -166,14 +180,15 @@ def _half_width(values: np.ndarray) -> float:
     return float((high - low) / 2)
 
 
-def run_spreads(history, row: dict, alone: bool = True) -> dict[str, float]:
-    """One run's spreads by figure: its bootstrap's, and for a run `alone` (its setting ran once)
-    at least its step jitter times the figure for the timed ones."""
-    spreads = bootstrap_spreads(history)
+def run_spreads(history, row: dict, others: Sequence = ()) -> dict[str, float]:
+    """One run's spreads by figure: its bootstrap's (its steps drawn among `others`' too: the
+    other runs of its setting), and for a run alone (no `others`) at least its step jitter times
+    the figure for the timed ones."""
+    spreads = bootstrap_spreads(history, others)
     relative = spreads.pop(_RELATIVE_THROUGHPUT, np.nan)
     if _is_number(row.get("output tokens/s")):
         spreads["output tokens/s"] = relative * float(row["output tokens/s"])
-    jitter = step_jitter(history) if alone else np.nan
+    jitter = np.nan if others else step_jitter(history)
     for name in TIMED if not np.isnan(jitter) else ():
         value = row.get(name)
         if _is_number(value) and not np.isnan(value):
