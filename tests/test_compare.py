@@ -217,6 +217,33 @@ def test_repeats_that_agree_by_chance_still_carry_their_steps_noise():
     assert table.loc["a", "mean step wall (ms) ±"] >= 0.9 * abs(a - b) / len(steps)
 
 
+def test_paused_steps_are_the_prefill_steps_that_left_a_running_request_out():
+    """ "N paused the running decodes": the prefill steps in which a request that had its first
+    token and went on later is not in the batch, worked out from the ledger (the count once
+    missed a step whose prefill also finished a chunked prompt, as notebook 01's step 1)."""
+    from workbench.viz.causes import run_causes
+
+    wb = Workbench("tiny-llama", max_extend_tokens=32, max_running_reqs=3, record="light")
+    for i, (length, tokens) in enumerate(((29, 16), (30, 32), (11, 16), (14, 24))):
+        wb.add_request(list(range(100 * i + 3, 100 * i + 3 + length)), greedy(tokens))
+    wb.run(progress=False)
+    history = wb.history
+    wb.close()
+    ledger, r = history.ledger, history.requests.set_index("uid")
+    last = ledger.groupby("uid").step.max()
+    paused = [
+        step
+        for step in history.steps.step[history.steps.phase == "prefill"]
+        if any(
+            r.first_token_step[uid] < step < last[uid]
+            and not ((ledger.step == step) & (ledger.uid == uid)).any()
+            for uid in r.index
+        )
+    ]
+    assert len(paused) >= 2, paused
+    assert run_causes(history).paused_steps == len(paused), (paused, history.steps)
+
+
 def test_a_latency_sentence_quotes_every_setting_it_names_and_what_p99_says():
     """Each setting a sentence names comes with its own figure from the table; a latency's
     sentence also gives its p99 verdict (winners beyond the noise, or within it)."""

@@ -54,6 +54,8 @@ def run_causes(history) -> Causes:
     if "span_ms" not in steps:
         steps = add_timing_columns(steps.copy(), on_cpu)
     prompt = steps[(steps.prefill_tokens + steps.chunk_tokens) > 0]
+    # `running` counts after a step: the requests running when a step began, the step's before it
+    running_before = steps.sort_values("step").running.shift(1, fill_value=0).reindex(steps.index)
     per_prompt = _steps_per_prompt(history.ledger)
     requests = history.requests
     ttft_steps = requests.first_token_step - requests.arrival_step + 1
@@ -62,9 +64,8 @@ def run_causes(history) -> Causes:
         mean_step_ms=float(steps.wall_ms.mean()) if len(steps) else math.nan,
         queued_ms=_queued_ms(history),
         prompt_steps=len(prompt),
-        paused_steps=int(
-            ((prompt.phase == "prefill") & (prompt.running > prompt.batch_size)).sum()
-        ),
+        # a prefill step decodes none of the requests running before it
+        paused_steps=int(((prompt.phase == "prefill") & (running_before[prompt.index] > 0)).sum()),
         prompt_tokens_max=int((prompt.prefill_tokens + prompt.chunk_tokens).max() or 0)
         if len(prompt)
         else 0,

@@ -111,7 +111,8 @@ def page_table(history, step: int, highlight_uid: int | None = None):
     ledger = history.ledger[history.ledger.step == step]
     segments = sharing_segments(rows, dict(zip(ledger.uid, ledger.cached_tokens)))
     shown = segments.uid.nunique()
-    title = f"Page table at step {step}: the {shown} requests of its batch, one row each"
+    whom = "the request" if shown == 1 else f"the {shown} requests"
+    title = f"Page table at step {step}: {whom} of its batch, one row each"
     return (
         alt.Chart(segments)
         .mark_bar(stroke="white", strokeWidth=0.4)
