@@ -79,6 +79,20 @@ def test_bad_request_is_refused_before_taking_anything(llm, prompts, sampling, e
     assert_still_serves(llm)
 
 
+def test_text_a_model_cannot_embed_is_refused_before_taking_anything():
+    """A model whose tokenizer has more tokens than its embedding (tiny-fast: 2,048 rows,
+    SmolLM2's 49,152 tokens): text that encodes past it is refused by name, where it used to
+    reach the forward and end the step in an IndexError; token ids it holds are served."""
+    llm = LLM("tiny-fast", max_running_reqs=2)
+    before = state(llm)
+    with pytest.raises(ValueError, match=r"prompt 0's text encodes to token ids outside the "):
+        llm.generate(["The capital of France is"], greedy(3))
+    assert state(llm) == before
+    out = llm.generate([[5, 6, 7, 8]], greedy(3))
+    assert len(out[0]["token_ids"]) == 3
+    llm.check_integrity()
+
+
 def test_a_bad_on_step_is_refused_before_anything_is_queued(llm):
     before = state(llm)
     with pytest.raises(TypeError, match="on_step must be a function or None, got 123"):

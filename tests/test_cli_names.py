@@ -90,6 +90,33 @@ def test_a_run_under_vllm_names_and_errors_in_the_bench_usage(tmp_path):
     assert bad.stderr.strip() == expected
 
 
+def test_every_command_takes_the_engines_names_and_says_a_bad_option_as_a_bad_flag(tmp_path):
+    """`--device` on bench (not taken for --device-spec: no abbreviations), demo under SGLang's
+    names, and an `--option` or `--sweep` the engine refuses, said as a bad flag (exit 2, no
+    traceback): a wrong type or an unknown keyword as an out-of-range value is."""
+    bench = [sys.executable, "-m", "workbench", "bench", "--model", "tiny-fast"]
+    small = ["--num-prompts", "2", "--input-len", "8", "--output-len", "3", "--json"]
+    ran = subprocess.run(
+        bench + ["--device", "cpu", *small], capture_output=True, text=True, timeout=300
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["device"] == "cpu"
+    for flags, said in [
+        (["--option", "max_extend_tokens=abc"], "max_extend_tokens must be an integer >= 1"),
+        (["--option", "nonexistent=1"], "LLM has no keyword 'nonexistent'; it takes"),
+        (["--sweep", "bogus=1,2"], "LLM has no keyword 'bogus'"),
+        (["--dev", "cpu"], "unrecognized arguments: --dev cpu"),
+    ]:
+        bad = subprocess.run(bench + small + flags, capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+        assert f"workbench bench: error: {said}" in bad.stderr
+    demo = [sys.executable, "-m", "workbench", "demo", "--model-path", "tiny-llama"]
+    flags = ["--disable-radix-cache", "--max-num-seqs", "2", "--out", str(tmp_path)]
+    ran = subprocess.run(demo + flags, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert "0 prompt tokens served from the prefix cache" in ran.stdout
+
+
 def test_moe_backend_flag_reaches_the_engine():
     from workbench import LLM
     from workbench.flags import llm_options

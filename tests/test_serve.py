@@ -636,7 +636,10 @@ BAD = [
     ({"model": MODEL, "prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
     ({"model": MODEL, "prompt": "hi", "frequency_penalty": "high"}, "frequency_penalty"),
     ({"model": MODEL, "prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"model": MODEL, "prompt": "hi", "max_completion_tokens": 4}, "max_completion_tokens"),
+    ({"model": MODEL, "prompt": "hi", "store": False}, "store"),  # a chat field only
 ]
+HI = [{"role": "user", "content": "hi"}]
 BAD_CHAT = [
     ({"model": MODEL, "messages": []}, "messages"),
     ({"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
@@ -647,6 +650,18 @@ BAD_CHAT = [
         "top_logprobs",
     ),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": 2}, "logprobs"),
+    # OpenAI's chat fields that ask for what this server does not do: refused by name
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "store": True}, "store"),
+    (
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "service_tier": "flex"},
+        "service_tier",
+    ),
+    (
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "modalities": ["audio"]},
+        "modalities",
+    ),
+    ({"model": MODEL, "messages": HI, "reasoning_effort": "low"}, "reasoning_effort"),
+    # completions has no max_completion_tokens in OpenAI's API
 ]
 
 
@@ -668,6 +683,30 @@ def test_a_bad_request_is_a_400_naming_the_field_and_the_server_serves_on(
     assert field.split(".")[-1].split("[")[0] in error["message"]
     ok = client.completions.create(model=MODEL, prompt="Hello", **greedy(2))
     assert ok.choices[0].finish_reason == "length"
+
+
+def test_openai_chat_fields_that_ask_for_nothing_are_accepted(served):
+    """What the `openai` client sends with its defaults spelled out (no storing, the default
+    tier, text out, no tool call) is served; a refusal says what the server does instead."""
+    wb, server, client = served
+    said = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        store=False,
+        service_tier="auto",
+        modalities=["text"],
+        tool_choice="none",
+        parallel_tool_calls=False,
+        **greedy(3),
+    )
+    assert said.choices[0].finish_reason == "length" and said.usage.completion_tokens == 3
+    refused = httpx.post(
+        server.url + "/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "store": True},
+        timeout=30,
+    ).json()["error"]["message"]
+    expected = "store=True is not supported by this server (it stores nothing); leave store out"
+    assert refused == expected
 
 
 def test_malformed_and_huge_bodies_are_refused_and_the_pool_stays_whole(served):

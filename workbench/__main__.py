@@ -19,13 +19,16 @@ class HelpWithDefaults(argparse.HelpFormatter):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    # NOTE: no abbreviations: `bench --dev cpu` would otherwise be taken for --device-spec
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__, allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    helpful = HelpWithDefaults
+    helpful = dict(formatter_class=HelpWithDefaults, allow_abbrev=False)
     demo = sub.add_parser(
-        "demo", help="SmolLM2 on a handful of prompts, one line per step", formatter_class=helpful
+        "demo", help="SmolLM2 on a handful of prompts, one line per step", **helpful
     )
-    demo.add_argument("--model", default="smollm2", help="model name or path")
+    demo.add_argument(
+        "--model", "--model-path", dest="model", default="smollm2", help="model name or path"
+    )
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     from .bench.cli import add_arguments
     from .flags import add_schedule_arguments
@@ -33,24 +36,26 @@ def main(argv: list[str] | None = None) -> int:
     add_schedule_arguments(demo, max_extend_tokens=48, max_running_reqs=4)
     demo.add_argument("--record", default="full", choices=RECORD_LEVELS, help="step records kept")
     demo.add_argument("--out", default="out/demo", help="where the run and the report go")
-    bench = sub.add_parser("bench", help="offline throughput benchmark", formatter_class=helpful)
+    bench = sub.add_parser("bench", help="offline throughput benchmark", **helpful)
     add_arguments(bench)
     from . import chat as chat_command
     from . import serve_command
 
     serve = sub.add_parser(
-        "serve", help="an OpenAI-compatible HTTP server on the engine", formatter_class=helpful
+        "serve", help="an OpenAI-compatible HTTP server on the engine", **helpful
     )
     serve_command.add_arguments(serve)
-    chat = sub.add_parser("chat", help="a conversation in the terminal", formatter_class=helpful)
+    chat = sub.add_parser("chat", help="a conversation in the terminal", **helpful)
     chat_command.add_arguments(chat)
     commands = {"demo": demo, "bench": bench, "serve": serve, "chat": chat}
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own usage, not the top level's
         commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    from .validate import WrongType
+
     try:
         _run(args)
-    except ValueError as exc:
+    except (ValueError, WrongType) as exc:
         if argv is not None:  # called from Python: the exception is the caller's
             raise
         # from a shell, a value the checks refused (they name the parameter, the value and what

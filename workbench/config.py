@@ -10,6 +10,7 @@ from typing import Literal
 
 import torch
 
+from . import validate as V
 from .kvcache import CACHES
 from .policies import POLICIES
 
@@ -158,7 +159,7 @@ class EngineConfig:
         from . import validate as V
 
         if not isinstance(self.model, str | os.PathLike):
-            raise TypeError(f"model must be a name or a path, got {self.model!r}")
+            raise V.WrongType(f"model must be a name or a path, got {self.model!r}")
         device = _check_device(self.device)  # first: the default page size depends on it
         page_size = self.page_size
         if page_size is None:
@@ -237,7 +238,7 @@ class EngineConfig:
         if self.dtype is None:
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         if not isinstance(self.dtype, str | torch.dtype):
-            raise TypeError(f"dtype must be a string, a torch.dtype or None, got {self.dtype!r}")
+            raise V.WrongType(f"dtype must be a string, a torch.dtype or None, got {self.dtype!r}")
         dtype = DTYPES.get(str(self.dtype).removeprefix("torch."))
         if dtype is None:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)} or None, got {self.dtype!r}")
@@ -331,7 +332,7 @@ def _check_device(device: str | torch.device | None) -> str | None:
     if device is None:
         return None
     if not isinstance(device, str | torch.device):
-        raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got {device!r}")
+        raise V.WrongType(f"device must be a string such as 'cpu' or 'cuda', got {device!r}")
     try:
         parsed = torch.device(device)
     except RuntimeError:

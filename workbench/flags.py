@@ -38,7 +38,7 @@ def llm_options(args: argparse.Namespace) -> dict:
 def add_schedule_arguments(
     p: argparse.ArgumentParser, max_extend_tokens: int, max_running_reqs: int
 ) -> None:
-    """The schedule's flags `demo` and `bench` share, under our names and SGLang's."""
+    """The schedule's flags `demo`, `bench` and `serve` share, under our names and SGLang's."""
     p.add_argument(
         "--policy", default="prefill_first", choices=sorted(POLICIES), help="batch policy"
     )
@@ -75,6 +75,13 @@ def add_schedule_arguments(
         help="accepted for vLLM's sake: prompts are always chunked here, by --max-extend-tokens",
     )
     p.add_argument("--cache", default="radix", choices=CACHE_KINDS, help="prefix cache")
+    p.add_argument(
+        "--disable-radix-cache",
+        dest="cache",
+        action="store_const",
+        const="naive",
+        help="the same as --cache naive",
+    )
 
 
 def engine_options(pairs: list[str]) -> dict:
@@ -99,13 +106,6 @@ def parse_value(text: str):
 
 def add_engine_arguments(p: argparse.ArgumentParser, record: str = "off") -> None:
     """The engine's flags `bench` and `serve` share, under our names, SGLang's and vLLM's."""
-    p.add_argument(
-        "--disable-radix-cache",
-        dest="cache",
-        action="store_const",
-        const="naive",
-        help="the same as --cache naive",
-    )
     overlap_help = "overlap scheduling (default: on with CUDA, off on a CPU)"
     _on_off(p, "overlap", None, overlap_help, also="--disable-overlap-schedule")
     graph_help = (

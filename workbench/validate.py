@@ -1,6 +1,6 @@
 """Validation at the boundary: each check returns the value as plain Python, or raises
-`TypeError` (wrong kind) or `ValueError` (out of range) naming the parameter. Types are strict:
-a bool or a whole float is not an integer; numpy and torch integer scalars are.
+`WrongType` (a `TypeError`: wrong kind) or `ValueError` (out of range) naming the parameter.
+Types are strict: a bool or a whole float is not an integer; numpy and torch integer scalars are.
 """
 
 from __future__ import annotations
@@ -11,6 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+
+class WrongType(TypeError):
+    """A `TypeError` a check raised about a value given: its message names the parameter, the
+    value and what is allowed, so the command line says it as a bad flag (where any other
+    `TypeError`, a bug, keeps its traceback)."""
 
 
 def _show(value: Any) -> str:
@@ -38,7 +44,7 @@ def integer(name: str, value: Any, low: int | None = None, high: int | None = No
     """An integer in [low, high] (either bound optional)."""
     number = _as_integer(value)
     if number is None:
-        raise TypeError(f"{name} must be an integer{_range(low, high)}, got {_kind(value)}")
+        raise WrongType(f"{name} must be an integer{_range(low, high)}, got {_kind(value)}")
     if (low is not None and number < low) or (high is not None and number > high):
         raise ValueError(f"{name} must be an integer{_range(low, high)}, got {_show(value)}")
     return number
@@ -59,7 +65,7 @@ def real(
     """A finite real number in [low, high] (or (low, high] with `low_open`)."""
     allowed = allowed or _interval(low, high, low_open)
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number {allowed}, got {_kind(value)}")
+        raise WrongType(f"{name} must be a number {allowed}, got {_kind(value)}")
     number = float(value)
     below = low is not None and (number <= low if low_open else number < low)
     if not math.isfinite(number) or below or (high is not None and number > high):
@@ -69,7 +75,7 @@ def real(
 
 def boolean(name: str, value: Any) -> bool:
     if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be True or False, got {_kind(value)}")
+        raise WrongType(f"{name} must be True or False, got {_kind(value)}")
     return bool(value)
 
 
@@ -85,13 +91,13 @@ def choice(name: str, value: Any, choices: Sequence[str]) -> str:
 
 def mapping(name: str, value: Any) -> Mapping:
     if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a mapping (a dict), got {_kind(value)}")
+        raise WrongType(f"{name} must be a mapping (a dict), got {_kind(value)}")
     return value
 
 
 def callable_or_none(name: str, value: Any) -> Callable | None:
     if value is not None and not callable(value):
-        raise TypeError(f"{name} must be a function or None, got {_kind(value)}")
+        raise WrongType(f"{name} must be a function or None, got {_kind(value)}")
     return value
 
 
@@ -100,7 +106,7 @@ def token_ids(name: str, value: Any, vocab_size: int) -> list[int]:
     (numpy or torch), each in [0, vocab_size)."""
     if _is_array(value):
         if value.ndim != 1 or _array_kind(value) != "int":
-            raise TypeError(
+            raise WrongType(
                 f"{name} must be a 1-d array of integer token ids, got a {value.ndim}-d "
                 f"{_array_kind(value)} array"
             )
@@ -113,10 +119,10 @@ def token_ids(name: str, value: Any, vocab_size: int) -> list[int]:
             for i, t in enumerate(value):
                 number = _as_integer(t)
                 if number is None:
-                    raise TypeError(f"{name} must hold integer token ids; item {i} is {_kind(t)}")
+                    raise WrongType(f"{name} must hold integer token ids; item {i} is {_kind(t)}")
                 ids.append(number)
     else:
-        raise TypeError(
+        raise WrongType(
             f"{name} must be a string or token ids (a list, tuple or 1-d integer array), "
             f"got {_kind(value)}"
         )
@@ -149,14 +155,14 @@ def prompt_batch(value: Any) -> list[Any]:
             return [value]
         if value.ndim == 2:
             return list(value)
-        raise TypeError(f"prompts as an array must be 1-d or 2-d, got {value.ndim}-d")
+        raise WrongType(f"prompts as an array must be 1-d or 2-d, got {value.ndim}-d")
     if isinstance(value, list | tuple):
         if value and (
             all(type(t) is int for t in value) or all(_as_integer(t) is not None for t in value)
         ):
             return [value]  # one prompt of token ids
         return list(value)
-    raise TypeError(
+    raise WrongType(
         "prompts must be a string, token ids, or a list of strings and token ids, got "
         f"{_kind(value)}"
     )
@@ -209,9 +215,9 @@ def _array_kind(value: Any) -> str:
 
 def unknown_keyword(
     where: str, name: str, known: Sequence[str], hints: Mapping[str, str]
-) -> TypeError:
+) -> WrongType:
     """The error for keyword `name`, which `where` does not take: its hint (what another
     library's name is here) where `hints` has one, else the keywords `where` takes."""
     if name in hints:
-        return TypeError(f"{where} has no keyword {name!r}: {hints[name]}")
-    return TypeError(f"{where} has no keyword {name!r}; it takes {', '.join(known)}")
+        return WrongType(f"{where} has no keyword {name!r}: {hints[name]}")
+    return WrongType(f"{where} has no keyword {name!r}; it takes {', '.join(known)}")

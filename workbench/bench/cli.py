@@ -36,6 +36,7 @@ def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
         default="dummy:qwen3-0.6b" if gpu else "tiny-qwen3",
         help=f"model name or path (dummy:qwen3-0.6b on a GPU, tiny-qwen3 on a CPU; {here})",
     )
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument(
         "--dataset-name",
         type=_dataset,

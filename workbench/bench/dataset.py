@@ -10,7 +10,7 @@ import argparse
 from ..llm import LLM
 from ..traces import Trace, load
 from ..traces.ideal import run_reuse
-from .workload import Workload, random_workload
+from .workload import Workload, prompt_vocab, random_workload
 
 # --dataset-name -> the trace format of its files (None: told by the file's first line)
 DATASETS = {
@@ -30,7 +30,9 @@ def bench_workload(llm: LLM, args: argparse.Namespace) -> tuple[Workload, Trace 
         raise ValueError(
             f"--dataset-path is a trace's file: give its kind, --dataset-name {'|'.join(DATASETS)}"
         )
-    work = random_workload(args.num_requests, args.input_len, args.output_len, args.seed)
+    work = random_workload(
+        args.num_requests, args.input_len, args.output_len, args.seed, prompt_vocab(llm)
+    )
     return work, None
 
 

@@ -19,7 +19,7 @@ from ..history.roofline import decode_step_bound, roofline_spec, routed_experts
 from ..llm import LLM
 from .profile import profile_decode_steps
 from .steps import median_experts
-from .workload import random_workload
+from .workload import prompt_vocab, random_workload
 
 WARM_STEPS, MEASURED_STEPS, PROFILED_STEPS = 5, 20, 5
 TOP_KERNELS = 8
@@ -65,7 +65,7 @@ def host_split(
     # and a few to spare (overlap runs one ahead)
     steps = WARM_STEPS + MEASURED_STEPS + 4
     prompt_len = (500, 600) if cuda else (16, 32)
-    work = random_workload(batch_size, prompt_len, (steps, steps), args.seed + 3)
+    work = random_workload(batch_size, prompt_len, (steps, steps), args.seed + 3, prompt_vocab(llm))
     sp = SamplingParams(max_tokens=steps, temperature=args.temperature, ignore_eos=True)
     llm.add_requests(work.prompts, sp)
     measured, ends, seen = [], [], 0

@@ -42,7 +42,9 @@ def print_result(r: dict) -> None:
         print(
             f"{arriving}: TTFT p50 {r['ttft_ms_p50']:.1f} ms, "
             f"p90 {r['ttft_ms_p90']:.1f} ms, p99 {r['ttft_ms_p99']:.1f} ms | TPOT p50 "
-            f"{r.get('tpot_ms_p50', nan):.2f} ms, p90 {r.get('tpot_ms_p90', nan):.2f} ms"
+            f"{r.get('tpot_ms_p50', nan):.2f} ms, p90 {r.get('tpot_ms_p90', nan):.2f} ms | "
+            f"end to end p50 {r.get('e2e_ms_p50', nan):.1f} ms, p90 {r.get('e2e_ms_p90', nan):.1f} "
+            f"ms, p99 {r.get('e2e_ms_p99', nan):.1f} ms"
         )
     if "slo" in r:
         print_slo(r["slo"])
@@ -107,10 +109,16 @@ def _print_time_split(r: dict) -> None:
 
 
 def _print_decode_step(r: dict) -> None:
-    step = (
-        f"decode step at batch {r['decode_batch']} ({r['decode_step_kv_tokens']} KV tokens): "
-        f"{r['decode_step_ms']:.2f} ms"
-    )
+    if r["decode_step_ms"] == r["decode_step_ms"]:
+        step = (
+            f"decode step at batch {r['decode_batch']} ({r['decode_step_kv_tokens']} KV tokens): "
+            f"{r['decode_step_ms']:.2f} ms"
+        )
+    else:  # NaN: a step's time is from one decode step of its size to the next
+        step = (
+            f"decode step at batch {r['decode_batch']}: no time measured (it is the time from one "
+            "decode step of that size to the next, and no two ran one after the other)"
+        )
     if r["roofline_tokens_per_s"] is None:  # the roofline models a GPU's run (--device-spec)
         if r["device"] == "cpu":
             why = "on the cpu"
@@ -122,11 +130,15 @@ def _print_decode_step(r: dict) -> None:
     else:
         touched = r.get("decode_step_experts_touched")
         reads = "" if touched is None else f" (reading the {touched:g} experts a layer routed to)"
+        bound = (
+            ""
+            if r["decode_step_ms"] != r["decode_step_ms"]
+            else (f", bound {r['decode_step_bound_ms']:.2f} ms{reads}")
+        )
         print(
             f"roofline bound ({r['roofline_device']}) "
             f"{r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "
-            f"{r['roofline_fraction']:.0%}; {step}, bound {r['decode_step_bound_ms']:.2f} ms"
-            f"{reads}"
+            f"{r['roofline_fraction']:.0%}; {step}{bound}"
         )
     print(
         f"host per decode step at batch {r['decode_batch']}: launch "

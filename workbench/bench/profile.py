@@ -12,7 +12,7 @@ from ..core import SamplingParams
 from ..history.families import breakdown_table, leaf_events
 from ..history.trace import export_trace
 from ..llm import LLM
-from .workload import random_workload
+from .workload import prompt_vocab, random_workload
 
 WARM_STEPS = 3  # profiled first and left out: a session's first steps carry its start
 
@@ -138,7 +138,9 @@ def profile_decode_steps(
         # many steps its prompts took
         prefill_steps = -(-batch_size * prompt_len[1] // llm.config.max_extend_tokens)
         max_tokens = WARM_STEPS + steps + prefill_steps + 2
-        work = random_workload(batch_size, prompt_len, (max_tokens, max_tokens), seed)
+        work = random_workload(
+            batch_size, prompt_len, (max_tokens, max_tokens), seed, prompt_vocab(llm)
+        )
         sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
         llm.generate(work.prompts, sampling)
         history = llm.history

@@ -28,7 +28,7 @@ from .host import host_splits, split_table
 from .online import latency_summary, poisson_arrivals, serve
 from .profile import profile_decode_steps, profile_text
 from .steps import StepTime, decode_step, prompt_steps, split_time, step_time
-from .workload import Workload, random_workload
+from .workload import Workload, prompt_vocab, random_workload
 
 
 def run_bench(args: argparse.Namespace) -> dict:
@@ -55,9 +55,11 @@ def run_bench(args: argparse.Namespace) -> dict:
         result["host_split"] = [s._asdict() for s in splits]
         result["profile"] = "\n".join([split_table(splits), *([python] if python else [])])
         cuda = llm.engine.device.type == "cuda"
+        slots = llm.scheduler.config.max_running_reqs
+        batch = max((b for b in args.profile_batches if b <= slots), default=slots)
         profile = profile_decode_steps(
             llm,
-            llm.scheduler.config.max_running_reqs,
+            batch,
             10,
             (500, 600) if cuda else (16, 32),
             args.seed + 2,
@@ -80,7 +82,9 @@ def build_llm(args: argparse.Namespace) -> LLM:
 
 
 def warm_up(llm: LLM, args: argparse.Namespace) -> None:
-    warm = random_workload(min(32, args.num_requests), args.input_len, (8, 16), args.seed + 1)
+    warm = random_workload(
+        min(32, args.num_requests), args.input_len, (8, 16), args.seed + 1, prompt_vocab(llm)
+    )
     llm.generate(warm.prompts, SamplingParams(max_tokens=16, temperature=args.temperature))
     llm.scheduler.abort_all()  # the timed run starts at step 0 with an empty cache and history
 

@@ -18,14 +18,23 @@ class Workload:
         return [len(p) for p in self.prompts]
 
 
+RANDOM_VOCAB = 10000  # random prompts' token ids are below this (the same ids for every model)
+
+
+def prompt_vocab(llm) -> int:
+    """The token ids random prompts draw from on `llm`: below `RANDOM_VOCAB` or its vocabulary."""
+    return min(RANDOM_VOCAB, llm.engine.model_config.vocab_size)
+
+
 def random_workload(
     num_requests: int,
     input_len: tuple[int, int],
     output_len: tuple[int, int],
     seed: int = 0,
-    vocab: int = 10000,
+    vocab: int = RANDOM_VOCAB,
 ) -> Workload:
-    """Prompts of random token ids below `vocab`; lengths uniform in the inclusive ranges."""
+    """Prompts of random token ids below `vocab` (`prompt_vocab`); lengths uniform in the
+    inclusive ranges."""
     rng = random.Random(seed)
     prompts, outputs = [], []
     for _ in range(num_requests):

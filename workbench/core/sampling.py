@@ -149,12 +149,14 @@ def sampling_batch(
     sampling: SamplingParams | list | tuple | None, count: int
 ) -> list[SamplingParams]:
     """One SamplingParams per prompt: from one for all (None: the defaults) or a list."""
+    from .. import validate as V
+
     if sampling is None or isinstance(sampling, SamplingParams):
         return [sampling or SamplingParams()] * count
     if not isinstance(sampling, list | tuple) or not all(
         isinstance(p, SamplingParams) for p in sampling
     ):
-        raise TypeError(
+        raise V.WrongType(
             "sampling must be a SamplingParams, a list of them (one per prompt) or None, "
             f"got {sampling!r}"
         )

@@ -3,7 +3,7 @@
 `parse(body, chat, engine)` reads the JSON body of ``POST /v1/completions`` or
 ``/v1/chat/completions`` into a `Parsed` request. Every problem is an `ApiError` (HTTP 400,
 OpenAI's error body) naming the field, the value and what is allowed. Fields that ask for what
-this engine does not do (`best_of` > 1, `suffix`, tools: `_HARMLESS`) are refused, and
+this engine does not do (`best_of` > 1, `suffix`, tools, `store`: `_HARMLESS`) are refused, and
 unknown ones too, as OpenAI's API does; docs/serving.md ("The API") lists what is honoured.
 """
 
@@ -21,16 +21,25 @@ def _none_or(*allowed):
     return lambda v: v is None or any(type(v) is type(a) and v == a for a in allowed)
 
 
-# fields this engine cannot honour, and the values that ask for nothing (the OpenAI defaults)
+# fields this engine cannot honour, the values that ask for nothing (the OpenAI defaults), and
+# what the server does instead
+_NO_TOOLS = "it calls no tools"
 _HARMLESS = {
-    "best_of": _none_or(1),
-    "suffix": _none_or(""),
-    "tools": _none_or([]),
-    "tool_choice": _none_or("none"),
-    "functions": _none_or([]),
-    "function_call": _none_or("none"),
-    "min_tokens": _none_or(0),
-    "parallel_tool_calls": _none_or(True, False),
+    "best_of": (_none_or(1), "one sample a choice"),
+    "suffix": (_none_or(""), "no text after the insertion"),
+    "tools": (_none_or([]), _NO_TOOLS),
+    "tool_choice": (_none_or("none"), _NO_TOOLS),
+    "functions": (_none_or([]), _NO_TOOLS),
+    "function_call": (_none_or("none"), _NO_TOOLS),
+    "min_tokens": (_none_or(0), "no minimum length"),
+    "parallel_tool_calls": (_none_or(True, False), _NO_TOOLS),
+}
+# chat fields of OpenAI's API likewise
+_CHAT_HARMLESS = {
+    "store": (_none_or(False), "it stores nothing"),
+    "service_tier": (_none_or("auto", "default"), "one tier"),
+    "modalities": (_none_or(["text"]), "text only"),
+    "reasoning_effort": (_none_or(), "no reasoning settings"),
 }
 _PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 _COMMON = {
@@ -57,7 +66,8 @@ _COMMON = {
 FIELDS = {
     False: _COMMON | {"prompt", "logprobs", "echo"},
     True: _COMMON
-    | {"messages", "max_completion_tokens", "response_format", "logprobs", "top_logprobs"},
+    | {"messages", "max_completion_tokens", "response_format", "logprobs", "top_logprobs"}
+    | set(_CHAT_HARMLESS),
 }
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_CHOICES = 128  # `n`: OpenAI's bound
@@ -122,11 +132,11 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
             f"unrecognized request argument {unknown[0]!r} (this endpoint takes: {allowed})",
             unknown[0],
         )
-    for name, asks_nothing in _HARMLESS.items():
+    for name, (asks_nothing, instead) in (_HARMLESS | (_CHAT_HARMLESS if chat else {})).items():
         if name in body and not asks_nothing(body[name]):
             raise ApiError(
-                f"{name}={body[name]!r} is not supported by this server (it serves completions "
-                f"without best_of, suffix, tools or a minimum length); leave {name} out",
+                f"{name}={body[name]!r} is not supported by this server ({instead}); "
+                f"leave {name} out",
                 name,
             )
     if chat and body.get("response_format") not in (None, {"type": "text"}):
