@@ -321,6 +321,15 @@ def test_a_twice_slower_twin_is_named_the_worst_of_every_figure():
     assert "took" in sentence["Throughput"] and "split" not in sentence["Time to first token"]
 
 
+def test_a_tie_of_equal_figures_says_so_rather_than_a_range():
+    """A twin is deterministic: one setting under two names gives the same figures, and a tie
+    says "in every setting" where it said "118 to 118 ms"."""
+    requests = [([1000 + i] * 40, greedy(8), 12 * i) for i in range(3)]
+    runs = {**_twin_runs(1.0, "a", requests), **_twin_runs(1.0, "b", requests)}
+    said = " ".join(compare_summary(runs))
+    assert "ms in every setting" in said and not re.search(r"\b(\S+) to \1 ms", said), said
+
+
 def test_runs_of_one_setting_never_produce_a_winner():
     """Real runs, on a machine whose speed wanders: two names for one setting tie, whatever
     the times say; so do two repeats of a setting against each other's mean."""

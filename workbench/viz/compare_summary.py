@@ -317,8 +317,10 @@ def _value(value: float) -> str:
 
 
 def _range(values: pd.Series, unit: str) -> str:
+    """ "80.3 to 97.8 ms", or "118 ms in every setting" where both ends read the same."""
     numeric = pd.to_numeric(values, errors="coerce")
-    return f"{_value(numeric.min())} to {_value(numeric.max())}{unit}"
+    low, high = _value(numeric.min()), _value(numeric.max())
+    return f"{low}{unit} in every setting" if low == high else f"{low} to {high}{unit}"
 
 
 def _names(labels: list[str]) -> str:
