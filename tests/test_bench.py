@@ -398,6 +398,7 @@ def test_record_cost_says_where_full_recordings_time_went(capsys):
     assert out.count("  full step ") == 5
 
 
+@pytest.mark.slow  # a benchmark's own count (~10 s); the server's tokens are test_serve.py's
 def test_serve_load_counts_every_token_its_clients_received():
     """The load generator's own count: every requested token arrives, through raw streams and
     through the real `openai` client over two processes, at least one token an event (the

@@ -12,12 +12,14 @@ from .conftest import PROMPTS, greedy, hf_greedy, run, shared
 def _settings():
     """Every model x page size x token budget x cache; SmolLM2 under chunked budgets (1, 3, 16
     tokens: 10-25 s each on the CPU) only with `-m slow`, the tiny models covering those budgets
-    in `make test` and SmolLM2 running whole prompts there."""
+    in `make test` and SmolLM2 running whole prompts there, at page size 1 without the cache
+    and 4 with it (the other two with `-m slow`)."""
     for model in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "smollm2"):
         for page_size in (1, 4):
             for budget in (1, 3, 16, 8192):
                 for cache in ("naive", "radix"):
-                    slow = model == "smollm2" and budget < 8192
+                    whole = (page_size, cache) in ((1, "naive"), (4, "radix"))
+                    slow = model == "smollm2" and (budget < 8192 or not whole)
                     marks = [pytest.mark.slow] if slow else []
                     yield pytest.param(model, page_size, budget, cache, marks=marks)
 

@@ -38,7 +38,7 @@ def test_planted_model_continues_patterns_as_transformers_does():
     llm = LLM("dummy:qwen3-induction", device="cpu", num_pages=2048, max_extend_tokens=17)
     prompts = [
         pattern_prompts(random.Random(seed), [n], period=p)[0]
-        for seed, n, p in ((1, 40, 7), (2, 75, 19), (3, 16, 3))
+        for seed, n, p in ((2, 75, 19), (3, 16, 3))
     ]
     check_decisive(llm, prompts)
     expected = [pattern_continuation(p, 8) for p in prompts]
