@@ -71,11 +71,9 @@ OTHER_NAMES = {
 }
 
 
-def unknown_keyword(name: str, where: str, known: Iterable[str]) -> TypeError:
+def unknown_keyword(name: str, where: str, known: Iterable[str]) -> V.WrongType:
     """The error for keyword `name`, which `where` does not take: what it is called here, if it
     is another engine's name for one, else the keywords it does take."""
-    from . import validate as V
-
     hints = {other: f"here it is {ours}" for other, ours in OTHER_NAMES.items()}
     return V.unknown_keyword(where, name, sorted(known), hints)
 
@@ -156,8 +154,6 @@ class EngineConfig:
     moe_backend: str = "auto"  # a mixture of experts' expert computation: MOE_BACKEND_CHOICES
 
     def __post_init__(self) -> None:
-        from . import validate as V
-
         if not isinstance(self.model, str | os.PathLike):
             raise V.WrongType(f"model must be a name or a path, got {self.model!r}")
         device = _check_device(self.device)  # first: the default page size depends on it

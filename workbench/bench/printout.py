@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ..history.roofline import DEVICES
 from .dataset import reuse_line, trace_line
 from .goodput import print_slo
@@ -109,12 +111,13 @@ def _print_time_split(r: dict) -> None:
 
 
 def _print_decode_step(r: dict) -> None:
-    if r["decode_step_ms"] == r["decode_step_ms"]:
+    measured = not math.isnan(r["decode_step_ms"])  # NaN: no two decode steps of its size ran
+    if measured:
         step = (
             f"decode step at batch {r['decode_batch']} ({r['decode_step_kv_tokens']} KV tokens): "
             f"{r['decode_step_ms']:.2f} ms"
         )
-    else:  # NaN: a step's time is from one decode step of its size to the next
+    else:  # a step's time is from one decode step of its size to the next
         step = (
             f"decode step at batch {r['decode_batch']}: no time measured (it is the time from one "
             "decode step of that size to the next, and no two ran one after the other)"
@@ -130,11 +133,7 @@ def _print_decode_step(r: dict) -> None:
     else:
         touched = r.get("decode_step_experts_touched")
         reads = "" if touched is None else f" (reading the {touched:g} experts a layer routed to)"
-        bound = (
-            ""
-            if r["decode_step_ms"] != r["decode_step_ms"]
-            else (f", bound {r['decode_step_bound_ms']:.2f} ms{reads}")
-        )
+        bound = f", bound {r['decode_step_bound_ms']:.2f} ms{reads}" if measured else ""
         print(
             f"roofline bound ({r['roofline_device']}) "
             f"{r['roofline_tokens_per_s']:,.0f} tokens/s: achieved "

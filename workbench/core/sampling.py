@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import validate as V
+
 MIN_TEMPERATURE = 1e-5  # logits / temperature must stay finite in float32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 MAX_LOGPROBS = 20  # most likely tokens a position reports at most (OpenAI's top_logprobs bound)
@@ -33,8 +35,6 @@ class SamplingParams:
     def __new__(cls, *args, **kwargs):
         for name in kwargs:
             if name not in cls.__dataclass_fields__ or name == "adjusts_logits":
-                from .. import validate as V
-
                 taken = [f for f in cls.__dataclass_fields__ if f != "adjusts_logits"]
                 raise V.unknown_keyword("SamplingParams", name, taken, OTHER_NAMES)
         return super().__new__(cls)
@@ -67,8 +67,6 @@ class SamplingParams:
     repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        from .. import validate as V
-
         # NOTE: logits are divided by it in float32: a larger one would be inf there
         temperature = V.real(
             "temperature",
@@ -133,8 +131,6 @@ class SamplingParams:
 def _logit_bias(value) -> dict[int, float] | None:
     """A copy as {token id: bias} (None for none); token ids are checked against a model's
     vocabulary when a request is made (`LLM.check_request`)."""
-    from .. import validate as V
-
     if value is None:
         return None
     bias = V.mapping("logit_bias", value)
@@ -149,8 +145,6 @@ def sampling_batch(
     sampling: SamplingParams | list | tuple | None, count: int
 ) -> list[SamplingParams]:
     """One SamplingParams per prompt: from one for all (None: the defaults) or a list."""
-    from .. import validate as V
-
     if sampling is None or isinstance(sampling, SamplingParams):
         return [sampling or SamplingParams()] * count
     if not isinstance(sampling, list | tuple) or not all(

@@ -155,7 +155,7 @@ def prompt_phrase(causes: Causes) -> str:
         f"; {number(causes.paused_steps)} paused the running decodes" if causes.paused_steps else ""
     )
     said = (
-        f"{_count(causes.prompt_steps, 'step')} with prompt tokens "
+        f"{counted(causes.prompt_steps, 'step')} with prompt tokens "
         f"(up to {causes.prompt_tokens_max:,} a step{paused})"
     )
     if math.isnan(causes.prompt_device_share):
@@ -167,13 +167,13 @@ def host_phrase(causes: Causes) -> str:
     """ "80 of 110 steps host-bound" (or that the run recorded no host times)."""
     if causes.host_bound is None:
         return "no host times recorded"
-    return f"{number(causes.host_bound)} of {_count(causes.steps, 'step')} host-bound"
+    return f"{number(causes.host_bound)} of {counted(causes.steps, 'step')} host-bound"
 
 
 def describe(label: str, causes: Causes) -> str:
     """One run in a sentence: its steps, their prompt work, the host, the queue."""
     return (
-        f"{label}: {_count(causes.steps, 'step')} of {causes.mean_step_ms:.1f} ms on average, "
+        f"{label}: {counted(causes.steps, 'step')} of {causes.mean_step_ms:.1f} ms on average, "
         f"the {_device(causes)} busy {causes.device_share:.0%} of the time; "
         f"{prompt_phrase(causes)}; {host_phrase(causes)}; its requests {queued_phrase(causes)}."
     )
@@ -187,5 +187,6 @@ def _s(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
 
 
-def _count(n: float, noun: str) -> str:
+def counted(n: float, noun: str) -> str:
+    """ "1 step", "12 steps", "2.5 steps" (the mean of runs)."""
     return f"{number(n)} {noun}" if n == 1 else f"{number(n)} {noun}s"

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from ..timing import DEVICE_MEANING
-from .causes import Causes, describe, mean_causes, number, queued_phrase, run_causes
+from .causes import Causes, counted, describe, mean_causes, number, queued_phrase, run_causes
 from .common import check_recorded
 from .compare import compare_table
 from .noise import repeats_of, same_setting_groups
@@ -173,8 +173,8 @@ def _throughput_why(causes: dict[str, Causes], a: str, b: str) -> str:
     parts = []
     if x.steps != y.steps or _differ(x.mean_step_ms, y.mean_step_ms, 0.05):
         parts.append(
-            f"{a} took {_count(x.steps, 'step')} of {x.mean_step_ms:.1f} ms on average, "
-            f"{b} {_count(y.steps, 'step')} of {y.mean_step_ms:.1f} ms"
+            f"{a} took {counted(x.steps, 'step')} of {x.mean_step_ms:.1f} ms on average, "
+            f"{b} {counted(y.steps, 'step')} of {y.mean_step_ms:.1f} ms"
         )
     return "; ".join(parts + _host_bound_why(x, y, a, b))
 
@@ -209,7 +209,7 @@ def _prompts_phrase(label: str, c: Causes) -> str:
     if not c.chunked:
         return f"{label} computed every prompt in one step"
     return (
-        f"{label} split {number(c.chunked)} of {_count(c.prompts, 'prompt')} into chunks "
+        f"{label} split {number(c.chunked)} of {counted(c.prompts, 'prompt')} into chunks "
         f"({c.steps_per_prompt:.2f} steps a prompt on average)"
     )
 
@@ -220,7 +220,7 @@ def _itl_why(causes: dict[str, Causes], a: str, b: str) -> str:
     parts = []
     if x.prompt_steps != y.prompt_steps or x.paused_steps != y.paused_steps:
         said = (
-            f"{a} ran {_count(x.prompt_steps, 'step')} with prompt tokens (up to "
+            f"{a} ran {counted(x.prompt_steps, 'step')} with prompt tokens (up to "
             f"{x.prompt_tokens_max:,} a step), {b} {number(y.prompt_steps)} (up to "
             f"{y.prompt_tokens_max:,})"
         )
@@ -280,17 +280,12 @@ def _host_sentence(table: pd.DataFrame, causes: dict[str, Causes]) -> str:
         return ""
     on_cpu = any(c.on_cpu for c in causes.values())
     each = ", ".join(
-        f"{label} {_count_of(row['host-bound steps'])} of {_count_of(row['steps'])}"
+        f"{label} {number(row['host-bound steps'])} of {number(row['steps'])}"
         for label, row in table.iterrows()
         if pd.notna(row["host-bound steps"])
     )
     where = f"; {DEVICE_MEANING[True]}" if on_cpu else ""
     return f"Host-bound steps (the host's own work longer than the device's{where}): {each}."
-
-
-def _count_of(value) -> str:
-    value = float(value)
-    return f"{value:,.0f}" if value.is_integer() else f"{value:,.1f}"
 
 
 def _differ(a: float, b: float, relative: float = 0.0) -> bool:
@@ -325,7 +320,3 @@ def _range(values: pd.Series, unit: str) -> str:
 
 def _names(labels: list[str]) -> str:
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
-
-
-def _count(n: float, noun: str) -> str:
-    return f"{number(n)} {noun}" if n == 1 else f"{number(n)} {noun}s"

@@ -68,9 +68,7 @@ TIMED = (
 def step_jitter(history) -> float:
     """The 90th percentile of |work / its shape's median work - 1| (`_work_ms`, `_shape`) over the
     steps whose shape ran more than once (NaN: none did)."""
-    steps = history.steps
-    if "host_work_ms" not in steps:
-        steps = add_timing_columns(steps.copy(), device_on_host(history))
+    steps = _timed_steps(history)
     work = pd.Series(_work_ms(steps), index=steps.index)
     shape = work.groupby(_shape(steps))
     median, count = shape.transform("median"), shape.transform("size")
