@@ -499,3 +499,25 @@ def test_a_panel_whose_values_span_a_hundredfold_is_drawn_on_a_log_scale():
         y = ttft["encoding"]["y"]
         assert (y.get("scale", {}).get("type") == "log") == log, y
         assert ("log scale" in y["title"]) == log
+
+
+def test_the_bootstraps_row_percentiles_are_numpys_to_the_last_digit():
+    """The noise's percentiles of each resample come from one sort of all of them; they must be
+    `np.nanpercentile`'s: requests without a TPOT (NaN) left out, a resample of NaN only NaN."""
+    import warnings
+
+    import numpy as np
+
+    from workbench.viz.noise import _percentiles
+
+    rng = np.random.default_rng(7)
+    qs = (0, 37.5, 50, 90, 95, 99, 100)
+    for trial in range(60):
+        rows, columns = rng.integers(1, 30, size=2)
+        values = rng.lognormal(size=(rows, columns)) * 1000
+        values[rng.random((rows, columns)) < trial / 60] = np.nan  # none, then ever more
+        values[0] = np.nan if trial % 2 else np.round(values[0])  # a row of NaN; ties
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # numpy's, for a row of NaN
+            expected = np.nanpercentile(values, qs, axis=1)
+        np.testing.assert_array_equal(_percentiles(values, qs), expected)
