@@ -76,6 +76,10 @@ def test_every_hook_point_fires_and_globs_match():
     assert "admit" not in wb.hooks and "cache.match" in wb.hooks
     with pytest.raises(ValueError, match="no hook point matches"):
         wb.hooks.add("forward.middle", print)
+    # not a function: refused where it is added, not at the next step's hook point
+    with pytest.raises(TypeError, match="fn: a hook is a function of one event, got 'print'"):
+        wb.hooks.add("step.end", "print")
+    assert "step.end" not in wb.hooks
     assert len(HOOK_POINTS) == 14  # and moe.route, an MoE model's only: test_moe_routing.py
 
 

@@ -309,6 +309,9 @@ def test_a_closed_engine_refuses_work():
         wb.add_request("Hello", SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError, match="closed"):
         wb.step()
+    for check in (llm.check_integrity, wb.check_integrity):  # said as the rest, not AttributeError
+        with pytest.raises(RuntimeError, match="this LLM was closed"):
+            check()
 
 
 def test_requests_arrive_at_times_on_the_runs_clock():

@@ -303,6 +303,8 @@ def test_the_twins_pool_sweep_caches_what_the_engines_does_and_no_more_than_the_
         assert cached == real[n].requests.cached_tokens.tolist(), n
     table = traces.pool_reuse(twin, trace)
     assert (table.hit_tokens <= trace.ideal.hit_tokens).all()
+    with pytest.raises(ValueError, match=f"runs 'twin' and 'real' both have a pool of {smallest}"):
+        traces.pool_reuse({"twin": twin[smallest], "real": real[smallest]}, trace)
     assert (table.hit_blocks <= trace.ideal.hit_blocks).all()
     assert table.hit_tokens[smallest] < table.hit_tokens[ample]
 
@@ -488,3 +490,10 @@ def test_an_unknown_format_is_refused(tmp_path):
         traces.load("nope.csv")
     with pytest.raises(ValueError, match=re.escape(f"{path}, line 1") + ".*lacks"):
         traces.load(path, "azure")
+
+
+def test_a_trace_of_no_requests_is_refused_where_it_is_made():
+    """`load` never makes one (a window with no requests is refused); built by hand, an empty
+    trace would fail later where it is shown or replayed, far from the mistake."""
+    with pytest.raises(ValueError, match=r"requests: a trace holds at least one request, got \(\)"):
+        traces.Trace("empty", "csv", ())

@@ -329,10 +329,15 @@ def test_saved_costs_round_trip_and_other_models_are_refused(tmp_path):
     real = shared(lambda: Workbench(MODEL, page_size=1, num_pages=NUM_PAGES), "twin", 1)
     real.reset()
     run_workload(real, workload(seed=6, n=4))
-    mine = real.snapshot()
+    mine = real.snapshot(run="calib")
     other = type(mine)(mine.tables(), {**mine.meta, "model": "smollm2"})
     with pytest.raises(ValueError, match="one model on one device.*smollm2"):
         fit_step_costs({"mine": mine, "other": other})
+    # in a list, runs are named by their meta's "run": one name must not hide the other model
+    with pytest.raises(ValueError, match="one model on one device.*smollm2"):
+        fit_step_costs([mine, other])
+    with pytest.raises(TypeError, match=r"runs: '.*run.parquet' is a path.*load_run"):
+        fit_step_costs(str(tmp_path / "run.parquet"))
 
 
 def test_requests_arrive_on_the_virtual_clock_and_an_idle_twin_jumps_to_them():
@@ -539,3 +544,15 @@ def test_runs_say_their_kernels_and_a_twin_predicts_only_its_runs_kernels(tmp_pa
         Workbench(MODEL, step_costs=costs, decode_tensor_cores=True)
     with pytest.raises(ValueError, match=r"small_gemm=True.*they do not say which"):
         Workbench(MODEL, step_costs=synthetic_costs(), small_gemm=True)
+    # asking for the kernels the runs ran is taken; the other value is refused, saying theirs
+    on_gpu = fit_step_costs(type(mine)(mine.tables(), {**mine.meta, "kernels": gpu}))
+    Workbench(
+        MODEL, step_costs=on_gpu, decode_tensor_cores=True, fused_kernels=kernels["fused_kernels"]
+    )
+    with pytest.raises(
+        ValueError, match=r"decode_tensor_cores=False.*they ran decode_tensor_cores=True"
+    ):
+        Workbench(MODEL, step_costs=on_gpu, decode_tensor_cores=False)
+    flipped = not kernels["fused_kernels"]
+    with pytest.raises(ValueError, match=rf"they ran fused_kernels={kernels['fused_kernels']}"):
+        Workbench(MODEL, step_costs=costs, fused_kernels=flipped)

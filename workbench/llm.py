@@ -406,6 +406,7 @@ class LLM:
 
     def check_integrity(self) -> None:
         """Check the KV pool's accounting."""
+        self.check_open()
         if self.server is None:
             self.scheduler.check_integrity()
             return

@@ -450,6 +450,7 @@ class Workbench:
 
     def check_integrity(self) -> None:
         """Check the KV pool's accounting (`Scheduler.check_integrity`)."""
+        self.llm.check_open()
         with self._engine_held():
             self.scheduler.check_integrity()
 

@@ -67,6 +67,8 @@ class HookRegistry:
 
     def add(self, pattern: str, fn: Hook) -> HookHandle:
         """Call `fn(event)` at every hook point matching `pattern` (a name or a glob: "cache.*")."""
+        if not callable(fn):
+            raise TypeError(f"fn: a hook is a function of one event, got {fn!r}")
         names = fnmatch.filter(HOOK_POINTS, pattern)
         if not names:
             raise ValueError(f"no hook point matches {pattern!r}; hook points: {HOOK_POINTS}")

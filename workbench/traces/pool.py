@@ -24,7 +24,7 @@ def pool_reuse(runs: Mapping[object, object], trace: Trace) -> pd.DataFrame:
 
     if not isinstance(runs, Mapping) or not runs:
         raise ValueError(f"runs must be a non-empty mapping of runs (pool_sweep's), got {runs!r}")
-    rows = {}
+    rows, labels = {}, {}
     for label, run in runs.items():
         meta = getattr(run, "meta", None) or {}
         if "num_pages" not in meta or "page_size" not in meta:
@@ -34,7 +34,11 @@ def pool_reuse(runs: Mapping[object, object], trace: Trace) -> pd.DataFrame:
             )
         num_pages = int(meta["num_pages"])
         if num_pages in rows:
-            raise ValueError(f"two runs have a pool of {num_pages} pages: one row each is kept")
+            raise ValueError(
+                f"runs {labels[num_pages]!r} and {label!r} both have a pool of {num_pages} pages: "
+                "the table has a row a pool size, so give one run of each"
+            )
+        labels[num_pages] = label
         ideal, ran = reuse_of(run, trace)
         rows[num_pages] = {
             "pool_tokens": num_pages * int(meta["page_size"]),

@@ -36,6 +36,10 @@ class Trace:
     clipped_count: int = 0  # requests cut to max_len
     dropped_count: int = 0  # requests left out for being longer than max_len
 
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise ValueError(f"requests: a trace holds at least one request, got {self.requests!r}")
+
     def __len__(self) -> int:
         return len(self.requests)
 

@@ -61,16 +61,33 @@ def twin_settings(costs: StepCosts, model: str, options: dict[str, Any]) -> dict
 
 
 def _check_no_kernels(options: dict[str, Any], recorded: dict | None) -> None:
-    """A twin runs no kernels: its costs stand for those its runs ran, whatever it is told."""
+    """A twin runs no kernels: its costs stand for those its runs ran. A kernel option is taken
+    where it asks for nothing (its default) or for what the runs ran, else refused by name."""
     defaults = {f.name: f.default for f in fields(EngineConfig)}
     for name in KERNEL_OPTIONS:
-        if name in options and options[name] != defaults[name]:
-            ran = f"they ran {recorded}" if recorded else "they do not say which"
-            raise ValueError(
-                f"{name}={options[name]!r}: a twin runs no kernels, its step costs predict the "
-                f"kernels of the runs they were fitted on ({ran}); leave {name} out, or fit "
-                "step costs on runs recorded with it"
-            )
+        if name not in options or options[name] == defaults[name]:
+            continue
+        ran = _recorded_kernel(recorded, name)
+        if recorded is not None and options[name] == ran:
+            continue
+        said = f"they ran {name}={ran!r}" if recorded else "they do not say which kernels"
+        raise ValueError(
+            f"{name}={options[name]!r}: a twin runs no kernels, its step costs predict the "
+            f"kernels of the runs they were fitted on ({said}); leave {name} out, or fit "
+            "step costs on runs recorded with it"
+        )
+
+
+def _recorded_kernel(recorded: dict | None, name: str) -> Any:
+    """The value of the kernel option `name` that a run's `kernels` (`Engine.kernels`) stand
+    for: decode_kernel is its decode attention, decode_tensor_cores its decode cores (None where
+    they change with the batch size)."""
+    recorded = recorded or {}
+    if name == "decode_kernel":
+        return recorded.get("decode_attention")
+    if name == "decode_tensor_cores":
+        return {"tensor cores": True, "CUDA cores": False}.get(recorded.get("decode_cores"))
+    return recorded.get(name)
 
 
 # What a request may ask that a twin cannot stand for: its steps' costs were fitted on runs

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 
 def named_runs(runs) -> dict[str, Any]:
     """`runs` as name -> history: one history (live or loaded), a list of them (named by their
-    meta's "run", else "run N"), or a mapping; a `Workbench` or `LLM` stands for its history."""
+    meta's "run", else "run N"; a second run of a name taken adds " (run N)", the same run
+    given twice counts once), or a mapping; a `Workbench` or `LLM` stands for its history."""
+    if isinstance(runs, str | os.PathLike):
+        raise TypeError(
+            f"runs: {str(runs)!r} is a path; give run histories (load_run(path) reads a saved "
+            "one), a list of them or a mapping of names to them"
+        )
     if isinstance(runs, Mapping):
         named = dict(runs)
     elif hasattr(runs, "steps") or hasattr(runs, "history"):
@@ -16,7 +23,10 @@ def named_runs(runs) -> dict[str, Any]:
     else:
         named = {}
         for i, run in enumerate(runs):
-            named.setdefault(_name(run, i), run)
+            name = _name(run, i)
+            if name in named and named[name] is not run:  # two runs under one name: both count
+                name = f"{name} (run {i})"
+            named.setdefault(name, run)
     if not named:
         raise ValueError("no runs given")
     return {name: _history(run, name) for name, run in named.items()}
