@@ -425,6 +425,10 @@ def test_a_twin_captures_what_the_recorded_engine_captured_unless_told_otherwise
     assert (recorded.cuda_graph_max_tokens, recorded.cuda_graph_max_bs) == (64, 32)
     given = Workbench(MODEL, step_costs=costs, cuda_graph_max_tokens=128).engine.config
     assert (given.cuda_graph_max_tokens, given.cuda_graph_max_bs) == (128, 32)
+    # and overlaps as a GPU engine does (a Workbench of a real engine does not unless told)
+    assert Workbench(MODEL, step_costs=costs).scheduler.overlap
+    assert not Workbench(MODEL, step_costs=costs, overlap=False).scheduler.overlap
+    assert not Workbench(MODEL, step_costs=synthetic_costs()).scheduler.overlap  # CPU runs
 
 
 def test_the_twins_error_is_shown_beside_the_real_runs_noise():

@@ -7,7 +7,8 @@
     wb.history.ledger           # pandas tables: steps, ledger, requests, admissions, events
     wb.save("run.json")         # load_run("run.json") shows it again, no model needed
 
-Overlap is off by default so that a step's batch launches after the previous one completed.
+Overlap is off by default so that a step's batch launches after the previous one completed; a
+twin (`step_costs=`) has its runs' overlap unless told, as it predicts the engine they ran on.
 The run's clock runs only while the workbench steps.
 """
 
@@ -40,9 +41,11 @@ class Workbench:
         model: str = "smollm2",
         *,
         record: str = "light",
-        overlap: bool = False,
+        overlap: bool | None = None,
         **options: Any,
     ) -> None:
+        if overlap is None and options.get("step_costs") is None:
+            overlap = False  # (a twin's None: `twin_settings` gives it its runs')
         self.llm = LLM(model, record=record, overlap=overlap, **options)
         self.scheduler = self.llm.scheduler
         self.engine = self.llm.engine
