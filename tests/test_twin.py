@@ -269,6 +269,8 @@ def test_the_costs_name_what_their_calibration_did_not_cover(tmp_path):
     calibration = run_workload(wb, workload(seed=2, n=8))
     costs = fit_step_costs(calibration)
     assert not (costs.uncalibrated(calibration.steps) != "").any()
+    with pytest.raises(TypeError, match="steps: a steps table .*got list"):
+        costs.uncalibrated([1, 2, 3])
     assert "calibrated, eager: " in costs.summary()
     wb.reset()
     wb.reconfigure(max_extend_tokens=256, policy="mixed", max_running_reqs=12)

@@ -121,6 +121,10 @@ class StepCosts:
 
     def uncalibrated(self, steps) -> np.ndarray:
         """Per step of a steps table: what calibration did not cover, "" where it did."""
+        if not hasattr(steps, "columns"):
+            raise TypeError(
+                f"steps: a steps table (a run's `steps`, a DataFrame), got {type(steps).__name__}"
+            )
         return uncalibrated(steps, self.device, self.ranges, self.shape_steps)
 
     def summary(self) -> str:
