@@ -521,3 +521,23 @@ def test_the_bootstraps_row_percentiles_are_numpys_to_the_last_digit():
             warnings.simplefilter("ignore", RuntimeWarning)  # numpy's, for a row of NaN
             expected = np.nanpercentile(values, qs, axis=1)
         np.testing.assert_array_equal(_percentiles(values, qs), expected)
+
+
+def test_runs_whose_steps_never_repeat_a_shape_have_no_known_noise_and_no_winner():
+    """One run each, every step a shape of its own: a bootstrap of the run's own steps and two
+    requests of equal TTFT gives ± 0, which named winners out of machine noise alone (chunk 64,
+    65 and 66 run the same steps). Such a figure's noise is not known: no verdict, and no ± 0."""
+    wb = Workbench("tiny-llama", max_extend_tokens=64, max_running_reqs=4)
+    for prompt in ("The capital of France is", "Hello"):
+        wb.add_request(prompt, SamplingParams(max_tokens=3))
+    settings = {f"chunk {c}": dict(max_extend_tokens=c) for c in (64, 65, 66)}
+    runs = wb.compare(settings, progress=False)
+    table = compare_table(runs)
+    for figure in ("output tokens/s", "p50 TTFT (ms)", "p50 ITL (ms)", "device busy (%)"):
+        assert f"{figure} ±" not in table or table[f"{figure} ±"].isna().all(), table
+    said = compare_summary(runs)
+    figures = [s for s in said if s.startswith(("Throughput", "Time", "Inter-token"))]
+    assert len(figures) == 4 and all(" is not judged (" in s for s in figures), said
+    assert all("noise not known)" in s and "highest" not in s for s in figures), said
+    wb.check_integrity()
+    wb.close()

@@ -116,10 +116,12 @@ def _figure_sentence(table, causes, column: str, title: str, higher: bool, why, 
     unit = f" {column}" if column.endswith("/s") else " ms"
     tail, parted = _tail_clause(table, column, higher, same)
     if not judged.best:
-        noise = "not known" if math.isnan(judged.noise) else f"up to ± {_value(judged.noise)}"
         what = "" if unit.endswith("/s") else f"{column.split(' ')[0]} "
-        spans = f"{what}{_range(table[column], unit)}; noise {noise}{unit}"
-        said = f"{title} ties within noise ({spans})"
+        if math.isnan(judged.noise):  # no verdict either way
+            said = f"{title} is not judged ({what}{_range(table[column], unit)}; noise not known)"
+        else:
+            spans = f"{what}{_range(table[column], unit)}; noise up to ± {_value(judged.noise)}"
+            said = f"{title} ties within noise ({spans}{unit})"
         # the records of the settings the tail parts, where it does; else the medians' ends
         ends = (parted.best[0], parted.worst[0]) if parted else _extremes(table[column], higher)
         differs = why(causes, *ends)
@@ -159,7 +161,9 @@ def _tail_clause(table, column: str, higher: bool, same) -> tuple[str, Verdict |
         return "", None
     if judged.best:
         return f"; at p99 it is {_ends(table, tail, judged, higher)}", judged
-    noise = "" if math.isnan(judged.noise) else f"; noise up to ± {_value(judged.noise)} ms"
+    if math.isnan(judged.noise):
+        return f"; at p99 {_range(table[tail], ' ms')}", None
+    noise = f"; noise up to ± {_value(judged.noise)} ms"
     return f"; at p99 within noise of each other ({_range(table[tail], ' ms')}{noise})", None
 
 
@@ -244,7 +248,8 @@ def _noise_sentence(repeats: dict[str, int], same: list[list[str]]) -> str:
         said = (
             "Each setting ran once: a figure's noise is a bootstrap over its run's requests "
             "(latencies) or steps (throughput), at least the machine's jitter between steps of "
-            "one shape; repeats=N in compare measures it over runs"
+            "one shape (not known where no shape ran twice); repeats=N in compare measures it "
+            "over runs"
         )
     else:
         n = f"{min(counts)} times" if len(counts) == 1 else f"{min(counts)} to {max(counts)} times"

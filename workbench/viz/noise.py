@@ -204,12 +204,16 @@ def _half_width(values: np.ndarray) -> float:
 def run_spreads(history, row: dict, others: Sequence = ()) -> dict[str, float]:
     """One run's spreads by figure: its bootstrap's (its steps drawn among `others`' too: the
     other runs of its setting), and for a run alone (no `others`) at least its step jitter times
-    the figure for the timed ones."""
+    the figure for the timed ones; NaN (not known) for those where no step's shape ran twice:
+    nothing then shows how the machine's times move, and a bootstrap of such a run's own steps
+    gives a spread of 0."""
     spreads = bootstrap_spreads(history, others)
     relative = spreads.pop(_RELATIVE_THROUGHPUT, np.nan)
     if _is_number(row.get("output tokens/s")):
         spreads["output tokens/s"] = relative * float(row["output tokens/s"])
     jitter = np.nan if others else step_jitter(history)
+    if not others and np.isnan(jitter):
+        return {**spreads, **dict.fromkeys((*TIMED, "device busy (%)"), np.nan)}
     for name in TIMED if not np.isnan(jitter) else ():
         value = row.get(name)
         if _is_number(value) and not np.isnan(value):
