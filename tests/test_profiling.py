@@ -295,7 +295,19 @@ def test_compare_runs_named_settings_on_one_engine():
             wb.compare({"ok": {}, "too many": dict(max_running_reqs=9)}, progress=False)
         with pytest.raises(ValueError, match="engine"):
             wb.compare({"page": dict(page_size=16)}, progress=False)
+        with pytest.raises(ValueError, match="settings is empty"):  # (it ran nothing, kept nothing)
+            wb.compare({}, progress=False)
         assert len(wb.history) == before
+        # compare ended in a new run: a request added now is that run's whole workload, and a
+        # reconfigure starts a new run as reset does (the run before's requests are not added in)
+        wb.add_request(prompts[0], SamplingParams(max_tokens=2))
+        assert len(wb.compare({"one": {}}, progress=False)["one"].requests) == 1
+        wb.add_request(prompts[1], SamplingParams(max_tokens=2))
+        wb.run(progress=False)
+        wb.reconfigure(max_extend_tokens=32)
+        wb.add_request(prompts[2], SamplingParams(max_tokens=2))
+        assert wb.submitted_count == 1
+        assert len(wb.compare({"two": {}}, progress=False)["two"].requests) == 1
 
 
 def test_a_closed_engine_refuses_work():

@@ -40,6 +40,8 @@ def checked_requests(
 
 def checked_settings(llm: LLM, settings: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
     checked = {}
+    if not V.mapping("settings", settings):
+        raise ValueError("settings is empty: give at least one, e.g. {'chunk 256': {}}")
     for name, options in V.mapping("settings", settings).items():
         checked[str(name)] = dict(V.mapping(f"settings[{name!r}]", options))
         llm.check_settings(**checked[str(name)])

@@ -322,6 +322,8 @@ class Workbench:
             )
         self.llm.reconfigure(record=record, **settings)
         self.scheduler, self.config = self.llm.scheduler, self.llm.config
+        if self._submitted:  # the run's requests are the previous run's now, as after reset
+            self._previous, self._submitted = self._submitted, []
         self.scheduler.clock.pause()
         self._notify(final=True)
 

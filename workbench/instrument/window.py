@@ -53,7 +53,14 @@ class StepView:
 
 
 FIELDS = tuple(f.name for f in fields(StepView))
-_SAMPLE = StepView(0, "decode", 1, 1, 0, 1, 0, 0.0)
+# made-up steps of each phase, to call a predicate on before the run: each branch of an `and`
+# or `or` (phase == "mixed" and ...) meets one that reaches it
+_SAMPLES = (
+    StepView(0, "decode", 1, 1, 0, 1, 0, 0.0),
+    StepView(1, "prefill", 1, 512, 512, 0, 3, 0.25),
+    StepView(2, "mixed", 8, 263, 256, 7, 1, 0.5),
+    StepView(3, "decode", 64, 64, 0, 64, 0, 0.75),
+)
 _COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 
@@ -150,16 +157,17 @@ def profile_window(steps: Any = None, max_steps: int | None = None) -> ProfileWi
 
 
 def _try_predicate(predicate: Callable, name: str = "profile_steps") -> None:
-    """Call it once on a made-up step, so a wrong signature or field fails before the run."""
-    try:
-        predicate(_SAMPLE)
-    except (AttributeError, NameError, TypeError) as exc:
-        raise TypeError(
-            f"{name}: {predicate_text(predicate)} failed on a StepView ({exc}); it takes one "
-            f"StepView, whose fields are {FIELDS}"
-        ) from exc
-    except Exception:  # noqa: BLE001 (a value this made-up step has and no real one may)
-        pass
+    """Call it on made-up steps, so a wrong signature or field fails before the run."""
+    for sample in _SAMPLES:
+        try:
+            predicate(sample)
+        except (AttributeError, NameError, TypeError) as exc:
+            raise TypeError(
+                f"{name}: {predicate_text(predicate)} failed on a StepView ({exc}); it takes one "
+                f"StepView, whose fields are {FIELDS}"
+            ) from exc
+        except Exception:  # noqa: BLE001 (a value this made-up step has and no real one may)
+            pass
 
 
 def predicate_text(predicate: Callable) -> str:
