@@ -343,6 +343,13 @@ def test_runs_of_one_setting_never_produce_a_winner():
         assert len(figures) == 4 and all(" ties within noise (" in s for s in figures), said
         assert any("a and a again are one setting" in s for s in said)
         assert any("Every run took the same steps" in s for s in said)
+    # one setting whether written out or left at the workbench's value; another share_threshold
+    # is another setting (the run's meta says every scheduler setting)
+    written = {"base": {}, "written": dict(max_extend_tokens=wb.config.max_extend_tokens)}
+    runs = wb.compare({**written, "share 0": dict(share_threshold=0)}, requests, progress=False)
+    said = compare_summary(runs)
+    assert any("base and written are one setting" in s for s in said), said
+    assert not any("share 0 are one setting" in s for s in said), said
     wb.close()
 
 

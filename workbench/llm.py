@@ -273,7 +273,8 @@ class LLM:
     def run_meta(self) -> dict:
         """The settings a saved run carries with it."""
         config, engine = self.config, self.engine
-        names = ("model", "page_size", "max_extend_tokens", "cache", "policy", "max_running_reqs")
+        # the model and every scheduler setting but overlap (resolved below): what a run ran
+        names = ("model", "page_size", *(n for n in SCHEDULER_SETTINGS if n != "overlap"))
         meta = {
             **{name: getattr(config, name) for name in names},
             "device": str(engine.device),

@@ -244,7 +244,8 @@ def combine(rows: list[dict], spreads: list[dict[str, float]]) -> tuple[dict, di
 
 
 # a run's meta that says what ran it, not which run it was
-_NOT_SETTINGS = ("run", "repeat", "texts", "warmup_ms")
+# "settings": the keywords as the comparison wrote them; the meta holds what they resolved to
+_NOT_SETTINGS = ("run", "repeat", "texts", "warmup_ms", "settings")
 
 
 def setting_key(history) -> str | None:
