@@ -73,16 +73,19 @@ class SamplingParams:
             self.temperature,
             low=0.0,
             high=FLOAT32_MAX,
-            allowed=f">= 0 and at most {FLOAT32_MAX:.4g} (the largest float32)",
+            allowed=f"0 (greedy) or from {MIN_TEMPERATURE} to {FLOAT32_MAX:.4g} (the largest "
+            "float32)",
         )
         if 0.0 < temperature < MIN_TEMPERATURE:
             raise ValueError(
                 f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE} (smaller ones "
                 f"overflow the logits), got {self.temperature!r}"
             )
-        top_k = V.integer("top_k", self.top_k, -1, 2**31 - 1)
-        if top_k == 0:
-            raise ValueError("top_k must be -1 (off) or an integer >= 1, got 0")
+        top_k = V.integer("top_k", self.top_k)
+        if top_k == 0 or not -1 <= top_k < 2**31:
+            raise ValueError(
+                f"top_k must be -1 (off) or an integer from 1 to {2**31 - 1}, got {top_k}"
+            )
         checked = dict(
             max_tokens=V.integer("max_tokens", self.max_tokens, 1),
             temperature=temperature,
