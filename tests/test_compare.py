@@ -328,6 +328,12 @@ def test_a_tie_of_equal_figures_says_so_rather_than_a_range():
     runs = {**_twin_runs(1.0, "a", requests), **_twin_runs(1.0, "b", requests)}
     said = " ".join(compare_summary(runs))
     assert "ms in every setting" in said and not re.search(r"\b(\S+) to \1 ms", said), said
+    # a twin's clock has no machine noise: its figures are judged even where no step's shape ran
+    # twice (a one-token prompt decoding: contexts 2 and 3 are shapes of their own)
+    one = [([1000], greedy(3), 0)]
+    runs = {**_twin_runs(1.0, "a", one), **_twin_runs(2.0, "b", one)}
+    said = " ".join(compare_summary(runs))
+    assert "not judged" not in said and "highest with a" in said, said
 
 
 def test_runs_of_one_setting_never_produce_a_winner():

@@ -206,13 +206,14 @@ def run_spreads(history, row: dict, others: Sequence = ()) -> dict[str, float]:
     other runs of its setting), and for a run alone (no `others`) at least its step jitter times
     the figure for the timed ones; NaN (not known) for those where no step's shape ran twice:
     nothing then shows how the machine's times move, and a bootstrap of such a run's own steps
-    gives a spread of 0."""
+    gives a spread of 0 (a twin's run keeps its bootstrap's: it has no machine)."""
     spreads = bootstrap_spreads(history, others)
     relative = spreads.pop(_RELATIVE_THROUGHPUT, np.nan)
     if _is_number(row.get("output tokens/s")):
         spreads["output tokens/s"] = relative * float(row["output tokens/s"])
     jitter = np.nan if others else step_jitter(history)
-    if not others and np.isnan(jitter):
+    simulated = (getattr(history, "meta", None) or {}).get("simulated", False)
+    if not others and np.isnan(jitter) and not simulated:  # (a twin's clock has no jitter)
         return {**spreads, **dict.fromkeys((*TIMED, "device busy (%)"), np.nan)}
     for name in TIMED if not np.isnan(jitter) else ():
         value = row.get(name)
