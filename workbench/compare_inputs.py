@@ -39,10 +39,10 @@ def checked_requests(
 
 
 def checked_settings(llm: LLM, settings: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
-    checked = {}
-    if not V.mapping("settings", settings):
+    checked, settings = {}, V.mapping("settings", settings)
+    if not settings:
         raise ValueError("settings is empty: give at least one, e.g. {'chunk 256': {}}")
-    for name, options in V.mapping("settings", settings).items():
+    for name, options in settings.items():
         checked[str(name)] = dict(V.mapping(f"settings[{name!r}]", options))
         llm.check_settings(**checked[str(name)])
     return checked
