@@ -108,8 +108,9 @@ def test_a_request_due_during_a_step_arrived_at_its_time_not_at_the_steps_end():
     server's waits for the step in progress), but it arrived at its time: the requests table's
     `arrival_s` is that time, and its TTFT counts the rest of that step."""
     wb = Workbench("tiny-llama", max_extend_tokens=4096, max_running_reqs=4)
-    wb.add_request(LONG * 8, greedy(2))  # one long prompt step first
-    due = 0.002
+    assert wb.scheduler.clock.now() == 0.0  # building the engine is not the run's time
+    wb.add_request(LONG * 8, greedy(2))  # one long prompt step first (25 ms here)
+    due = 0.005
     late = wb.add_request(PROMPTS[0], greedy(2), arrival_time=due)
     first = wb.step()
     assert first.size == 1 and first.completed_at > due  # it fell due while the step ran
@@ -120,3 +121,16 @@ def test_a_request_due_during_a_step_arrived_at_its_time_not_at_the_steps_end():
     assert row.arrival_step == 1
     # its first token came after the long step ended and its own prompt step ran
     assert row.ttft_s >= first.completed_at - due
+
+
+def test_a_new_runs_clock_reads_zero_until_its_first_step():
+    """The time spent building the engine, or reconfiguring it, is not the run's: a request due
+    at 1 ms must not be due on arrival because the build took longer."""
+    wb = Workbench("tiny-llama", max_extend_tokens=64)
+    assert wb.scheduler.clock.now() == 0.0
+    wb.add_request(PROMPTS[0], greedy(1), arrival_time=0.001)
+    assert wb.scheduler.is_idle and not wb.is_done  # due later, not queued on arrival
+    wb.run(progress=False)
+    wb.reconfigure(max_extend_tokens=32)
+    assert wb.scheduler.clock.now() == 0.0
+    wb.check_integrity()

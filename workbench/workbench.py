@@ -59,7 +59,14 @@ class Workbench:
         self._views: ViewThread | None = None
         self._notifying = threading.RLock()
         # NOTE: the clock is paused between calls: the time between two cells is not the run's
-        self.scheduler.clock.pause()
+        self._clock_at_zero()
+
+    def _clock_at_zero(self) -> None:
+        """A new run's clock reads 0 until its first step: building the engine is not run time
+        (a request due at 2 ms was due on arrival where the build took 2 ms)."""
+        clock = self.scheduler.clock
+        clock.pause()
+        clock.restart()
 
     @property
     def hooks(self) -> HookRegistry:
@@ -324,7 +331,7 @@ class Workbench:
         self.scheduler, self.config = self.llm.scheduler, self.llm.config
         if self._submitted:  # the run's requests are the previous run's now, as after reset
             self._previous, self._submitted = self._submitted, []
-        self.scheduler.clock.pause()
+        self._clock_at_zero()
         self._notify(final=True)
 
     def compare(
