@@ -96,6 +96,18 @@ def test_goodput_and_causes_on_a_run_of_known_timings():
     assert np.allclose(by_cause.ms, [120, 90]) and by_cause.requests.tolist() == [3, 3]
 
 
+def test_a_one_token_request_has_no_tpot_or_itl_and_misses_neither_limit():
+    """TPOT and ITL are gaps between tokens: a request of one token has none. Its verdict says
+    NaN, as the requests table's `tpot_s` does, and counts neither limit against it."""
+    history = known_run("prefill_first", late=False, max_tokens=1)
+    v = slo_verdicts(history, {"ttft_ms": 35, "tpot_ms": 1, "itl_ms": 1})
+    assert v.tpot_ms.isna().all() and history.requests.tpot_s.isna().all()
+    assert v.itl_ms.isna().all() and np.allclose(v.ttft_ms, 30)
+    assert v.good.all() and v.tpot_ok.all() and v.itl_ok.all() and (v.missed == "").all()
+    assert slo_figures(history, {"tpot_ms": 1})["SLO attainment (%)"] == 100.0
+    assert miss_causes(history, {"tpot_ms": 1, "itl_ms": 1}).empty
+
+
 @pytest.mark.parametrize(
     ("policy", "slo", "expected"),
     [

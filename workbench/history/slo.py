@@ -40,15 +40,19 @@ def slo_verdicts(history, slo: Mapping[str, float]) -> pd.DataFrame:
     n = r.completion_tokens
     ttft = r.ttft_s * 1e3
     e2e = ((r.finish_s - r.arrival_s) * 1e3).where(finished)
-    tpot = ((e2e - ttft) / (n - 1)).where(n > 1, 0.0).where(finished)
+    # one token: no TPOT and no gap (NaN, as in the requests table), and no limit of theirs missed
+    tpot = ((e2e - ttft) / (n - 1)).where(n > 1).where(finished)
     gaps = inter_token_latencies(history.steps, history.ledger) * 1e3
     longest = gaps.groupby(level=0).max() if len(gaps) else gaps
-    itl = r.uid.map(longest).astype("float64").fillna(0.0).where(finished)
+    itl = r.uid.map(longest).astype("float64").fillna(0.0).where(finished & (n > 1))
     r = r.assign(finished=finished, ttft_ms=ttft, tpot_ms=tpot, itl_ms=itl, e2e_ms=e2e)
     good = finished.copy()
     missed = [[] if f else ["unfinished"] for f in finished]
+    one_token = finished & (n <= 1)
     for key, limit in slo.items():
         ok = (r[key] <= limit).fillna(False).astype(bool)
+        if key in ("tpot_ms", "itl_ms"):
+            ok |= one_token
         r[f"{key.removesuffix('_ms')}_ok"] = ok
         good &= ok
         for i in (~ok & finished).to_numpy().nonzero()[0]:
