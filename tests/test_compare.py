@@ -319,6 +319,9 @@ def test_a_twice_slower_twin_is_named_the_worst_of_every_figure():
         assert "and highest with slow (" in sentence[title]
     # the schedules are the same: the cause is the steps' length, not the prompts' steps
     assert "took" in sentence["Throughput"] and "split" not in sentence["Time to first token"]
+    # a twin's times are its step costs: they differ by those, not by noise
+    schedule = next(s for s in said if s.startswith("Every run took the same steps"))
+    assert "the twins' step costs only" in schedule and "noise" not in schedule, schedule
 
 
 def test_a_tie_of_equal_figures_says_so_rather_than_a_range():

@@ -264,19 +264,26 @@ def _noise_sentence(repeats: dict[str, int], same: list[list[str]]) -> str:
 
 
 def _same_schedule(firsts: Mapping[str, object]) -> str:
-    """Whether every run took the same steps: then their times differ by noise only."""
+    """Whether every run took the same steps: then their times differ by noise only (a twin's
+    by its step costs)."""
     shapes = {
         label: tuple(
             map(tuple, h.steps[["phase", "batch_size", "num_tokens"]].astype(str).to_numpy())
         )
         for label, h in firsts.items()
     }
-    if len(set(shapes.values())) == 1:
-        return (
-            "Every run took the same steps (the same batches, step for step): the settings do "
-            "not change this workload's schedule, so their times differ by noise only."
-        )
-    return ""
+    if len(set(shapes.values())) > 1:
+        return ""
+    said = (
+        "Every run took the same steps (the same batches, step for step): the settings do not "
+        "change this workload's schedule, so their times differ by "
+    )
+    simulated = [bool(getattr(h, "meta", {}).get("simulated")) for h in firsts.values()]
+    if all(simulated):  # a twin's clock has no noise: its times are its step costs'
+        return said + "the twins' step costs only."
+    if any(simulated):
+        return said + "noise and by how far the twin's step costs are from the measured steps."
+    return said + "noise only."
 
 
 def _host_sentence(table: pd.DataFrame, causes: dict[str, Causes]) -> str:
