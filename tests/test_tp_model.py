@@ -253,17 +253,18 @@ def test_tp_size_that_splits_heads_is_refused():
     """Refused before anything is allocated or communicated, naming what would divide."""
     group = TPGroup(rank=0, size=2, group=object())  # never used: the check comes first
     qwen2 = ModelConfig.from_dir(resolve("tiny-qwen2"))  # 4 heads, 1 KV head
-    with pytest.raises(ValueError, match=r"tp_size=2 .* num_kv_heads=1.* values: \[1\]"):
+    # the sizes named are those that fail: the heads (4) divide by 2, the one KV head does not
+    with pytest.raises(ValueError, match=r"tp_size=2 .*: num_kv_heads=1 \(.* values: \[1\]"):
         build_model(qwen2, SEQ_LEN, torch.device("cpu"), torch.float32, None, tp=group)
     llama = ModelConfig.from_dir(resolve("tiny-llama"))  # 4 heads, 2 KV heads, 192
     three = TPGroup(rank=0, size=3, group=object())
-    with pytest.raises(ValueError, match=r"tp_size=3 .*num_heads=4.* values: \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"tp_size=3 .*num_heads=4, num_kv_heads=2 \(.*\[1, 2\]"):
         build_model(llama, SEQ_LEN, torch.device("cpu"), torch.float32, None, tp=three)
     mlp = ModelConfig.from_dict(
         {**QWEN2_BIAS, "intermediate_size": 90, "num_attention_heads": 8, "num_key_value_heads": 4}
     )  # heads divide by 4, 90 does not
     four = TPGroup(rank=0, size=4, group=object())
-    with pytest.raises(ValueError, match=r"intermediate_size=90; allowed tp_size values: \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"unevenly: intermediate_size=90 \(.*values: \[1, 2\]"):
         build_model(mlp, SEQ_LEN, torch.device("cpu"), torch.float32, None, tp=four)
 
 

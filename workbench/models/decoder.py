@@ -28,13 +28,18 @@ if TYPE_CHECKING:
 def check_tp_size(model_cfg: ModelConfig, tp_size: int) -> None:
     """Refuse a TP size that would split a head, a GQA group or the MLP unevenly."""
     allowed, m = model_cfg.tp_sizes, model_cfg
-    if tp_size not in allowed:
-        experts = f", moe_intermediate_size={m.moe_intermediate_size}" if m.is_moe else ""
-        raise ValueError(
-            f"tp_size={tp_size} does not divide the model's heads: num_heads={m.num_heads}, "
-            f"num_kv_heads={m.num_kv_heads}, intermediate_size={m.intermediate_size}{experts}; "
-            f"allowed tp_size values: {allowed}"
-        )
+    if tp_size in allowed:
+        return
+    sizes = {"num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads}
+    if m.dense_layer_count:
+        sizes["intermediate_size"] = m.intermediate_size
+    if m.is_moe:
+        sizes["moe_intermediate_size"] = m.moe_intermediate_size
+    failing = [f"{name}={n}" for name, n in sizes.items() if n % tp_size]
+    raise ValueError(
+        f"tp_size={tp_size} would split the model unevenly: {', '.join(failing)} "
+        f"(a rank holds whole heads and GQA groups); allowed tp_size values: {allowed}"
+    )
 
 
 def check_context(model_cfg: ModelConfig, max_positions: int) -> None:

@@ -43,7 +43,8 @@ def load(
       "mooncake-synthetic") or a file's path; `format` ("azure", "mooncake", "csv", "jsonl")
       is told from the file's first line when None.
     - the window: requests arriving from `start` seconds after the first row, for `duration`
-      seconds, re-timed from `start`; then the `first` N of them.
+      seconds, re-timed from `start`; then the `first` N of them (all of them where the
+      window holds fewer: `len(trace)` says how many).
     - `block_size`: tokens per block id; below the files' 512, every length is scaled by
       `block_size / 512` (outputs too), so a trace runs on a tiny model with its sharing kept.
     - `max_len`: the longest prompt + output (a model's context); a longer request is clipped
