@@ -274,6 +274,17 @@ def test_a_latency_sentence_quotes_every_setting_it_names_and_what_p99_says():
         else:
             assert "; at p99 within noise of each other (" in said[title], said[title]
     assert quoted >= 2
+    # TTFT in steps as the table counts it: a prompt computed in its arrival step took 1 step
+    full = compare_table(runs, full=True)
+    steps = re.search(
+        r"a first token took ([\d.]+) steps on average with (chunk \d+) \(its arrival step to "
+        r"its own, both counted\), ([\d.]+) with (chunk \d+)",
+        said["Time to first token"],
+    )
+    assert steps, said["Time to first token"]
+    for value, label in (steps.group(1, 2), steps.group(3, 4)):
+        assert float(value) == pytest.approx(full.loc[label, "mean TTFT (steps)"], abs=0.006)
+    assert full["mean TTFT (steps)"].min() >= 1.0
 
 
 def _times(f: Linear, scale: float) -> Linear:

@@ -200,8 +200,8 @@ def _ttft_why(causes: dict[str, Causes], a: str, b: str) -> str:
         parts.append(f"{_prompts_phrase(a, x)}, {_prompts_phrase(b, y)}")
     if _differ(x.mean_ttft_steps, y.mean_ttft_steps):
         parts.append(
-            f"the first token came {x.mean_ttft_steps:.2f} steps after arrival on average "
-            f"with {a}, {y.mean_ttft_steps:.2f} with {b}"
+            f"a first token took {x.mean_ttft_steps:.2f} steps on average with {a} (its arrival "
+            f"step to its own, both counted), {y.mean_ttft_steps:.2f} with {b}"
         )
     if _differ(x.queued_s, y.queued_s, 0.1):
         parts.append(f"{a}'s requests {queued_phrase(x)}; {b}'s {queued_phrase(y)}")
