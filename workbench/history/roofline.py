@@ -13,10 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
 from .routing import expected_touched
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
     from ..models.config import ModelConfig
@@ -219,7 +220,7 @@ def routed_experts(routing: np.ndarray | None) -> RoutedExperts | None:
     """A step's routing counts (int32 [MoE layers, experts]) summed (None: not known)."""
     if routing is None:
         return None
-    return RoutedExperts(int((routing > 0).sum()), int(routing.sum()))
+    return RoutedExperts(int(np.count_nonzero(routing)), int(routing.sum()))
 
 
 NO_BOUND = StepBound(math.nan, math.nan, math.nan)  # a history without a Roofline

@@ -16,6 +16,8 @@ predictions.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
 
@@ -64,16 +66,25 @@ def estimated_routing(
 ) -> np.ndarray:
     """int32 [layers, experts]: in each layer, the expected experts touched (rounded, at least
     `top_k`) by `decode` decoding tokens and `prompt_rows` chunks of `prompt_tokens` prompt
-    tokens, the step's choices spread evenly over them."""
-    counts = np.zeros((layers, experts), dtype=np.int32)
+    tokens, the step's choices spread evenly over them. Shared by the steps that route alike:
+    never written (a step's record keeps a copy)."""
     choices = (decode + prompt_tokens) * top_k
     if choices == 0:
-        return counts
+        return _counts(layers, experts, top_k, 0, 0, 0)
     tokens = independent_tokens(decode, prompt_rows, prompt_tokens, spread)
     touched = round(float(expected_touched(tokens, experts, top_k)))
     touched = min(max(touched, top_k), experts, choices)
-    share = np.full(touched, choices // touched, dtype=np.int32)
-    share[: choices % touched] += 1
-    first = (step * touched + np.arange(layers) * top_k) % experts  # a window per layer
-    counts[np.arange(layers)[:, None], (first[:, None] + np.arange(touched)) % experts] = share
+    return _counts(layers, experts, top_k, choices, touched, step * touched % experts)
+
+
+@functools.lru_cache(maxsize=512)  # (a 30B-A3B step's: 24 KB)
+def _counts(layers: int, experts: int, top_k: int, choices: int, touched: int, start: int):
+    """`choices` spread evenly over `touched` experts a layer, layer l's window from expert
+    `start + l * top_k` (a twin's steps repeat these: one array each)."""
+    counts = np.zeros((layers, experts), dtype=np.int32)
+    if choices:
+        share = np.full(touched, choices // touched, dtype=np.int32)
+        share[: choices % touched] += 1
+        first = (start + np.arange(layers) * top_k) % experts  # a window per layer
+        counts[np.arange(layers)[:, None], (first[:, None] + np.arange(touched)) % experts] = share
     return counts
