@@ -41,10 +41,10 @@ def _cases() -> dict:
         row_case = (logits[row : row + 1], temperatures[row : row + 1], keys[row:], SEGMENT)
         cases[f"row {row}"] = row_case
     # one row of three likely tokens, sampled under 400 keys: their shares follow the softmax
-    # (one segment of two blocks a row: the interpreter's time is per program and block)
-    flat = torch.full((300,), -30.0)
+    # (one segment of one block a row: the interpreter's time is per program and block)
+    flat = torch.full((BLOCK,), -30.0)
     flat[[10, 120, 250]] = torch.tensor([1.0, 0.0, -1.0])
-    cases["draws"] = (flat.repeat(400, 1), torch.ones(400), torch.arange(400) * 7 + 1, 2 * BLOCK)
+    cases["draws"] = (flat.repeat(400, 1), torch.ones(400), torch.arange(400) * 7 + 1, BLOCK)
     return cases
 
 
