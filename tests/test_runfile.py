@@ -156,6 +156,30 @@ def test_a_parquet_file_that_is_not_a_run_is_refused(tmp_path):
         runfile.read_json(_write(tmp_path / "other.json", {"format": "something/1"}))
 
 
+def test_what_is_not_a_saved_run_is_refused_naming_it(tmp_path):
+    """Text, JSON of something else, a missing path: each refused naming the path; an int is
+    refused before anything is opened (open() would take it for a file descriptor, and close
+    the caller's)."""
+    text = tmp_path / "notes.parquet"
+    text.write_text("not a run\n")
+    lines = tmp_path / "trace.jsonl"
+    lines.write_text('{"a": 1}\n{"a": 2}\n')
+    listed = _write(tmp_path / "list.json", [1, 2])
+    binary = tmp_path / "blob.json"
+    binary.write_bytes(bytes(range(256)))
+    for path in (text, lines, listed, binary):
+        with pytest.raises(ValueError, match=f"{path.name} is not a saved workbench run"):
+            load_run(path)
+    with pytest.raises(FileNotFoundError, match="no saved run at .*missing.parquet"):
+        load_run(tmp_path / "missing.parquet")
+    with open(tmp_path / "mine.txt", "w+") as mine:
+        with pytest.raises(TypeError, match="a str or a Path, got 3"):
+            load_run(3)
+        with pytest.raises(TypeError, match="a str or a Path"):
+            load_run(mine.fileno())
+        mine.write("still open")  # (its descriptor was not closed)
+
+
 def _write(path, doc):
     path.write_text(json.dumps(doc))
     return path

@@ -37,12 +37,23 @@ def write(path: str | Path, tables: Mapping[str, pd.DataFrame], meta: dict) -> P
 
 def read(path: str | Path) -> tuple[Mapping[str, pd.DataFrame], dict]:
     """The tables (read lazily from Parquet) and the meta of a saved run, in either format."""
+    # NOTE: not an int: open() takes one for a file descriptor of the caller's, and closes it
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"a saved run's path is a str or a Path, got {path!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no saved run at {str(path)!r}")
     with open(path, "rb") as f:
         magic = f.read(len(MAGIC))
     if magic == MAGIC:
         tables = ParquetTables(path)
         return tables, tables.meta
-    return read_json(path)
+    try:
+        return read_json(path)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"{path} is not a saved workbench run (neither Parquet nor its JSON: {e})"
+        ) from None
 
 
 def write_parquet(path: Path, tables: Mapping[str, pd.DataFrame], meta: dict) -> Path:
@@ -151,7 +162,7 @@ def read_json(path: str | Path) -> tuple[dict[str, pd.DataFrame], dict]:
     import pandas as pd
 
     doc = json.loads(Path(path).read_text())
-    if doc.get("format") != JSON_FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") != JSON_FORMAT:
         raise ValueError(f"{path} is not a saved workbench run")
     meta = doc.pop("meta", {})
     del doc["format"]
