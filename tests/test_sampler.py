@@ -31,6 +31,8 @@ def test_top_k_one_and_tiny_top_p_are_greedy(tiny_llm):
     for sp in [
         SamplingParams(max_tokens=10, temperature=1.5, top_k=1, ignore_eos=True),
         SamplingParams(max_tokens=10, temperature=1.5, top_p=1e-6, ignore_eos=True),
+        # 1e-300 is 0 in float32: the most likely token is still kept (it gave token 0)
+        SamplingParams(max_tokens=10, temperature=1.5, top_p=1e-300, ignore_eos=True),
     ]:
         outputs, _ = run(tiny_llm, p, sp)
         assert [o["token_ids"] for o in outputs] == [o["token_ids"] for o in reference]

@@ -334,7 +334,8 @@ def _mask_top_k_top_p(
     if top_p is not None:
         probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         # keep the smallest head of the distribution whose mass reaches top_p (at least one token)
-        drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
+        # (the first always: a top_p that rounds to 0 in float32 must not drop every token)
+        drop |= ((probs.cumsum(-1) - probs) >= top_p[:, None]) & (rank > 0)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
