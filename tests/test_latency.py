@@ -3,6 +3,9 @@ token on, against the steps and ledger tables of a real run; and where the views
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pandas as pd
 import pytest
 
@@ -134,3 +137,27 @@ def test_a_new_runs_clock_reads_zero_until_its_first_step():
     wb.reconfigure(max_extend_tokens=32)
     assert wb.scheduler.clock.now() == 0.0
     wb.check_integrity()
+
+
+def test_a_request_due_far_ahead_is_waited_for_not_an_overflow():
+    """A run waits for a request due in 1e12 s (time.sleep alone overflows past the platform's
+    time_t: every run() raised OverflowError until it was aborted); a paused clock's wait ends."""
+    from workbench.clocks import RunClock
+
+    errors = []
+    hook, threading.excepthook = threading.excepthook, lambda args: errors.append(args.exc_value)
+    try:
+        wb = Workbench("tiny-llama")
+        wb.add_request(PROMPTS[0], greedy(2))
+        wb.add_request(PROMPTS[1], greedy(2), arrival_time=1e12)
+        waiting = threading.Thread(target=wb.run, kwargs=dict(progress=False), daemon=True)
+        waiting.start()
+        waiting.join(timeout=5.0)
+        assert waiting.is_alive() and not errors, errors  # still waiting, no OverflowError
+    finally:
+        threading.excepthook = hook
+    clock = RunClock()
+    clock.pause()
+    started = time.perf_counter()
+    clock.wait_until(clock.now() + 0.05)
+    assert time.perf_counter() - started < 5.0

@@ -54,7 +54,13 @@ class RunClock:
             self._paused_at = None
 
     def wait_until(self, seconds: float) -> None:
-        time.sleep(max(0.0, seconds - self.now()))
+        # NOTE: a day at a time: time.sleep overflows past the platform's time_t (1e12 s)
+        left = seconds - self.now()
+        while left > 0:
+            time.sleep(min(left, 86400.0))
+            if self._paused_at is not None:  # (a paused clock stands still)
+                return
+            left = seconds - self.now()
 
 
 class StageClock:
