@@ -499,6 +499,27 @@ def test_a_shared_prefix_is_reported_as_cached_tokens(served):
     http = requests[requests.source == "http"]
     assert len(http) >= 2 and http.cached_tokens.max() == cached
     assert (http.arrival_s <= http.first_token_s).all()
+    # a new prompt in four chunks (64 tokens a step): its own earlier chunks are not the cache's
+    fresh = " ".join(f"w{i}q" for i in range(90))
+    assert len(wb.llm.encode(fresh)) > 3 * 64
+    whole = client.completions.create(model=MODEL, prompt=fresh, **greedy(2))
+    echoed = client.completions.create(
+        model=MODEL, prompt=fresh + " again", echo=True, logprobs=1, **greedy(2)
+    )
+    streamed = client.completions.create(
+        model=MODEL,
+        prompt="Yes " + fresh,
+        stream=True,
+        stream_options={"include_usage": True},
+        **greedy(2),
+    )
+    usage = [chunk.usage for chunk in streamed if chunk.usage is not None][-1]
+    assert whole.usage.prompt_tokens_details.cached_tokens == 0
+    # (its prompt's log probabilities: as the engine counted it, whatever that was)
+    requests = wb.history.requests
+    engine = requests.cached_tokens[requests.prompt_tokens == echoed.usage.prompt_tokens]
+    assert echoed.usage.prompt_tokens_details.cached_tokens == engine.iloc[-1]
+    assert usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_stop_strings_end_the_text_before_them(served):
@@ -681,6 +702,40 @@ def test_a_bad_request_is_a_400_naming_the_field_and_the_server_serves_on(
     error = reply.json()["error"]
     assert error["param"] == field and error["type"] == "invalid_request_error"
     assert field.split(".")[-1].split("[")[0] in error["message"]
+    ok = client.completions.create(model=MODEL, prompt="Hello", **greedy(2))
+    assert ok.choices[0].finish_reason == "length"
+
+
+def test_a_prompt_longer_than_the_context_is_blamed_not_max_tokens_left_unsent(served):
+    """A prompt the context cannot hold is the prompt's (or the messages') fault, not that of
+    a max_tokens the client never sent; a text no context could hold is refused by its length,
+    before the tokenizer spends seconds on it (tokenizing runs off the event loop either way)."""
+    wb, server, client = served
+    context = wb.llm.engine.max_seq_len
+    cases = [
+        ("/completions", {"prompt": [5] * (context + 3)}, "prompt", "leaving no room"),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": " hi" * (context + 3)}]},
+            "messages",
+            "the messages come to",
+        ),
+        ("/completions", {"prompt": "word " * 3_000_000}, "prompt", "15,000,000 characters"),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": "word " * 3_000_000}]},
+            "messages",
+            "15,000,000 characters",
+        ),
+    ]
+    for path, body, field, said in cases:
+        reply = httpx.post(server.url + path, json={"model": MODEL, **body}, timeout=120)
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["param"] == field, error
+        assert said in error["message"] and "max_tokens" not in error["message"], error
+    sent = {"prompt": [5] * (context - 2), "max_tokens": 10}  # the prompt fits; max_tokens not
+    error = httpx.post(server.url + "/completions", json={"model": MODEL, **sent}).json()["error"]
+    assert error["param"] == "max_tokens", error
     ok = client.completions.create(model=MODEL, prompt="Hello", **greedy(2))
     assert ok.choices[0].finish_reason == "length"
 

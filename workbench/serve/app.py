@@ -32,7 +32,8 @@ def create_app(service: "Service", lifespan=None):
     async def handle(request: Request, chat: bool):
         try:
             body = await _read_json(request)
-            parsed = parse(body, chat, service)
+            loop = asyncio.get_running_loop()
+            parsed = await loop.run_in_executor(service.parser, parse, body, chat, service)
             outputs = service.accept(parsed)
         except ApiError as exc:
             return error(exc)

@@ -51,7 +51,8 @@ class Output:
         self.cancelled = False  # the client left, or a stop string ended it: abort it
         self.stopped = False  # a stop string ended it before the engine did
         self.answered = -1  # with a stop string reached: the tokens up to it (-1: not reached)
-        self.cached_tokens = 0
+        self.cached_tokens = 0  # prompt tokens its admission found in the prefix cache
+        self.admitted = False
         self.tokens: list[int] = []
         self._taken = 0
         # beside `tokens`, when the request asked for them (`SamplingParams.logprobs`)

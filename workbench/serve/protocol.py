@@ -156,7 +156,16 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
             engine.check_request(prompt, sampling)
         except (TypeError, ValueError) as exc:
             message = str(exc)
-            if "max_tokens" in message:
+            sent_max = "max_tokens" in body or "max_completion_tokens" in body
+            if "max_tokens" in message and engine.room_for(prompt) < 1:  # the prompt alone
+                field_name = "messages" if chat else "prompt"
+                room = min(engine.limits.max_seq_len, engine.limits.kv_capacity)
+                what = "the messages come to" if chat else f"prompt {i} has"
+                message = (
+                    f"{what} {len(prompt)} tokens, leaving no room for an answer in the "
+                    f"context of {room} tokens"
+                )
+            elif "max_tokens" in message and sent_max:
                 field_name = "max_tokens"
             elif message.startswith("logit_bias"):
                 field_name = "logit_bias"
@@ -235,6 +244,8 @@ def _prompt_ids(body: dict, engine) -> list[list[int]]:
                 "prompt",
             )
         try:
+            if isinstance(prompt, str):
+                engine.check_text_length(len(prompt), where)
             out.append(engine.encode(prompt))
         except (TypeError, ValueError) as exc:
             raise ApiError(str(exc).replace("prompt 0", where), "prompt") from None
@@ -263,6 +274,10 @@ def _chat_ids(body: dict, engine) -> list[int]:
         turns.append(
             {"role": "system" if role == "developer" else role, "content": _text(content, where)}
         )
+    try:
+        engine.check_text_length(sum(len(t["content"]) for t in turns), "messages' content")
+    except ValueError as exc:
+        raise ApiError(str(exc), "messages") from None
     try:
         encoded = engine.tokenizer.apply_chat_template(turns, add_generation_prompt=True)
     except Exception as exc:  # the model's own template refused it (e.g. roles out of turn)

@@ -9,6 +9,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..core import SamplingParams, check_request, encode_prompt
@@ -54,10 +55,26 @@ class Service:
         self._unseen = 0  # requests sent since the engine last said how many wait
         self._adds: list[tuple] = []  # checked requests not sent yet (sent once a loop turn)
         self.engine_waiting = 0
+        # NOTE: requests are parsed (tokenized, the chat template applied) off the event loop,
+        # one at a time: a long prompt's tokenizing must not hold up every stream
+        self.parser = ThreadPoolExecutor(1, thread_name_prefix="workbench-parse")
+        # the most characters one token spans (a byte-level token's characters are its bytes);
+        # x4 for what a normalizer may fold together
+        longest = max(map(len, tokenizer.get_vocab()), default=1)
+        self.max_text_chars = 4 * longest * max(1, min(limits.max_seq_len, limits.kv_capacity))
 
     # -- what `protocol.parse` asks -----------------------------------------------------------
     def encode(self, prompt) -> list[int]:
         return encode_prompt(self.tokenizer, self.limits.vocab_size, prompt)
+
+    def check_text_length(self, chars: int, what: str) -> None:
+        """Refuse a text no context could hold, before tokenizing it."""
+        if chars > self.max_text_chars:
+            room = min(self.limits.max_seq_len, self.limits.kv_capacity)
+            raise ValueError(
+                f"{what} has {chars:,} characters: more than {room:,} tokens however the "
+                "tokenizer splits them, too long for the context"
+            )
 
     def check_request(self, ids: list[int], sampling: SamplingParams) -> None:
         limits = self.limits
@@ -143,10 +160,10 @@ class Service:
         now, metrics = time.perf_counter(), self.metrics
         # NOTE: perf_counter is the machine's monotonic clock, the same in both processes
         metrics.delivery.observe(max(now - sent, 0.0))
-        for rid, count in cached:
+        for rid, count in cached:  # (its first admission's: a later chunk's counts its own)
             output = self.outputs.get(rid)
-            if output is not None:
-                output.cached_tokens = max(output.cached_tokens, count)
+            if output is not None and not output.admitted:
+                output.cached_tokens, output.admitted = count, True
         count = 0
         for rid, new in tokens:
             output = self.outputs.get(rid)
@@ -165,6 +182,7 @@ class Service:
             metrics.cached_tokens.inc(hit)
             output = self.outputs.pop(rid, None)
             if output is not None:
+                output.cached_tokens = hit  # the engine's own count (as /metrics has it)
                 output.end(
                     reason, {"prompt_tokens": prompt, "completion_tokens": completion}, error
                 )
