@@ -522,6 +522,15 @@ def test_a_shared_prefix_is_reported_as_cached_tokens(served):
     assert usage.prompt_tokens_details.cached_tokens == 0
 
 
+def _finished_by_reason(server) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url.removesuffix("/v1") + "/metrics", timeout=30).text
+    family = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = family["workbench_requests_finished"].samples
+    return {s.labels["reason"]: s.value for s in samples if s.name.endswith("_total")}
+
+
 def test_stop_strings_end_the_text_before_them(served):
     """Whole and streamed, the text ends before the stop string, and the engine stops there
     too: the tokens after it are not computed (a whole answer's too), nor reported or counted."""
@@ -529,9 +538,17 @@ def test_stop_strings_end_the_text_before_them(served):
     (want,) = reference([PROMPTS[4]], 16)
     stop = want["text"][5:8]
     assert stop and stop in want["text"]
+    before = _finished_by_reason(server)
     got = client.completions.create(model=MODEL, prompt=PROMPTS[4], stop=[stop], **greedy(16))
     assert got.choices[0].text == want["text"][: want["text"].index(stop)]
     assert got.choices[0].finish_reason == "stop"
+    # /metrics counts it a stop, not an abort (this process ended it in the engine)
+    deadline = time.monotonic() + 30
+    while _finished_by_reason(server) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    after = _finished_by_reason(server)
+    assert after.get("stop", 0) == before.get("stop", 0) + 1
+    assert after.get("abort", 0) == before.get("abort", 0), (before, after)
     (long,) = reference([PROMPTS[4]], 400)
     body = dict(model=MODEL, prompt=PROMPTS[4], stop=[stop], logprobs=0, **greedy(400))
     # up to the token whose text reached the stop string, not the 400 asked for

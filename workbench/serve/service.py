@@ -177,10 +177,12 @@ class Service:
             output.push(new, now, logprobs.get(rid))
         metrics.generation_tokens.inc(count)
         for rid, reason, (prompt, completion, hit), error in ends:
-            metrics.finished.labels(reason).inc()
+            output = self.outputs.pop(rid, None)
+            # (a stop string's end is the abort this process sent the engine: a stop all the same)
+            stopped = output is not None and output.stopped and reason == "abort"
+            metrics.finished.labels("stop" if stopped else reason).inc()
             metrics.prompt_tokens.inc(prompt)
             metrics.cached_tokens.inc(hit)
-            output = self.outputs.pop(rid, None)
             if output is not None:
                 output.cached_tokens = hit  # the engine's own count (as /metrics has it)
                 output.end(
