@@ -158,6 +158,31 @@ def test_logprobs_whole_and_streamed_are_the_engines(served):
         assert [[t.token for t in e.top_logprobs] for e in content] == [
             [text_of(i) for i, _ in top] for _, top in want_chat["logprobs"]
         ]
+    # sampled: the chosen token is among a token's top_logprobs, as OpenAI gives it (logprobs + 1)
+    hot = (
+        client.completions.create(
+            model=MODEL, prompt=PROMPTS[0], logprobs=1, max_tokens=8, temperature=1.5, seed=3
+        )
+        .choices[0]
+        .logprobs
+    )
+    for token, value, top in zip(hot.tokens, hot.token_logprobs, hot.top_logprobs):
+        assert top[token] == value and 1 <= len(top) <= 2
+    # a token holding part of a character: its text is U+FFFD, its bytes its own
+    partial = wb.llm.tokenizer.encode("\U0001f600")[0]  # the emoji's first token (two bytes)
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=chat,
+        max_tokens=2,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=1,
+        logit_bias={str(partial): 100},
+    )
+    (first, second) = reply.choices[0].logprobs.content
+    assert first.token == "\ufffd" and bytes(first.bytes) == "\U0001f600".encode()[:2]
+    top = first.top_logprobs  # (the model's own, before the bias: whole characters here)
+    assert all(bytes(t.bytes).decode() == t.token for t in top if t.token != "\ufffd")
     plain = client.completions.create(model=MODEL, prompt=PROMPTS[0], **greedy(2))
     assert plain.choices[0].logprobs is None
     for path, body in (  # what asks for none, as clients may send it
@@ -306,8 +331,10 @@ def test_echo_gives_the_prompt_and_its_log_probabilities_as_an_evaluation_harnes
     assert lp.token_logprobs[len(ids) :] == pytest.approx(
         [v for v, _ in want["logprobs"]], abs=1e-5
     )
+    # each prompt token's most likely, then the prompt's own token where it is not among them
     assert [list(t) for t in lp.top_logprobs[1 : len(ids)]] == [
-        [text_of(i) for i, _ in top] for _, top in want["prompt_logprobs"][1:]
+        list(dict.fromkeys([*(text_of(i) for i, _ in top), text_of(token)]))
+        for token, (_, top) in zip(ids[1:], want["prompt_logprobs"][1:])
     ]
     assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
     assert whole.usage.prompt_tokens == len(ids) and whole.usage.completion_tokens == 3

@@ -262,18 +262,19 @@ def _with_prompt(delta: Delta) -> tuple[list[int], list | None, int]:
 def _logprobs(output: Output, ids: list[int], entries: list | None, start: int) -> dict | None:
     """A choice's `logprobs` in OpenAI's form for the tokens `ids` and their `Req.logprobs`
     entries (None: not asked). Chat: a `content` entry per token with its text, log probability,
-    UTF-8 bytes and `top_logprobs`; completions: `tokens`, `token_logprobs`, `top_logprobs` (a
-    text -> log probability object per token) and `text_offset` (where each token's text starts
-    in the completion's token texts, the first at `start`). An entry is None for an echoed
-    prompt's first token, which has none."""
+    own bytes and `top_logprobs`; completions: `tokens`, `token_logprobs`, `top_logprobs` (a
+    text -> log probability object per token, the chosen token's among them) and `text_offset`
+    (where each token's text starts in the completion's token texts, the first at `start`). An
+    entry is None for an echoed prompt's first token, which has none."""
     if entries is None:
         return None
     name = output.token_text
     if output.parsed.chat:
 
         def item(token: int, logprob: float) -> dict:
-            text = name(token)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+            return {"token": name(token), "logprob": logprob, "bytes": list(raw(token))}
+
+        raw = output.token_bytes
 
         return {
             "content": [
@@ -289,7 +290,11 @@ def _logprobs(output: Output, ids: list[int], entries: list | None, start: int) 
     return {
         "tokens": texts,
         "token_logprobs": [None if e is None else e[0] for e in entries],
-        "top_logprobs": [None if e is None else {name(i): v for i, v in e[1]} for e in entries],
+        # (the chosen token's too, as OpenAI gives it: up to logprobs + 1 a token)
+        "top_logprobs": [
+            None if e is None else {**{name(i): v for i, v in e[1]}, name(token): e[0]}
+            for token, e in zip(ids, entries)
+        ],
         "text_offset": offsets,
     }
 

@@ -79,6 +79,10 @@ class Output:
         """One token's text, as a log probability names it ("" past the tokenizer's vocabulary)."""
         return self._decoder.token_text(token)
 
+    def token_bytes(self, token: int) -> bytes:
+        """One token's own bytes (`Decoder.token_bytes`), as a log probability's `bytes`."""
+        return self._decoder.token_bytes(token)
+
     def push(self, tokens: list[int], at: float, logprobs: list | None = None) -> None:
         if self.echo_only:
             tokens, logprobs = [], None
@@ -184,6 +188,26 @@ class Decoder:
         self.ids: list[int] = []
         self.sent = ""
         self._texts: dict[int, str] = {}
+        self._bytes: dict[int, bytes] = {}
+        self.byte_level = backend is not None and '"ByteLevel"' in backend.to_str()
+
+    def token_bytes(self, token: int) -> bytes:
+        """One token's own bytes, which its text loses where the token holds part of a
+        character (its text is then U+FFFD): a byte-level token's characters are bytes, a
+        byte-fallback token ("<0xF0>") is one, a SentencePiece token's "\u2581" a space."""
+        raw = self._bytes.get(token)
+        if raw is None:
+            piece = self.tokenizer.convert_ids_to_tokens(token) if token < self.known else ""
+            if token in self.tokenizer.all_special_ids:
+                raw = self.token_text(token).encode()
+            elif self.byte_level:
+                raw = bytes(_BYTE_OF.get(c, 0) for c in piece)
+            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                raw = bytes([int(piece[3:5], 16)])
+            else:
+                raw = piece.replace("\u2581", " ").encode()
+            self._bytes[token] = raw
+        return raw
 
     def token_text(self, token: int) -> str:
         text = self._texts.get(token)
@@ -203,3 +227,16 @@ class Decoder:
             return ""
         new, self.sent = text[len(self.sent) :], text
         return new
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's characters: each byte a printable character (GPT-2's alphabet: the
+    printable Latin-1 bytes stand for themselves, the others for 256 + n in order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    alphabet = {chr(b): b for b in printable}
+    alphabet.update({chr(256 + n): b for n, b in enumerate(others)})
+    return alphabet
+
+
+_BYTE_OF = _byte_alphabet()
