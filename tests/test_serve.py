@@ -703,6 +703,8 @@ BAD = [
     ({"model": MODEL, "prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
     ({"model": MODEL, "prompt": "hi", "max_completion_tokens": 4}, "max_completion_tokens"),
     ({"model": MODEL, "prompt": "hi", "store": False}, "store"),  # a chat field only
+    ({"model": MODEL, "prompt": "hi", "user": 5}, "user"),  # (accepted, unused: but a string)
+    ({"model": MODEL, "prompt": "hi", "metadata": [1, 2]}, "metadata"),
 ]
 HI = [{"role": "user", "content": "hi"}]
 BAD_CHAT = [
@@ -810,6 +812,14 @@ def test_openai_chat_fields_that_ask_for_nothing_are_accepted(served):
 
 def test_malformed_and_huge_bodies_are_refused_and_the_pool_stays_whole(served):
     wb, server, client = served
+    # a path or method not served: OpenAI's error shape too, as the openai client reads it
+    for method, path, status in (("POST", "/embeddings", 404), ("GET", "/completions", 405)):
+        reply = httpx.request(method, server.url + path, timeout=30)
+        error = reply.json()["error"]
+        assert reply.status_code == status and error["code"] in ("not_found", "method_not_allowed")
+        assert path in error["message"] and error["type"] == "invalid_request_error", error
+    with pytest.raises(openai.NotFoundError, match="/v1/completions"):
+        client.embeddings.create(model=MODEL, input="hi")
     bad = httpx.post(server.url + "/completions", content=b"{not json", timeout=30)
     assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
     huge = httpx.post(server.url + "/completions", content=b" " * (17 * 2**20), timeout=60)

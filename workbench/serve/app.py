@@ -14,6 +14,7 @@ from .protocol import ApiError, parse
 if TYPE_CHECKING:
     from .service import Service
 
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 MAX_BODY_BYTES = 16 * 2**20  # a prompt of the longest context is far less (as text or ids)
 _POLL_S = 0.25  # how often a whole (not streamed) answer checks that its client is still there
 
@@ -21,8 +22,18 @@ _POLL_S = 0.25  # how often a whole (not streamed) answer checks that its client
 def create_app(service: "Service", lifespan=None):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException
 
     app = FastAPI(title="workbench", docs_url=None, redoc_url=None, lifespan=lifespan)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        """404, 405 and the like in OpenAI's error shape, as every other refusal here."""
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 404:
+            message += f" (served: {', '.join(ROUTES)})"
+        error = ApiError(message, status=exc.status_code)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
     def error(exc: ApiError) -> JSONResponse:
         service.metrics.rejected.labels(str(exc.status)).inc()

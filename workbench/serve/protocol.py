@@ -82,7 +82,13 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        code = {400: "bad_request", 413: "request_too_large", 503: "overloaded"}.get(self.status)
+        code = {
+            400: "bad_request",
+            404: "not_found",
+            405: "method_not_allowed",
+            413: "request_too_large",
+            503: "overloaded",
+        }.get(self.status)
         return {
             "error": {
                 "message": self.message,
@@ -145,6 +151,7 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
             "{'type': 'text'})",
             "response_format",
         )
+    _unused_fields(body)
     model = _model(body, engine)
     prompts = [_chat_ids(body, engine)] if chat else _prompt_ids(body, engine)
     ids = prompts[0]
@@ -205,6 +212,22 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
             for i, prompt in enumerate(prompts[1:], 1)
         ),
     )
+
+
+def _unused_fields(body: dict) -> None:
+    """`user` and `metadata` are accepted and unused, but of OpenAI's types."""
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ApiError(f"user must be a string, got {user!r:.80}", "user")
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise ApiError(
+            f"metadata must be an object of string keys and string values, got {metadata!r:.80}",
+            "metadata",
+        )
 
 
 def _model(body: dict, engine) -> str:
