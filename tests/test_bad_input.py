@@ -311,13 +311,40 @@ def test_a_context_that_is_not_whole_pages():
         (lambda wb: wb.abort("3"), TypeError, "uid must be an integer"),
         (lambda wb: wb.abort(99), ValueError, "no request 99"),
         (lambda wb: wb.reconfigure(max_extend_tokens=0), ValueError, "max_extend_tokens"),
+        (lambda wb: wb.compare({"a": {}}, progress="x"), TypeError, "progress must be True"),
+        (lambda wb: wb.compare({"a": {}}, arrival="bogus"), ValueError, "arrival must be one"),
+        (lambda wb: wb.compare({"a": {}}, requests=[]), ValueError, "requests is empty"),
+        (lambda wb: wb.compare({"a": {}}, requests="hello"), TypeError, "a list of .* or a Trace"),
+        (lambda wb: wb.compare({1: {}, "1": {}}), ValueError, "names '1' twice"),
     ],
 )
 def test_bad_workbench_calls(call, error, message):
+    """Refused before anything changes: a run made before the bad call is still there."""
     wb = Workbench("tiny-llama", max_running_reqs=2)
+    wb.add_request("Hello", greedy(2))
+    wb.run(progress=False)
+    before = len(wb.history.steps)
     with pytest.raises(error, match=message):
         call(wb)
+    assert len(wb.history.steps) == before and len(wb.history.requests) == 1
     assert wb.scheduler.is_idle and wb.is_done
     wb.add_request("The capital of France is", greedy(3))
     wb.run(progress=False)
     wb.check_integrity()
+
+
+def test_a_closed_workbench_says_so_whatever_is_asked():
+    wb = Workbench("tiny-llama")
+    wb.add_request("Hello", greedy(2))
+    wb.run(progress=False)
+    wb.close()
+    for call in (
+        lambda: wb.hooks.add("admit", print),
+        lambda: wb.history,
+        lambda: wb.reset(),
+        lambda: wb.abort(0),
+        lambda: wb.compare({"a": {}}, [("x", greedy(2))]),
+        lambda: wb.snapshot(),
+    ):
+        with pytest.raises(RuntimeError, match="this LLM was closed"):
+            call()

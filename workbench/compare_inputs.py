@@ -20,6 +20,16 @@ def checked_requests(
     by_time = V.choice("arrival", arrival, ("step", "time")) == "time"
     if isinstance(requests, Trace):
         requests, by_time = requests.to_requests(llm.engine.model_config.vocab_size), True
+    if isinstance(requests, str | bytes) or not isinstance(requests, Sequence):
+        raise TypeError(
+            "requests must be a list of (prompt, sampling[, arrival]) tuples or a Trace, got "
+            f"{requests!r:.80}"
+        )
+    if not requests:
+        raise ValueError(
+            "requests is empty: give at least one (prompt, sampling[, arrival]) tuple, or None "
+            "for the requests added since the last reset"
+        )
     checked = []
     for i, request in enumerate(requests):
         if not isinstance(request, tuple) or len(request) not in (2, 3):
@@ -43,6 +53,10 @@ def checked_settings(llm: LLM, settings: Mapping[str, Mapping[str, Any]]) -> dic
     if not settings:
         raise ValueError("settings is empty: give at least one, e.g. {'chunk 256': {}}")
     for name, options in settings.items():
+        if str(name) in checked:  # (names are shown as text: 1 and "1" would be one run)
+            raise ValueError(
+                f"settings names {name!r} twice (as {str(name)!r}): give each a name of its own"
+            )
         checked[str(name)] = dict(V.mapping(f"settings[{name!r}]", options))
         llm.check_settings(**checked[str(name)])
     return checked

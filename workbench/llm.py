@@ -247,12 +247,12 @@ class LLM:
     @property
     def hooks(self) -> HookRegistry:
         """The hook registry: functions called at each hook point."""
-        return self.scheduler.probe.hooks
+        return self.check_open().scheduler.probe.hooks
 
     @property
     def history(self) -> History:
         """Every step record of the run so far, and the tables built from them."""
-        return self.scheduler.probe.history
+        return self.check_open().scheduler.probe.history
 
     @property
     def record(self) -> str:

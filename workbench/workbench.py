@@ -144,6 +144,7 @@ class Workbench:
     def abort(self, uid: int) -> dict:
         """Stop a request wherever it is; returns its output so far (finish_reason "abort")."""
         uid = V.integer("uid", uid, 0)
+        self.llm.check_open()
         with self._engine_held():
             due = self._arrivals.take(uid)
             if due is not None:
@@ -296,7 +297,7 @@ class Workbench:
         """Drop every request, the history and the prefix cache; hooks stay. `again=True` adds
         the same requests once more and returns their new uids."""
         again = V.boolean("again", again)
-        self.llm.check_not_serving("reset")
+        self.llm.check_open().check_not_serving("reset")
         requests = self._submitted or self._previous
         self._previous, self._submitted = requests, []
         self.scheduler.abort_all()
@@ -351,7 +352,9 @@ class Workbench:
         rounds, so that a slow spell falls on all alike. Afterwards the workbench has its
         settings back, in a new run (the runs are in what `compare` returns)."""
         repeats = V.integer("repeats", repeats, 1)
-        self.llm.check_not_serving("compare")
+        progress = V.boolean("progress", progress)
+        V.choice("arrival", arrival, ("step", "time"))
+        self.llm.check_open().check_not_serving("compare")
         if requests is None:
             workload = list(self._submitted or self._previous)
             if not workload:
