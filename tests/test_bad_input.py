@@ -206,6 +206,11 @@ def test_bad_sampling_values(llm, kwargs, error, message):
         (dict(attention="xformers"), ValueError, "attention must be one of"),
         (dict(record="all"), ValueError, "record must be one of"),
         (dict(seed=None), TypeError, "seed must be an integer"),
+        # sizes no memory holds, or the model never trained for: named, not a MemoryError
+        (dict(num_pages=10**12), ValueError, r"num_pages=1,000,000,000,000 asks for .* at most"),
+        (dict(kv_memory_gb=1e9), ValueError, r"kv_memory_gb=1000000000.0 asks for .* GiB"),
+        (dict(kv_memory_gb=1e-9), ValueError, r"kv_memory_gb=1e-09 holds no page .* give at"),
+        (dict(max_seq_len=10**9), ValueError, "max_seq_len=1,000,000,000 is longer than the mod"),
     ],
 )
 def test_bad_engine_options(kwargs, error, message):

@@ -30,7 +30,7 @@ from .inputs import (
     write_penalized_prefixes,
     write_prompts,
 )
-from .memory import check_weights_fit, out_of_memory, pages_from_memory
+from .memory import check_kv_fits, check_weights_fit, out_of_memory, pages_from_memory
 from .placement import check_gpus, num_devices, rank_device, use_cpu_threads
 from .ranks import Ranks
 from .ranks import start as start_ranks
@@ -66,6 +66,12 @@ class Engine:
         self.max_seq_len = config.max_seq_len or min(
             model_cfg.max_position_embeddings, config.max_seq_len_cap
         )
+        if self.max_seq_len > model_cfg.max_position_embeddings:  # (before RoPE's tables)
+            raise ValueError(
+                f"max_seq_len={self.max_seq_len:,} is longer than the model's context "
+                f"(max_position_embeddings={model_cfg.max_position_embeddings:,}: positions "
+                "beyond it were never trained); give max_seq_len at most that"
+            )
         check_weights_fit(config, model_cfg, self.device, self.tp)
         self.model = build_model(
             model_cfg,
@@ -108,6 +114,7 @@ class Engine:
         # NOTE: every rank must have the same slots: rank 0 allocates them for all
         pages = config.num_pages or pages_from_memory(config, model_cfg, self.device, self.tp)
         self.num_pages = config.num_pages or self.tp.min_int(pages, self.device)
+        check_kv_fits(config, model_cfg, self.device, self.tp, self.num_pages)
         self.pool = KVPool(
             model_cfg.num_layers,
             self.num_pages,

@@ -37,8 +37,46 @@ def pages_from_memory(
         budget = config.kv_memory_gb * 2**30
     pages = int(budget // (per_token * config.page_size))
     if pages < 1:
-        raise ValueError("no memory left for the KV cache after loading the model")
+        page = per_token * config.page_size
+        if device.type != "cuda":
+            raise ValueError(
+                f"kv_memory_gb={config.kv_memory_gb} holds no page of the KV cache ({page:,} "
+                f"bytes: {_tokens(config.page_size)} of {per_token:,}); give at least "
+                f"{page / 2**30:.2g}, or num_pages"
+            )
+        raise ValueError(
+            f"no memory left for the KV cache after loading the model: memory_ratio="
+            f"{config.memory_ratio} of the {free / 2**30:.1f} GiB free is less than a page "
+            f"({page:,} bytes)"
+        )
     return pages
+
+
+def check_kv_fits(
+    config: EngineConfig, model: ModelConfig, device: torch.device, tp: TPGroup, pages: int
+) -> None:
+    """Refuse a KV pool larger than the memory available now, naming what sized it."""
+    per_token = model.kv_bytes_per_token(config.torch_dtype.itemsize) // tp.size
+    need = pages * config.page_size * per_token
+    if device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(device)[0], "the GPU has free"
+    else:
+        import psutil
+
+        available, where = psutil.virtual_memory().available, "the host has available"
+    if need <= available:
+        return
+    most = available // (config.page_size * per_token)
+    asked = (
+        f"num_pages={config.num_pages:,}"
+        if config.num_pages
+        else f"kv_memory_gb={config.kv_memory_gb}"
+    )
+    raise ValueError(
+        f"{asked} asks for a KV cache of {need / 2**30:,.1f} GiB ({pages:,} pages of "
+        f"{_tokens(config.page_size)}, {per_token:,} bytes a token); {where} "
+        f"{available / 2**30:,.1f} GiB: at most {most:,} pages"
+    )
 
 
 def out_of_memory(config: EngineConfig, model: ModelConfig, num_pages: int, cause: str):
@@ -51,3 +89,7 @@ def out_of_memory(config: EngineConfig, model: ModelConfig, num_pages: int, caus
         "each engine a smaller memory_ratio (e.g. 0.4 for two side by side). "
         f"torch: {cause}"
     )
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token{'s' * (n != 1)}"
