@@ -211,6 +211,10 @@ def test_bad_sampling_values(llm, kwargs, error, message):
         (dict(kv_memory_gb=1e9), ValueError, r"kv_memory_gb=1000000000.0 asks for .* GiB"),
         (dict(kv_memory_gb=1e-9), ValueError, r"kv_memory_gb=1e-09 holds no page .* give at"),
         (dict(max_seq_len=10**9), ValueError, "max_seq_len=1,000,000,000 is longer than the mod"),
+        (dict(profile_steps=range(-5, 3)), ValueError, r"profile_steps=range\(-5, 3\) chooses no"),
+        (dict(profile_steps=range(5, 0)), ValueError, "chooses no step"),
+        (dict(profile_steps=range(9, 0, -1)), ValueError, "chooses no step"),
+        (dict(max_profiled_steps=0), ValueError, "max_profiled_steps must be an integer >= 1"),
     ],
 )
 def test_bad_engine_options(kwargs, error, message):

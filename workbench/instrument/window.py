@@ -134,9 +134,14 @@ class ProfileWindow:
 
 def profile_window(steps: Any = None, max_steps: int | None = None) -> ProfileWindow:
     """A checked window; raises TypeError or ValueError before anything runs."""
-    max_steps = V.optional_integer("max_profiled_steps", max_steps, 0)
+    max_steps = V.optional_integer("max_profiled_steps", max_steps, 1)
     if isinstance(steps, ProfileWindow):
         return steps if max_steps is None else ProfileWindow(steps.steps, max_steps, steps.text)
+    if isinstance(steps, range) and (steps.start < 0 or steps.step < 0 or not steps):
+        raise ValueError(
+            f"profile_steps={steps!r} chooses no step (indices count up from 0): give a "
+            "non-empty range of indices >= 0, e.g. range(100, 120)"
+        )
     if steps is None or isinstance(steps, range):
         return ProfileWindow(steps, max_steps, "every step" if steps is None else repr(steps))
     if isinstance(steps, str):
