@@ -77,9 +77,25 @@ def test_every_hook_point_fires_and_globs_match():
     with pytest.raises(ValueError, match="no hook point matches"):
         wb.hooks.add("forward.middle", print)
     # not a function: refused where it is added, not at the next step's hook point
-    with pytest.raises(TypeError, match="fn: a hook is a function of one event, got 'print'"):
+    with pytest.raises(TypeError, match="fn must be a function of the hook point's event, got"):
         wb.hooks.add("step.end", "print")
-    assert "step.end" not in wb.hooks
+    # nor one that cannot take the event, nor a pattern that is not a name
+    with pytest.raises(TypeError, match=r"fn must be a function of one argument .* is \(\)"):
+        wb.hooks.add("step.end", lambda: 1)
+    with pytest.raises(TypeError, match="pattern must be a hook point's name"):
+        wb.hooks.add(3, print)
+    with pytest.raises(TypeError, match="hooks must be a mapping"), wb.hooks.scoped([("admit", 1)]):
+        pass
+    scoped = {"step.end": print, "nothing.here": print}
+    with pytest.raises(ValueError, match="no hook point matches"), wb.hooks.scoped(scoped):
+        pass  # (and none of them stays)
+    wb.add_request(PROMPTS[0], greedy(2))
+    steps = wb.step_index
+    with pytest.raises(TypeError, match="predicate must be a function of one argument"):
+        wb.run_until(lambda: True)  # (before a step: it took one, then raised)
+    assert "step.end" not in wb.hooks and wb.step_index == steps
+    wb.run(progress=False)
+    wb.check_integrity()
     assert len(HOOK_POINTS) == 14  # and moe.route, an MoE model's only: test_moe_routing.py
 
 

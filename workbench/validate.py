@@ -5,6 +5,7 @@ Types are strict: a bool or a whole float is not an integer; numpy and torch int
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -98,6 +99,24 @@ def mapping(name: str, value: Any) -> Mapping:
 def callable_or_none(name: str, value: Any) -> Callable | None:
     if value is not None and not callable(value):
         raise WrongType(f"{name} must be a function or None, got {_kind(value)}")
+    return value
+
+
+def function_of_one(name: str, value: Any, of: str) -> Callable:
+    """A function callable with one argument (`of` says what it is given)."""
+    if not callable(value):
+        raise WrongType(f"{name} must be a function of {of}, got {_kind(value)}")
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):  # (some builtins have none: take them at their word)
+        return value
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise WrongType(
+            f"{name} must be a function of one argument ({of}), got {_show(value)} whose "
+            f"signature is {signature}"
+        ) from None
     return value
 
 

@@ -276,8 +276,7 @@ class Workbench:
         self, predicate: Callable[[StepRecord], bool], max_steps: int | None = None
     ) -> StepRecord | None:
         """Step until a record satisfies `predicate`; that record, or None if the run ended."""
-        if not callable(predicate):
-            raise TypeError(f"predicate must be a function of a StepRecord, got {predicate!r}")
+        V.function_of_one("predicate", predicate, "a StepRecord")
         max_steps = V.optional_integer("max_steps", max_steps, 0)
         taken = 0
         try:

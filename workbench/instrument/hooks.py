@@ -15,6 +15,8 @@ import fnmatch
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from .. import validate as V
+
 HOOK_POINTS = (
     "request.arrive",  # outside any step
     "cache.match",
@@ -67,8 +69,12 @@ class HookRegistry:
 
     def add(self, pattern: str, fn: Hook) -> HookHandle:
         """Call `fn(event)` at every hook point matching `pattern` (a name or a glob: "cache.*")."""
-        if not callable(fn):
-            raise TypeError(f"fn: a hook is a function of one event, got {fn!r}")
+        if not isinstance(pattern, str):
+            raise TypeError(
+                f"pattern must be a hook point's name or a glob of them, got {pattern!r}; "
+                f"hook points: {HOOK_POINTS}"
+            )
+        V.function_of_one("fn", fn, "the hook point's event")
         names = fnmatch.filter(HOOK_POINTS, pattern)
         if not names:
             raise ValueError(f"no hook point matches {pattern!r}; hook points: {HOOK_POINTS}")
@@ -80,7 +86,15 @@ class HookRegistry:
     @contextlib.contextmanager
     def scoped(self, hooks: Mapping[str, Hook]) -> Iterator[list[HookHandle]]:
         """Register hooks for the duration of a `with` block; removed on exit, also on error."""
-        handles = [self.add(pattern, fn) for pattern, fn in hooks.items()]
+        V.mapping("hooks", hooks)  # {pattern: fn}
+        handles = []
+        try:
+            for pattern, fn in hooks.items():
+                handles.append(self.add(pattern, fn))
+        except BaseException:  # (a bad one: none of them stays)
+            for handle in handles:
+                handle.remove()
+            raise
         try:
             yield handles
         finally:
