@@ -44,6 +44,35 @@ def specs(history, step):
     return out
 
 
+def test_a_chart_takes_a_workbench_and_refuses_what_it_cannot_draw(run):
+    """A Workbench (or an LLM) stands for its run so far; a step the run did not record, a
+    highlight that is no index, and runs that are not a mapping are refused naming them (they
+    drew a chart saying "step -1: no batch", or failed in pandas' or Python's words)."""
+    wb, saved = run
+    assert viz.batch_composition(wb).to_dict() == viz.batch_composition(wb.history).to_dict()
+    last = int(saved.steps.step.max())
+    for call, error, match in [
+        (lambda: viz.page_table(None, 0), TypeError, "history must be a run's history"),
+        (lambda: viz.ledger_bars(saved, -1), ValueError, rf"step=-1 is not .* \(steps 0 to {last}"),
+        (lambda: viz.page_table(saved, 10**6), ValueError, "step=1000000 is not a recorded step"),
+        (lambda: viz.kernel_timeline(saved, "0"), TypeError, "step must be a step's index"),
+        (lambda: viz.step_times(saved, highlight_step="x"), TypeError, "highlight_step must be"),
+        (lambda: viz.ledger_lines(saved, highlight_uid="a"), TypeError, "highlight_uid must be"),
+        (lambda: viz.kernel_timeline(saved, 0, max_events=-5), ValueError, "max_events must be"),
+        (lambda: viz.compare_chart({}), ValueError, "runs is empty"),
+        (lambda: viz.sweep_chart({}), ValueError, "runs is empty"),
+        (lambda: viz.compare_table([saved]), TypeError, "runs must be a mapping of names"),
+        (lambda: viz.compare_summary(None), TypeError, "runs must be a mapping of names"),
+        (lambda: viz.compare_table({"a": 3}), TypeError, r"runs\['a'\] must be a run's history"),
+        (lambda: viz.sweep_chart({"a": saved}, x="nope"), ValueError, "x='nope' is no setting"),
+        (lambda: viz.sweep_chart({"a": saved}, figures=("nope",)), ValueError, "figures must be"),
+        (lambda: viz.compare_table({"a": saved}, full="yes"), TypeError, "full must be True"),
+    ]:
+        with pytest.raises(error, match=match):
+            call()
+    assert viz.compare_table({}).empty  # (a table of no run is empty)
+
+
 def test_a_run_without_records_draws_every_view_empty_and_saying_why():
     """record='off' keeps no step: each chart of the views says so (batch composition, the KV
     pool and SLO misses failed in pandas' words), a comparison's chart names the run."""

@@ -18,6 +18,88 @@ LOG_SPAN = 100  # values whose largest is this many times their smallest go on a
 NO_STEPS = "no steps recorded (yet, or record='off')"
 
 
+def as_history(value, what: str = "history"):
+    """A run's history: `value` itself (`wb.history`, `load_run`'s, `compare`'s), or the run so
+    far of a Workbench or LLM; anything else a TypeError naming `what`."""
+    if hasattr(value, "steps") and hasattr(value, "requests"):
+        return value
+    history = getattr(value, "history", None)
+    if history is not None and hasattr(history, "steps"):
+        return history
+    raise TypeError(
+        f"{what} must be a run's history (wb.history, load_run(path), a run compare returned) "
+        f"or a Workbench or LLM, got {type(value).__name__} {value!r:.60}"
+    )
+
+
+def checked_runs(runs, what: str = "runs", empty: bool = False) -> dict:
+    """Runs by name, each a history or its repeats (a list): a mapping, non-empty unless
+    `empty` (a table of none is empty; a chart of none has no axis)."""
+    from collections.abc import Mapping
+
+    if not isinstance(runs, Mapping):
+        raise TypeError(
+            f"{what} must be a mapping of names to runs (as compare returns), got "
+            f"{type(runs).__name__} {runs!r:.60}"
+        )
+    if not runs and not empty:
+        raise ValueError(f"{what} is empty: give at least one run by name")
+    return {
+        str(label): [as_history(h, f"{what}[{label!r}]") for h in value]
+        if isinstance(value, list | tuple)
+        else as_history(value, f"{what}[{label!r}]")
+        for label, value in runs.items()
+    }
+
+
+def check_step(history, step, name: str = "step") -> int:
+    """`step` as an index of one of `history`'s recorded steps."""
+    if isinstance(step, bool) or not isinstance(step, int | np.integer):
+        raise TypeError(f"{name} must be a step's index (an integer), got {step!r}")
+    steps = history.steps.step
+    if len(steps) and not (steps == step).any():
+        raise ValueError(
+            f"{name}={step} is not a recorded step of this run (steps {int(steps.min())} to "
+            f"{int(steps.max())})"
+        )
+    return int(step)
+
+
+def check_optional_index(value, name: str) -> int | None:
+    """None, or an integer (a step or request id to highlight)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an integer or None, got {value!r}")
+    return int(value)
+
+
+def chart_function(function):
+    """A chart of one run as users call it: its history (or a Workbench's or an LLM's run so
+    far), the step it draws and the step or request it highlights checked first."""
+    import functools
+    import inspect
+
+    from .. import validate as V
+
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def call(history, *args, **kwargs):
+        bound = signature.bind(as_history(history), *args, **kwargs)
+        history = bound.arguments["history"]
+        for name, value in bound.arguments.items():
+            if name == "step":
+                bound.arguments[name] = check_step(history, value)
+            elif name in ("highlight_step", "highlight_uid"):
+                bound.arguments[name] = check_optional_index(value, name)
+            elif name == "max_events":
+                bound.arguments[name] = V.integer(name, value, 1)
+        return function(*bound.args, **bound.kwargs)
+
+    return call
+
+
 def check_recorded(history, what: str) -> None:
     """Raise ValueError naming `what` where `history` holds no step (a run with record="off"):
     the views read steps, and would fail on an empty table in pandas' words instead."""

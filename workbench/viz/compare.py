@@ -9,11 +9,12 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from .. import validate as V
 from ..history.families import breakdown_table
 from ..history.latency import inter_token_latencies, tpot
 from ..history.slo import check_slo, slo_figures
 from .causes import run_causes
-from .common import WIDTH, altair, binned_steps, check_recorded, fitted_y
+from .common import WIDTH, altair, binned_steps, check_recorded, checked_runs, fitted_y
 from .noise import (
     PERCENTILES,
     combine,
@@ -69,6 +70,8 @@ def compare_table(
     its repeats (a sequence, or a history with `repeats`): figures are then means over them.
     `slo` (ms limits, `history.slo`) adds goodput, attainment and each limit's pass rate."""
     slo = None if slo is None else check_slo(slo)
+    runs = checked_runs(runs, empty=True)
+    full = V.boolean("full", full)
     rows, spreads, slo_columns = {}, {}, {}
     for label, value in runs.items():
         repeats = repeats_of(value)
@@ -234,6 +237,7 @@ def compare_chart(runs: Mapping[str, object], unit: str = "steps"):
     `unit`: "steps" or "ms" for the latencies."""
     if unit not in ("steps", "ms"):
         raise ValueError(f"unit must be 'steps' or 'ms', got {unit!r}")
+    runs = checked_runs(runs)
     counts = {len(repeats_of(value)) for value in runs.values()}
     runs = {label: repeats_of(value)[0] for label, value in runs.items()}
     for label, history in runs.items():

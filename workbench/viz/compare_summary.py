@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..timing import DEVICE_MEANING
 from .causes import Causes, counted, describe, mean_causes, number, queued_phrase, run_causes
-from .common import check_recorded
+from .common import check_recorded, checked_runs
 from .compare import compare_table
 from .noise import repeats_of, same_setting_groups
 
@@ -44,6 +44,7 @@ def compare_summary(runs: Mapping[str, object]) -> Summary:
     """Sentences from the runs' records: for throughput, TTFT, ITL and TPOT, the best and worst
     setting where they differ by more than their noise, and why; else a tie. With one run, the
     run described."""
+    runs = checked_runs(runs, empty=True)
     for label, value in runs.items():
         for history in repeats_of(value):
             check_recorded(history, f"run {label!r}")

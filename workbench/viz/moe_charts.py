@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import WIDTH, altair, binned_bar, binned_steps, empty_chart, with_rule
+from .common import WIDTH, altair, binned_bar, binned_steps, chart_function, empty_chart, with_rule
 
 _DENSE = "a dense model: its steps route no tokens to experts"
 
@@ -20,6 +20,7 @@ def has_routing(history) -> bool:
     return "experts_touched" in steps and bool(steps.experts_touched.notna().any())
 
 
+@chart_function
 def expert_load(history, step: int):
     """At one step, the tokens each expert received in each MoE layer (blank: none)."""
     alt = altair()
@@ -55,6 +56,7 @@ def expert_load(history, step: int):
     )
 
 
+@chart_function
 def experts_touched(history, highlight_step: int | None = None):
     """Per step, the experts touched (mean over MoE layers) and the most loaded one's tokens
     over the mean per expert (`expert_imbalance`), in the tooltip."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .common import MAX_BARS, WIDTH, altair, binned_bar, empty_chart, with_rule
+from .common import MAX_BARS, WIDTH, altair, binned_bar, chart_function, empty_chart, with_rule
 
 
 def has_rank_skew(history) -> bool:
@@ -13,6 +13,7 @@ def has_rank_skew(history) -> bool:
     return "rank_skew_ms" in history.steps.columns
 
 
+@chart_function
 def rank_skew(history, highlight_step: int | None = None):
     """Each profiled step's `rank_skew_ms` (how long the latest rank kept the others waiting at
     its all-reduces), coloured by the rank that came last most often; long runs binned."""

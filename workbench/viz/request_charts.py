@@ -13,6 +13,7 @@ from .common import (
     MAX_POINTS,
     WIDTH,
     altair,
+    chart_function,
     color_scale,
     empty_chart,
     highlight,
@@ -25,6 +26,7 @@ from .common import (
 OWNERS = tuple(PAGE_OWNER_COLORS)  # own, shared, prefix cache: sharing_segments' codes
 
 
+@chart_function
 def ledger_bars(history, step: int, highlight_uid: int | None = None):
     """At one step, each request in the batch as one bar: cached before the step | computed by
     it (`extend`) | room left up to prompt + max_tokens (`remain`)."""
@@ -68,6 +70,7 @@ def ledger_bars(history, step: int, highlight_uid: int | None = None):
     )
 
 
+@chart_function
 def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int | None = None):
     """Each request's cached_len over the steps it ran in (one line per request)."""
     alt = altair()
@@ -100,6 +103,7 @@ def ledger_lines(history, highlight_uid: int | None = None, highlight_step: int 
     )
 
 
+@chart_function
 def page_table(history, step: int, highlight_uid: int | None = None):
     """The page-table rows of one step's batch: each request's token positions, coloured by whose
     KV slots they are: shared within the batch, the prefix cache's, or its own."""
@@ -137,6 +141,7 @@ def page_table(history, step: int, highlight_uid: int | None = None):
     )
 
 
+@chart_function
 def admissions(history, highlight_uid: int | None = None):
     """Which waiting requests were considered at each step, and why they waited."""
     alt = altair()

@@ -12,6 +12,7 @@ from .common import (
     NO_STEPS,
     WIDTH,
     altair,
+    chart_function,
     color_scale,
     empty_chart,
     highlight,
@@ -24,6 +25,7 @@ def has_slo(history) -> bool:
     return bool(getattr(history, "meta", {}).get("slo"))
 
 
+@chart_function
 def slo_misses(history, slo: Mapping[str, float] | None = None, highlight_uid: int | None = None):
     """Each request that missed `slo` (default: the meta's), its delay split by cause, the
     `MAX_LINES` most delayed first; the title gives goodput and attainment."""

@@ -23,6 +23,7 @@ from .common import (
     WIDTH,
     altair,
     binned_steps,
+    chart_function,
     color_scale,
     empty_chart,
     order_expr,
@@ -31,6 +32,7 @@ from .common import (
 )
 
 
+@chart_function
 def batch_composition(history, highlight_step: int | None = None):
     """Tokens computed per step, stacked by kind: chunk, full prefill, decode, and padding."""
     alt = altair()
@@ -60,6 +62,7 @@ def batch_composition(history, highlight_step: int | None = None):
     )
 
 
+@chart_function
 def kv_usage(history, highlight_step: int | None = None):
     """The KV pool over steps: in use by live requests, cached and evictable, free."""
     alt = altair()
@@ -100,6 +103,7 @@ def kv_usage(history, highlight_step: int | None = None):
     )
 
 
+@chart_function
 def step_times(history, highlight_step: int | None = None):
     """Each step's host time by stage (bars) against its device time (black), as `workbench.timing`
     defines them: a step is host-bound where the bars rise above the line. On the CPU the forward
@@ -164,6 +168,7 @@ def step_times(history, highlight_step: int | None = None):
     )
 
 
+@chart_function
 def kernel_timeline(history, step: int, max_events: int = 1500):
     """A Gantt chart of one step (record='full'): hook ranges in lanes of their own, coloured by
     hook; operators and kernels below, coloured by kernel family."""
@@ -214,6 +219,7 @@ def kernel_timeline(history, step: int, max_events: int = 1500):
     )
 
 
+@chart_function
 def step_breakdown(history, highlight_step: int | None = None):
     """Per step: device time by kernel family, between kernels and idle (`breakdown_table`); an
     unprofiled step is an outlined bar of its span, and the roofline bound a black line."""
@@ -295,6 +301,7 @@ def has_ranks(history) -> bool:
     return "device_ms_rank1" in history.steps.columns
 
 
+@chart_function
 def rank_times(history, highlight_step: int | None = None):
     """Each rank's device time per step: the lines part where one rank waits for another (an
     all-reduce) or its GPU does other work."""

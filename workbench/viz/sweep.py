@@ -8,9 +8,10 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from ..history.latency import run_figures
-from .common import WIDTH, altair, log_ticks, spans_decades
+from ..history.latency import FIGURES, run_figures
+from .common import WIDTH, altair, checked_runs, log_ticks, spans_decades
 from .compare import _source
+from .noise import repeats_of
 
 
 def sweep_chart(
@@ -76,6 +77,20 @@ def _rows(
     column: str | None = None,
 ) -> pd.DataFrame:
     """One row per run and figure: its value, real or a twin's, its `x`, `color`, `column`."""
+    runs = {label: repeats_of(value)[0] for label, value in checked_runs(runs).items()}
+    unknown = [f for f in figures if f not in FIGURES] if isinstance(figures, tuple | list) else 1
+    if unknown:
+        raise ValueError(f"figures must be a tuple of FIGURES {FIGURES}, got {figures!r}")
+    settings_of = {}
+    for label, h in runs.items():
+        meta = getattr(h, "meta", {})
+        settings_of[label] = {**meta, **(meta.get("settings") or {})}
+    for name, key in (("x", x), ("color", color), ("column", column)):
+        if key is None and name != "x":
+            continue
+        if not any(key in settings for settings in settings_of.values()):
+            known = sorted({k for s in settings_of.values() for k in s if k != "settings"})
+            raise ValueError(f"{name}={key!r} is no setting of these runs; they have {known}")
     rows = []
     for label, h in runs.items():
         meta = getattr(h, "meta", {})
