@@ -14,7 +14,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from workbench import SamplingParams, Workbench, fit_step_costs, load_run, load_step_costs
+from workbench import (
+    LLM,
+    SamplingParams,
+    Workbench,
+    fit_step_costs,
+    load_run,
+    load_step_costs,
+)
 from workbench.clocks import HOST_STAGES
 from workbench.runs import RunHistory
 from workbench.twin.accuracy import validate_twin, validation_summary
@@ -340,6 +347,18 @@ def test_saved_costs_round_trip_and_other_models_are_refused(tmp_path):
         fit_step_costs([mine, other])
     with pytest.raises(TypeError, match=r"runs: '.*run.parquet' is a path.*load_run"):
         fit_step_costs(str(tmp_path / "run.parquet"))
+    # what is no run, or a run of no step records, is refused naming it
+    import pandas as pd
+
+    for runs in (None, 3, pd.DataFrame(), mine.steps):
+        with pytest.raises(TypeError, match="runs must be a run history"):
+            fit_step_costs(runs)
+    unrecorded = LLM(MODEL)  # record="off"
+    unrecorded.generate(["hi"], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="run 'run 0' has no step records .*record='off'"):
+        fit_step_costs(unrecorded)
+    with pytest.raises(TypeError, match="costs must be StepCosts"):
+        validate_twin({"calib": mine}, {"calib": mine}, costs=3)
 
 
 def test_requests_arrive_on_the_virtual_clock_and_an_idle_twin_jumps_to_them():

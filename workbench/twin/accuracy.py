@@ -24,6 +24,11 @@ def validate_twin(real_runs, twin_runs, costs: StepCosts | None = None):
     `costs`: None for those the twin runs say they ran on."""
     import pandas as pd
 
+    if costs is not None and not isinstance(costs, StepCosts):
+        raise TypeError(
+            f"costs must be StepCosts (fit_step_costs) or None for those the twin runs ran on, "
+            f"got {type(costs).__name__} {costs!r:.60}"
+        )
     real = _by_setting(named_runs(real_runs))
     rows = []
     for name, twin in named_runs(twin_runs).items():

@@ -20,6 +20,11 @@ def named_runs(runs) -> dict[str, Any]:
         named = dict(runs)
     elif hasattr(runs, "steps") or hasattr(runs, "history"):
         named = {_name(runs, 0): runs}
+    elif not isinstance(runs, list | tuple):  # (a DataFrame iterates its column names)
+        raise TypeError(
+            "runs must be a run history (live, or from load_run), a list of them or a mapping "
+            f"of names to them, got {type(runs).__name__} {runs!r:.60}"
+        )
     else:
         named = {}
         for i, run in enumerate(runs):
@@ -33,7 +38,7 @@ def named_runs(runs) -> dict[str, Any]:
 
 
 def _name(run, i: int) -> str:
-    meta = getattr(_history(run, str(i)), "meta", {}) or {}
+    meta = getattr(getattr(run, "history", run), "meta", None) or {}
     return str(meta.get("run", f"run {i}"))
 
 
@@ -41,6 +46,13 @@ def _history(run, name: str):
     history = getattr(run, "history", run)  # a Workbench or an LLM
     if not hasattr(history, "steps") or not hasattr(history, "meta"):
         raise TypeError(f"run {name!r} is not a run history (live, or from load_run): {run!r}")
+    if not len(history.steps):
+        record = history.meta.get("record")
+        why = "it ran with record='off'" if record == "off" else "it recorded no step"
+        raise ValueError(
+            f"run {name!r} has no step records ({why}): a twin learns from and is checked "
+            "against runs recorded with record='light' or 'full'"
+        )
     return history
 
 
