@@ -490,6 +490,18 @@ def test_an_unknown_format_is_refused(tmp_path):
         traces.load("nope.csv")
     with pytest.raises(ValueError, match=re.escape(f"{path}, line 1") + ".*lacks"):
         traces.load(path, "azure")
+    binary = tmp_path / "b.csv"
+    binary.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n1,2,3\n\xff\xfe\x00")
+    with pytest.raises(ValueError, match=re.escape(f"{binary}, line 3: not UTF-8 text")):
+        traces.load(binary)
+
+
+def test_reuse_refuses_what_is_no_run_or_no_trace():
+    trace = traces.load("mooncake", block_size=16, first=4)
+    with pytest.raises(TypeError, match="run must be a run of the trace"):
+        traces.prefix_reuse(None, trace)
+    with pytest.raises(TypeError, match="trace must be a Trace"):
+        traces.prefix_reuse(Workbench("tiny-llama", record="light"), "mooncake")
 
 
 def test_a_trace_of_no_requests_is_refused_where_it_is_made():

@@ -43,8 +43,15 @@ def read(path: Path, format: str | None) -> tuple[str, list[TraceRequest]]:
     in seconds from the first row's time."""
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown trace format {format!r} for {path}: one of {FORMATS}")
-    with open(path, encoding="utf-8", newline="") as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}, line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}): a trace "
+            f"is a CSV or JSON-lines file, one of {FORMATS}"
+        ) from None
     lines = text.splitlines()
     first = next((i for i, line in enumerate(lines) if line.strip()), None)
     if first is None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .ideal import Reuse, ideal_reuse, run_reuse
+from .trace import Trace
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from .trace import Trace
 
 
 def prefix_reuse(run, trace: Trace) -> pd.DataFrame:
@@ -24,7 +23,15 @@ def prefix_reuse(run, trace: Trace) -> pd.DataFrame:
 
 def reuse_of(run, trace: Trace) -> tuple[Reuse, Reuse]:
     """(the ideal, the run's) reuse of the requests of a run of `trace` that were admitted."""
-    requests = run.requests
+    if not isinstance(trace, Trace):
+        raise TypeError(f"trace must be a Trace (traces.load), got {type(trace).__name__}")
+    history = getattr(run, "history", run)  # a Workbench or an LLM: its run so far
+    if not hasattr(history, "requests"):
+        raise TypeError(
+            "run must be a run of the trace (wb.history, a compare or load_run run, or a "
+            f"Workbench), got {type(run).__name__} {run!r:.60}"
+        )
+    requests = history.requests
     if not len(requests):
         raise ValueError(
             "the run has no requests in its history: replay the trace with record='light' (or "
