@@ -205,6 +205,8 @@ def test_bad_sampling_values(llm, kwargs, error, message):
         (dict(device=0), TypeError, "device must be a string"),
         (dict(attention="xformers"), ValueError, "attention must be one of"),
         (dict(record="all"), ValueError, "record must be one of"),
+        (dict(record=True), TypeError, r"record must be one of .*got True \(a bool\)"),
+        (dict(policy=3), TypeError, "policy must be one of"),
         (dict(seed=None), TypeError, "seed must be an integer"),
         # sizes no memory holds, or the model never trained for: named, not a MemoryError
         (dict(num_pages=10**12), ValueError, r"num_pages=1,000,000,000,000 asks for .* at most"),

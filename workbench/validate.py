@@ -85,7 +85,9 @@ def optional_boolean(name: str, value: Any) -> bool | None:
 
 
 def choice(name: str, value: Any, choices: Sequence[str]) -> str:
-    if not isinstance(value, str) or value not in choices:
+    if not isinstance(value, str):  # the wrong kind, as docs/engine.md says
+        raise WrongType(f"{name} must be one of {tuple(choices)}, got {_kind(value)}")
+    if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {_show(value)}")
     return value
 
