@@ -21,7 +21,7 @@ NO_STEPS = "no steps recorded (yet, or record='off')"
 def as_history(value, what: str = "history"):
     """A run's history: `value` itself (`wb.history`, `load_run`'s, `compare`'s), or the run so
     far of a Workbench or LLM; anything else a TypeError naming `what`."""
-    if hasattr(value, "steps") and hasattr(value, "requests"):
+    if hasattr(value, "steps"):  # (a history, or what stands for one: its tables)
         return value
     history = getattr(value, "history", None)
     if history is not None and hasattr(history, "steps"):
