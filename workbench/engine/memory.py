@@ -58,8 +58,9 @@ def check_kv_fits(
     """Refuse a KV pool larger than the memory available now, naming what sized it."""
     per_token = model.kv_bytes_per_token(config.torch_dtype.itemsize) // tp.size
     need = pages * config.page_size * per_token
-    if device.type == "cuda":
-        available, where = torch.cuda.mem_get_info(device)[0], "the GPU has free"
+    if device.type == "cuda":  # (with what torch's allocator holds cached: it is free to it)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        available, where = torch.cuda.mem_get_info(device)[0] + cached, "the GPU has free"
     else:
         import psutil
 
