@@ -62,6 +62,8 @@ def assert_still_serves(llm: LLM) -> None:
         ([None], None, TypeError, "prompt 0 must be a string or token ids.*None"),
         ([[True, False, True]], None, TypeError, "prompt 0 must hold integer token ids; item 0"),
         ([[1, 2.0]], None, TypeError, "item 1 is 2.0"),
+        ([1, 2.0], None, TypeError, "item 1 is 2.0"),
+        ([1, "a"], None, TypeError, r"prompts mixes token ids with other things, got \[1, 'a'\]"),
         ([b"hello"], None, TypeError, "prompt 0 must be a string or token ids.*bytes"),
         ([{3, 4, 5}], None, TypeError, "prompt 0 must be a string or token ids.*set"),
         ([np.array([1.0, 2.0])], None, TypeError, "1-d array of integer token ids"),

@@ -182,6 +182,13 @@ def prompt_batch(value: Any) -> list[Any]:
             all(type(t) is int for t in value) or all(_as_integer(t) is not None for t in value)
         ):
             return [value]  # one prompt of token ids
+        if any(_as_integer(t) is not None for t in value):  # (a batch holds no integer)
+            if all(isinstance(t, numbers.Number) or _is_tensor(t) for t in value):
+                return [value]  # token ids, some not integers: its check names which
+            raise WrongType(
+                f"prompts mixes token ids with other things, got {_show(value)}: one prompt of "
+                "token ids is a list of integers, a batch a list of prompts (texts or such lists)"
+            )
         return list(value)
     raise WrongType(
         "prompts must be a string, token ids, or a list of strings and token ids, got "
