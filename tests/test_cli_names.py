@@ -116,6 +116,12 @@ def test_every_command_takes_the_engines_names_and_says_a_bad_option_as_a_bad_fl
     assert args.device == "cpu" and llm_options(args)["device"] == "cpu"
     demo = ["demo", "--model-path", "tiny-llama", "--disable-radix-cache"]
     bad = [
+        # what no run could give, refused before the run (a traceback after it, before)
+        (["--output-file", "/nonexistent-dir/out.json"], "--output-file '/nonexistent-dir/out"),
+        (["--num-prompts", "0"], "--num-requests must be at least 1, got 0"),
+        (["--sweep", "num_requests=0,2"], "--num-requests must be at least 1, got 0"),
+        (["--step-costs", "/nonexistent.json"], "no step costs file '/nonexistent.json'"),
+        (["--fused-kernels"], "fused_kernels=True runs FlashInfer's norm"),
         (["--option", "max_extend_tokens=abc"], "max_extend_tokens must be an integer >= 1"),
         (["--option", "nonexistent=1"], "LLM has no keyword 'nonexistent'; it takes"),
         (["--sweep", "bogus=1,2"], "LLM has no keyword 'bogus'"),

@@ -216,6 +216,12 @@ class EngineConfig:
                 f"flashinfer installed), attention is {self.attention_backend!r}; allowed there: "
                 "'flashinfer'"
             )
+        if self.fused_kernels and not self._flashinfer:
+            raise ValueError(
+                f"fused_kernels=True runs FlashInfer's norm, RoPE and SiLU kernels (a CUDA device "
+                f"with flashinfer installed), device is {self.torch_device}; allowed here: False "
+                "or None"
+            )
         if self.moe_backend == "triton" and self.torch_device.type != "cuda":
             raise ValueError(
                 f"moe_backend='triton' needs a CUDA device, device is {self.torch_device}; "

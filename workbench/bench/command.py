@@ -17,19 +17,31 @@ def main(args: argparse.Namespace) -> None:
     """Run the benchmark the parsed flags (`cli.add_arguments`) describe, and print it."""
     resolve_lengths(args)
     resolve_record(args)
+    _check_output(args)
     if args.sweep:
         results = run_sweep(args)
-        _write(args, results)
         print(json.dumps(results) if args.json else sweep_table(results))
+        _write(args, results)
         return
     result = run_bench(args)
-    _write(args, {k: v for k, v in result.items() if k != "profile"})
+    written = {k: v for k, v in result.items() if k != "profile"}
     if args.profile:
         print(result.pop("profile"))
     if args.json:
         print(json.dumps(result))
     else:
         print_result(result)
+    _write(args, written)
+
+
+def _check_output(args: argparse.Namespace) -> None:
+    """Refuse an --output-file no run could be written to, before the run."""
+    if not args.output_file:
+        return
+    path = Path(args.output_file)
+    if path.is_dir() or not path.parent.is_dir():
+        why = "is a directory" if path.is_dir() else f"is in no directory ({path.parent} is none)"
+        raise ValueError(f"--output-file {str(path)!r} {why}: give a file's path")
 
 
 def _write(args: argparse.Namespace, results) -> None:

@@ -268,8 +268,13 @@ class GcWatch:
 
 
 def check_save(args: argparse.Namespace) -> None:
+    """What the run's flags ask that no run can give, before any runs."""
+    if args.num_requests < 1:
+        raise ValueError(f"--num-requests must be at least 1, got {args.num_requests}")
     if args.save and args.record == "off":
         raise ValueError("--save writes the run's history: it needs --record light or full")
+    if args.save and Path(args.save).exists() and not Path(args.save).is_dir():
+        raise ValueError(f"--save takes a directory; {args.save!r} is a file")
 
 
 def save_run(llm: LLM, args: argparse.Namespace) -> Path:

@@ -240,7 +240,14 @@ def shape_factor(path: str, factors: Mapping[str, float], key: str) -> float:
 
 def load_step_costs(path: str | Path) -> StepCosts:
     """Step costs saved with `StepCosts.save`."""
-    return StepCosts.from_dict(json.loads(Path(path).read_text()))
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no step costs file {str(path)!r} (StepCosts.save writes one)")
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not step costs (StepCosts.save's JSON): {exc}") from None
+    return StepCosts.from_dict(doc)
 
 
 def fit_step_costs(runs) -> StepCosts:
