@@ -122,6 +122,8 @@ def test_every_command_takes_the_engines_names_and_says_a_bad_option_as_a_bad_fl
         (["--sweep", "num_requests=0,2"], "--num-requests must be at least 1, got 0"),
         (["--step-costs", "/nonexistent.json"], "no step costs file '/nonexistent.json'"),
         (["--fused-kernels"], "fused_kernels=True runs FlashInfer's norm"),
+        (["--option", "model=tiny-qwen3"], "--option model=... : model has a flag of its own"),
+        (["--option", "foo"], "--option takes KEY=VALUE (e.g. max_seq_len=2048), got 'foo'"),
         (["--option", "max_extend_tokens=abc"], "max_extend_tokens must be an integer >= 1"),
         (["--option", "nonexistent=1"], "LLM has no keyword 'nonexistent'; it takes"),
         (["--sweep", "bogus=1,2"], "LLM has no keyword 'bogus'"),

@@ -88,9 +88,22 @@ def engine_options(pairs: list[str]) -> dict:
     """`--option KEY=VALUE` pairs as EngineConfig keyword arguments."""
     options = {}
     for pair in pairs:
-        key, _, value = pair.partition("=")
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--option takes KEY=VALUE (e.g. max_seq_len=2048), got {pair!r}")
+        if key in OWN_FLAGS:
+            raise ValueError(f"--option {key}=... : {key} has a flag of its own, {OWN_FLAGS[key]}")
         options[key] = parse_value(value)
     return options
+
+
+# LLM's keywords that are not engine options: each is a flag of the commands that take it
+OWN_FLAGS = {
+    "model": "--model",
+    "step_costs": "--step-costs",
+    "profile_steps": "--profile-when (bench)",
+    "max_profiled_steps": "--max-profiled-steps (bench)",
+}
 
 
 def parse_value(text: str):
