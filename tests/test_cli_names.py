@@ -150,3 +150,28 @@ def test_moe_backend_flag_reaches_the_engine():
     assert llm.config.moe_backend == "torch"
     with pytest.raises(SystemExit):
         parse("--moe-backend", "cutlass")
+
+
+def test_serve_on_a_port_in_use_or_a_host_not_here_is_a_bad_flag():
+    """Said as a bad flag (exit 2, no traceback), with the advice that fits: another port (the
+    flag's spelling) where the port is taken, a host this machine has where the host is not."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        runs = [
+            ["serve", "--model", "tiny-fast", "--port", port],
+            ["serve", "--model", "tiny-fast", "--host", "999.1.1.1", "--port", "0"],
+        ]
+        ran = subprocess.run(
+            [sys.executable, "-c", SHELL, json.dumps(runs)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert "Traceback" not in ran.stderr, ran.stderr
+    in_use, no_host = ran.stderr.split("--\n")[:2]
+    assert "workbench serve: error: " in in_use and "--port 0" in in_use and "exit 2" in in_use
+    assert "give a host this machine has" in no_host and "exit 2" in no_host, no_host

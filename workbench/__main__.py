@@ -54,9 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     from .validate import WrongType
 
+    # (a server that cannot bind its host and port is said so too)
+    said = (ValueError, WrongType, OSError) if args.command == "serve" else (ValueError, WrongType)
     try:
         _run(args)
-    except (ValueError, WrongType) as exc:
+    except said as exc:
         if argv is not None:  # called from Python: the exception is the caller's
             raise
         # from a shell, a value the checks refused (they name the parameter, the value and what

@@ -92,7 +92,11 @@ class Server:
         if kind != "ready":
             self._process.wait(timeout=30)
             if kind == "failed":
-                raise OSError(f"{detail}; give another port, or port=0 for any free one")
+                if "in use" in str(detail):
+                    advice = "give another port, or port 0 (--port 0) for any free one"
+                else:
+                    advice = "give a host this machine has (127.0.0.1, 0.0.0.0, or its address)"
+                raise OSError(f"{detail}; {advice}")
             raise RuntimeError(f"the HTTP process did not start in {START_TIMEOUT_S} s")
         self.port, self.serving = detail, True
         self._channel = Channel(self._conn)
