@@ -216,12 +216,6 @@ class EngineConfig:
                 f"flashinfer installed), attention is {self.attention_backend!r}; allowed there: "
                 "'flashinfer'"
             )
-        if self.fused_kernels and not self._flashinfer:
-            raise ValueError(
-                f"fused_kernels=True runs FlashInfer's norm, RoPE and SiLU kernels (a CUDA device "
-                f"with flashinfer installed), device is {self.torch_device}; allowed here: False "
-                "or None"
-            )
         if self.moe_backend == "triton" and self.torch_device.type != "cuda":
             raise ValueError(
                 f"moe_backend='triton' needs a CUDA device, device is {self.torch_device}; "
@@ -286,6 +280,12 @@ class EngineConfig:
         can be captured or not: always where CUDA graphs can be (captured or not, the same
         shapes), else when `padded_steps` asks."""
         return self.padded_steps or (capturable and self.torch_device.type == "cuda")
+
+    @property
+    def has_flashinfer(self) -> bool:
+        """Whether FlashInfer runs here (a CUDA device, flashinfer installed): the fused kernels
+        need it (a twin, which runs none, may still name those its runs ran)."""
+        return self._flashinfer
 
     @property
     def fused_kernels_enabled(self) -> bool:

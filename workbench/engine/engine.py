@@ -63,6 +63,12 @@ class Engine:
             raise
 
     def _build(self, config: EngineConfig, model_cfg: ModelConfig) -> None:
+        if config.fused_kernels and not config.has_flashinfer:
+            raise ValueError(
+                f"fused_kernels=True runs FlashInfer's norm, RoPE and SiLU kernels (a CUDA device "
+                f"with flashinfer installed), device is {config.torch_device}; allowed here: "
+                "False or None"
+            )
         self.max_seq_len = config.max_seq_len or min(
             model_cfg.max_position_embeddings, config.max_seq_len_cap
         )
