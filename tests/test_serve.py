@@ -692,6 +692,7 @@ BAD = [
     ({"model": MODEL, "prompt": [1, 2, 10**9]}, "prompt"),
     ({"model": MODEL, "prompt": ["a", [1, "b"]]}, "prompt"),
     ({"model": MODEL, "prompt": ["a", ""]}, "prompt"),
+    ({"model": MODEL, "prompt": [[1, 2], []]}, "prompt"),
     ({"model": MODEL, "prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
     ({"model": MODEL, "prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
     ({"model": MODEL, "prompt": "hi", "logit_bias": {"5": "up"}}, "logit_bias"),

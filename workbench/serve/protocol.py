@@ -167,7 +167,8 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
             if "max_tokens" in message and engine.room_for(prompt) < 1:  # the prompt alone
                 field_name = "messages" if chat else "prompt"
                 room = min(engine.limits.max_seq_len, engine.limits.kv_capacity)
-                what = "the messages come to" if chat else f"prompt {i} has"
+                what = f"prompt[{i}] has" if len(prompts) > 1 else "the prompt has"
+                what = "the messages come to" if chat else what
                 message = (
                     f"{what} {len(prompt)} tokens, leaving no room for an answer in the "
                     f"context of {room} tokens"
@@ -181,8 +182,10 @@ def parse(body: Any, chat: bool, engine) -> Parsed:
                 field_name = asked[0] if asked else "presence_penalty"
             else:
                 field_name = "messages" if chat else "prompt"
-            if len(prompts) > 1:
-                message = f"prompt[{i}]: {message}"
+            if len(prompts) > 1 and f"prompt[{i}]" not in message:
+                # (the engine's check numbers its prompt 0: here it is this list's i)
+                named = message.replace("prompt 0", f"prompt[{i}]")
+                message = named if named != message else f"prompt[{i}]: {message}"
             raise ApiError(message, field_name) from None
     n = _choices(body, engine, len(prompts))
     stream = _flag(body, "stream")
