@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
+
+from .. import validate as V
 
 MAX_BARS = 600  # steps shown one bar each; longer runs are binned
 MAX_LINES = 60  # requests drawn as lines; more are sampled
@@ -35,8 +41,6 @@ def as_history(value, what: str = "history"):
 def checked_runs(runs, what: str = "runs", empty: bool = False) -> dict:
     """Runs by name, each a history or its repeats (a list): a mapping, non-empty unless
     `empty` (a table of none is empty; a chart of none has no axis)."""
-    from collections.abc import Mapping
-
     if not isinstance(runs, Mapping):
         raise TypeError(
             f"{what} must be a mapping of names to runs (as compare returns), got "
@@ -77,11 +81,6 @@ def check_optional_index(value, name: str) -> int | None:
 def chart_function(function):
     """A chart of one run as users call it: its history (or a Workbench's or an LLM's run so
     far), the step it draws and the step or request it highlights checked first."""
-    import functools
-    import inspect
-
-    from .. import validate as V
-
     signature = inspect.signature(function)
 
     @functools.wraps(function)

@@ -78,8 +78,7 @@ def _rows(
 ) -> pd.DataFrame:
     """One row per run and figure: its value, real or a twin's, its `x`, `color`, `column`."""
     runs = {label: repeats_of(value)[0] for label, value in checked_runs(runs).items()}
-    unknown = [f for f in figures if f not in FIGURES] if isinstance(figures, tuple | list) else 1
-    if unknown:
+    if not isinstance(figures, tuple | list) or not set(figures) <= set(FIGURES):
         raise ValueError(f"figures must be a tuple of FIGURES {FIGURES}, got {figures!r}")
     settings_of = {}
     for label, h in runs.items():
