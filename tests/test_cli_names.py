@@ -40,6 +40,12 @@ def parse(*argv: str) -> argparse.Namespace:
         ("--output-len", "32", "output_len", [32, 32]),
         ("--input-len", "64 256", "input_len", [64, 256]),  # ours: a range
         ("--random-input-len", "100", "input_len", [100, 100]),
+        ("--tp", "2", "tp_size", 2),  # SGLang
+        ("--max-model-len", "512", "max_seq_len", 512),  # vLLM
+        ("--context-length", "512", "max_seq_len", 512),  # SGLang
+        ("--dtype", "half", "dtype", "float16"),  # vLLM's names
+        ("--dtype", "float", "dtype", "float32"),
+        ("--dtype", "auto", "dtype", None),  # the engine's choice
     ],
 )
 def test_a_vllm_or_sglang_flag_means_what_it_means_there(flag, value, field, expected):
@@ -51,6 +57,12 @@ def test_flags_without_a_value_are_accepted():
     assert parse("--disable-radix-cache").cache == "naive"
     assert parse("--disable-overlap-schedule").overlap is False
     assert parse("--disable-cuda-graph").cuda_graph is False
+    assert parse("--enforce-eager").cuda_graph is False  # vLLM's
+    assert parse("--no-enable-prefix-caching").cache == "naive"
+    assert parse("--enable-prefix-caching").cache == "radix"
+    options = llm_options(parse("--max-model-len", "300", "--dtype", "bf16", "--enforce-eager"))
+    assert options["max_seq_len"] == 300 and options["dtype"] == "bf16"
+    assert not options["cuda_graph"]
 
 
 def test_an_unknown_dataset_is_refused_naming_what_is_built_in(capsys):
@@ -84,11 +96,14 @@ def test_a_run_under_vllm_names_and_errors_in_the_bench_usage(tmp_path):
     assert bad.returncode == 2
     assert "workbench bench: error: unrecognized arguments: --bogus" in bad.stderr
     assert bad.stderr.startswith("usage: workbench bench")
-    # a value the engine's checks refuse: its message, as a bad flag's, with no traceback
+    # a value the engine's checks refuse: its message after the flag's names, with no traceback
     bad = subprocess.run(cmd + ["--max-extend-tokens", "-3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    expected = "workbench bench: error: max_extend_tokens must be an integer >= 1, got -3"
-    assert bad.stderr.strip() == expected
+    expected = (
+        "workbench bench: error: argument --max-extend-tokens/--chunked-prefill-size/"
+        "--max-num-batched-tokens: max_extend_tokens must be an integer >= 1, got -3"
+    )
+    assert bad.stderr.strip().splitlines()[-1] == expected
 
 
 # each run as from a shell (`main()` reads sys.argv: its errors are said as a bad flag's), in one
@@ -118,7 +133,7 @@ def test_every_command_takes_the_engines_names_and_says_a_bad_option_as_a_bad_fl
     bad = [
         # what no run could give, refused before the run (a traceback after it, before)
         (["--output-file", "/nonexistent-dir/out.json"], "--output-file '/nonexistent-dir/out"),
-        (["--num-prompts", "0"], "--num-requests must be at least 1, got 0"),
+        (["--num-prompts", "0"], "--num-prompts: num_requests must be an integer >= 1, got 0"),
         (["--sweep", "num_requests=0,2"], "--num-requests must be at least 1, got 0"),
         (["--step-costs", "/nonexistent.json"], "no step costs file '/nonexistent.json'"),
         (["--fused-kernels"], "fused_kernels=True runs FlashInfer's norm"),
@@ -138,7 +153,9 @@ def test_every_command_takes_the_engines_names_and_says_a_bad_option_as_a_bad_fl
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
     said = ran.stderr.split("--\n")
     for (_, message), run, err in zip(bad, runs, said, strict=False):
-        assert f"workbench {run[0]}: error: {message}" in err and err.endswith("exit 2\n"), err
+        # (a flag's own check follows its names: "error: argument --num-requests/--num-prompts: ")
+        assert f"workbench {run[0]}: error: " in err and message in err, err
+        assert err.endswith("exit 2\n"), err
 
 
 def test_moe_backend_flag_reaches_the_engine():
@@ -175,3 +192,83 @@ def test_serve_on_a_port_in_use_or_a_host_not_here_is_a_bad_flag():
     in_use, no_host = ran.stderr.split("--\n")[:2]
     assert "workbench serve: error: " in in_use and "--port 0" in in_use and "exit 2" in in_use
     assert "give a host this machine has" in no_host and "exit 2" in no_host, no_host
+
+
+@pytest.mark.parametrize(
+    "command, flags, said",
+    [
+        # each refused by its flag before any model loads (they were after it, or never)
+        ("bench", ["--request-rate", "0"], "--request-rate: request_rate must be a finite number"),
+        ("bench", ["--request-rate", "nan"], "> 0 (per second), or inf, got nan"),
+        ("bench", ["--temperature", "nan"], "--temperature: temperature must be a finite number"),
+        ("bench", ["--random-input-len", "0"], "random_input_len must be an integer >= 1, got 0"),
+        ("bench", ["--random-range-ratio", "1"], "random_range_ratio must be a finite number in"),
+        ("bench", ["--profile-batches", "abc"], "--profile-batches: batch sizes must be integers"),
+        ("bench", ["--tp", "0"], "--tp: tp_size must be an integer in [1, 64], got 0"),
+        ("bench", ["--max-model-len", "0"], "max_seq_len must be an integer >= 1, got 0"),
+        ("bench", ["--dtype", "half8"], "--dtype: dtype must be auto, float32"),
+        ("bench", ["--page-size", "1e3"], "page_size must be an integer in [1, 65536], got '1e3'"),
+        ("bench", ["--gpu-memory-utilization", "0.8"], "not a share of the whole GPU here"),
+        ("serve", ["--port", "70000"], "--port: port must be an integer in [0, 65535], got 70000"),
+        ("serve", ["--max-queued-requests", "0"], "max_queued_requests must be an integer >= 1"),
+        ("serve", ["--mem-fraction-static", "0.8"], "--option memory_ratio=R"),
+        ("chat", ["--max-tokens", "0"], "--max-tokens: max_tokens must be an integer >= 1, got 0"),
+        (
+            "demo",
+            ["--max-extend-tokens", "x"],
+            "max_extend_tokens must be an integer >= 1, got 'x'",
+        ),
+    ],
+)
+def test_a_bad_flag_value_is_refused_by_its_flag_before_a_model_loads(command, flags, said, capsys):
+    from workbench.__main__ import main
+
+    # a model that does not exist: had the value passed, loading it would have failed instead
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--model", "no-such-model", *flags])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"workbench {command}: error: " in err and said in err, err
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        # a flag the run would have ignored, refused before it
+        (["--profile-batches", "8"], "--profile-batches does nothing without --profile"),
+        (["--profile-python"], "--profile-python does nothing without --profile"),
+        (["--max-profiled-steps", "3"], "--max-profiled-steps does nothing without --record full"),
+        (["--profile-trace", "t.json"], "--profile-trace does nothing without --profile, --record"),
+        (["--dataset-name", "mooncake", "--input-len", "8"], "--input-len: the trace's requests"),
+        (["--dataset-name", "azure-conv", "--random-output-len", "4"], "--random-output-len: the"),
+        (["--dataset-name", "mooncake", "--dataset-path", "/nonexistent.jsonl"], "no such file"),
+        (["--trace-block-size", "16"], "--trace-block-size is a trace's: give its kind too"),
+        (["--dataset-path", "x.csv"], "--dataset-path is a trace's: give its kind too"),
+        (
+            ["--sweep", "page_size=1,2", "--sweep", "page_size=4"],
+            "--sweep page_size is given twice",
+        ),
+        (["--profile-when", "phase == 'mixd'"], "phase is one of ('prefill', 'decode', 'mixed')"),
+    ],
+)
+def test_a_flag_the_run_would_ignore_is_refused_before_it(flags, said, capsys):
+
+    shell = [sys.executable, "-c", SHELL, json.dumps([["bench", "--model", "no-such", *flags]])]
+    ran = subprocess.run(shell, capture_output=True, text=True, timeout=120)
+    assert "workbench bench: error: " in ran.stderr and said in ran.stderr, ran.stderr
+    assert ran.stderr.endswith("exit 2\n--\n") and "Traceback" not in ran.stderr
+
+
+def test_json_with_a_profile_prints_json_alone(tmp_path):
+    """`--json --profile`: stdout is one JSON document, the profile's tables inside it."""
+    flags = ["--model", "tiny-fast", "--num-prompts", "4", "--input-len", "8", "--output-len", "4"]
+    flags += ["--profile", "--profile-batches", "2,4", "--json"]
+    ran = subprocess.run(
+        [sys.executable, "-m", "workbench", "bench", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(ran.stdout)
+    assert [s["batch_size"] for s in result["host_split"]] == [2, 4]
+    assert "10 decode steps of 4 requests, profiled" in result["profile"]

@@ -212,6 +212,9 @@ def _refuse(*_, **__):
         ("phase in ('mixed',)", ValueError, "profile_steps: .* is not allowed"),
         ("phase ==", ValueError, "profile_steps: .* is not an expression"),
         ("phase > 3", TypeError, "profile_steps: .*failed on a StepView"),
+        # a phase no step has would choose none, silently
+        ("phase == 'mixd'", ValueError, "phase is one of .'prefill', 'decode', 'mixed'., compar"),
+        ("'prefil' != phase or batch_size > 3", ValueError, "compared with 'prefil' in"),
         # behind an `and` that a decode step stops at: made-up steps of every phase reach it
         (lambda s: s.phase == "mixed" and s.batchsize > 1, TypeError, "batchsize.*fields"),
         ("phase == 'mixed' and batch_size > 'x'", TypeError, "failed on a StepView"),

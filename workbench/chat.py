@@ -14,6 +14,7 @@ import sys
 import threading
 
 from .core import SamplingParams
+from .flags import flag_type, temperature_flag
 from .serve.output import Decoder
 from .workbench import Workbench
 
@@ -29,8 +30,13 @@ HELP = "; ".join(f"{name} {what}" for name, what in COMMANDS.items())
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="model name or path")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--max-tokens", type=int, default=256, help="the longest answer, in tokens")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument(
+        "--max-tokens",
+        type=flag_type("max_tokens", int, lambda n: SamplingParams(max_tokens=n).max_tokens),
+        default=256,
+        help="the longest answer, in tokens",
+    )
+    p.add_argument("--temperature", type=temperature_flag, default=0.0, help="0: greedy")
     p.add_argument("--system", default=None, help="a system message to start with")
     p.add_argument("--steps", action="store_true", help="print each answer's steps")
 

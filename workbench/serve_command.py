@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .flags import add_engine_arguments, add_schedule_arguments, llm_options
+from .flags import add_engine_arguments, add_schedule_arguments, integer_flag, llm_options
 from .llm import LLM
 from .serve import MAX_QUEUED_REQUESTS
 
@@ -19,7 +19,12 @@ from .serve import MAX_QUEUED_REQUESTS
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "--model-path", dest="model", default="smollm2", help="name or path")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
-    p.add_argument("--port", type=int, default=8000, help="the port (0: any free one)")
+    p.add_argument(
+        "--port",
+        type=integer_flag("port", 0, 65535),
+        default=8000,
+        help="the port (0: any free one)",
+    )
     p.add_argument(
         "--served-model-name",
         default=None,
@@ -27,14 +32,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-queued-requests",
-        type=int,
+        type=integer_flag("max_queued_requests", 1),
         default=MAX_QUEUED_REQUESTS,
         help="waiting requests (admitted requests not counted) beyond which a request gets "
         "503 with Retry-After",
     )
     p.add_argument(
         "--stream-interval",
-        type=int,
+        type=integer_flag("stream_interval", 1),
         default=1,
         help="tokens a streamed chunk waits for (SGLang's flag): more, and fewer, larger chunks",
     )

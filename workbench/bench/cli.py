@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
-from ..flags import add_engine_arguments, add_schedule_arguments
+from .. import validate as V
+from ..flags import (
+    add_engine_arguments,
+    add_schedule_arguments,
+    flag_type,
+    integer_flag,
+    rate_flag,
+    temperature_flag,
+)
 from ..instrument.window import FIELDS, StepExpression
 from .bound import DEVICES
 from .dataset import DATASETS
@@ -54,8 +63,7 @@ def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
     )
     p.add_argument(
         "--trace-block-size",
-        type=int,
-        default=512,
+        type=integer_flag("trace_block_size", 1),
         metavar="N",
         help="with a trace: tokens per prefix block (the traces' 512 by default); fewer scale "
         "every length by N/512, e.g. 16 for a tiny model on a CPU",
@@ -64,16 +72,21 @@ def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
         "--num-requests",
         "--num-prompts",
         dest="num_requests",
-        type=int,
+        type=integer_flag("num_requests", 1),
         default=256 if gpu else 16,
         help="requests in the workload, a trace's first N (256 on a GPU, 16 on a CPU)",
     )
     _length_arguments(p, gpu)
-    p.add_argument("--seed", type=int, default=0, help="workload and sampling seed")
-    p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
+    p.add_argument(
+        "--seed",
+        type=integer_flag("seed", 0, 2**63 - 1),
+        default=0,
+        help="workload and sampling seed",
+    )
+    p.add_argument("--temperature", type=temperature_flag, default=0.6, help="sampling temperature")
     p.add_argument(
         "--request-rate",
-        type=float,
+        type=rate_flag("request_rate"),
         default=None,
         help="requests/s arriving as a Poisson process (default: all at once), or a trace's "
         "arrivals rescaled to this rate (default: its own; inf: all at once); adds latencies",
@@ -83,14 +96,13 @@ def _workload_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
 def _length_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
     lens = (
         "%s lengths: N (each, as vLLM takes it), or MIN MAX (uniform in [MIN, MAX]); "
-        "[100, 1024] on a GPU, %s on a CPU"
+        "[100, 1024] on a GPU, %s on a CPU; a trace's requests have their own"
     )
     p.add_argument(
         "--input-len",
         type=int,
         nargs="+",
         metavar="N",
-        default=[100, 1024] if gpu else [16, 128],
         help=lens % ("prompt", "[16, 128]"),
     )
     p.add_argument(
@@ -98,13 +110,23 @@ def _length_arguments(p: argparse.ArgumentParser, gpu: bool) -> None:
         type=int,
         nargs="+",
         metavar="N",
-        default=[100, 1024] if gpu else [16, 64],
         help=lens % ("output", "[16, 64]"),
     )
     ratio = "with --random-range-ratio R, uniform in [N(1 - R), N(1 + R)] as vLLM does"
-    p.add_argument("--random-input-len", type=int, metavar="N", help=f"prompt length N ({ratio})")
-    p.add_argument("--random-output-len", type=int, metavar="N", help=f"output length N ({ratio})")
-    p.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R", help="see above")
+    for name in ("input", "output"):
+        p.add_argument(
+            f"--random-{name}-len",
+            type=integer_flag(f"random_{name}_len", 1),
+            metavar="N",
+            help=f"{'prompt' if name == 'input' else 'output'} length N ({ratio})",
+        )
+    p.add_argument(
+        "--random-range-ratio",
+        type=flag_type("random_range_ratio", float, _range_ratio),
+        default=0.0,
+        metavar="R",
+        help="see above",
+    )
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
@@ -161,7 +183,6 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile-batches",
         type=_sizes,
-        default=(8, 64, 256),
         metavar="B1,B2,..",
         help="with --profile: the decode batch sizes whose host time is split (default: 8,64,256)",
     )
@@ -191,7 +212,7 @@ def _window_and_slo_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-profiled-steps",
-        type=int,
+        type=integer_flag("max_profiled_steps", 1),
         metavar="N",
         help="with --record full: profile only the first N steps chosen",
     )
@@ -233,20 +254,39 @@ def _dataset(name: str) -> str:
 
 
 def _sizes(text: str) -> tuple[int, ...]:
-    sizes = tuple(int(t) for t in text.split(","))
+    try:
+        sizes = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        sizes = ()
     if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"batch sizes must be integers >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"batch sizes must be integers >= 1 separated by commas (e.g. 8,64,256), got {text!r}"
+        )
     return sizes
+
+
+def _range_ratio(value) -> float:
+    ratio = V.real("random_range_ratio", value, 0.0, 1.0, allowed="in [0, 1)")
+    if ratio == 1.0:
+        raise ValueError("random_range_ratio must be a finite number in [0, 1), got 1.0")
+    return ratio
+
+
+# a random workload's length flags (a trace's requests have their own lengths)
+LENGTH_FLAGS = ("input_len", "output_len", "random_input_len", "random_output_len")
+DEFAULT_LENGTHS = {False: ([16, 128], [16, 64]), True: ([100, 1024], [100, 1024])}  # by GPU
 
 
 def resolve_lengths(args: argparse.Namespace) -> None:
     """`--random-input-len N` / `--random-output-len N` (with `--random-range-ratio R`) become
-    the ranges `--input-len` / `--output-len` give directly."""
+    the ranges `--input-len` / `--output-len` give directly; flags a trace would ignore (lengths)
+    or a random workload would (a trace's file and block size) are refused, before any run."""
+    traced = args.dataset_name != "random"
+    _check_trace_flags(args, traced)
     r = args.random_range_ratio
-    if not 0.0 <= r < 1.0:
-        raise ValueError(f"--random-range-ratio must be in [0, 1), got {r}")
-    for name in ("input", "output"):
-        lens = getattr(args, f"{name}_len")
+    defaults = DEFAULT_LENGTHS[torch.cuda.is_available()]
+    for name, default in zip(("input", "output"), defaults, strict=True):
+        lens = getattr(args, f"{name}_len") or default
         if len(lens) == 1:  # one length for every request, as vLLM's --input-len
             lens = lens * 2
         if len(lens) != 2 or not 1 <= lens[0] <= lens[1]:
@@ -255,3 +295,28 @@ def resolve_lengths(args: argparse.Namespace) -> None:
         n = getattr(args, f"random_{name}_len")
         if n is not None:
             setattr(args, f"{name}_len", [max(1, round(n * (1 - r))), max(1, round(n * (1 + r)))])
+
+
+def _check_trace_flags(args: argparse.Namespace, traced: bool) -> None:
+    if traced:
+        given = [name for name in LENGTH_FLAGS if getattr(args, name) is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ValueError(
+                f"{flag}: the trace's requests have their own lengths (--dataset-name "
+                f"{args.dataset_name}); --trace-block-size N scales them by N/512"
+            )
+        path = args.dataset_path
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"--dataset-path {path!r}: no such file")
+        if args.dataset_name == "trace" and path is None:
+            raise ValueError("--dataset-name trace reads --dataset-path FILE (a CSV or JSON lines)")
+        return
+    for flag, value in (
+        ("--dataset-path", args.dataset_path),
+        ("--trace-block-size", args.trace_block_size),
+    ):
+        if value is not None:
+            raise ValueError(
+                f"{flag} is a trace's: give its kind too, --dataset-name {'|'.join(DATASETS)}"
+            )

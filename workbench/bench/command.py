@@ -25,11 +25,11 @@ def main(args: argparse.Namespace) -> None:
         return
     result = run_bench(args)
     written = {k: v for k, v in result.items() if k != "profile"}
-    if args.profile:
-        print(result.pop("profile"))
-    if args.json:
+    if args.json:  # (the profile's tables in it, as a sweep's: stdout is JSON alone)
         print(json.dumps(result))
     else:
+        if args.profile:
+            print(result.pop("profile"))
         print_result(result)
     _write(args, written)
 

@@ -26,10 +26,6 @@ def bench_workload(llm: LLM, args: argparse.Namespace) -> tuple[Workload, Trace 
     """The workload --dataset-name names, and its trace (None: 'random')."""
     if args.dataset_name != "random":
         return load_dataset(llm, args)
-    if args.dataset_path is not None:
-        raise ValueError(
-            f"--dataset-path is a trace's file: give its kind, --dataset-name {'|'.join(DATASETS)}"
-        )
     work = random_workload(
         args.num_requests, args.input_len, args.output_len, args.seed, prompt_vocab(llm)
     )
@@ -37,18 +33,17 @@ def bench_workload(llm: LLM, args: argparse.Namespace) -> tuple[Workload, Trace 
 
 
 def load_dataset(llm: LLM, args: argparse.Namespace) -> tuple[Workload, Trace]:
-    """The first --num-requests of the trace, its lengths scaled by --trace-block-size / 512 and
-    clipped to what the engine can hold, its arrivals at --request-rate if given."""
+    """The first --num-requests of the trace, its lengths scaled by --trace-block-size / 512 (the
+    traces' own blocks by default) and clipped to what the engine can hold, its arrivals at
+    --request-rate if given."""
     name = args.dataset_name
-    if name == "trace" and args.dataset_path is None:
-        raise ValueError("--dataset-name trace reads --dataset-path FILE (a CSV or JSON lines)")
     max_len = min(llm.engine.max_seq_len, llm.scheduler.cache.total_size)
     trace = load(
         args.dataset_path or name,
         DATASETS[name],
         first=args.num_requests,
         request_rate=args.request_rate,
-        block_size=args.trace_block_size,
+        block_size=args.trace_block_size or 512,
         max_len=max_len,
     )
     vocab_size = llm.engine.model_config.vocab_size

@@ -21,6 +21,8 @@ from .profile import profile_decode_steps
 from .steps import median_experts
 from .workload import prompt_vocab, random_workload
 
+PROFILE_BATCHES = (8, 64, 256)  # --profile's decode batches when --profile-batches is not given
+
 WARM_STEPS, MEASURED_STEPS, PROFILED_STEPS = 5, 20, 5
 TOP_KERNELS = 8
 
@@ -46,7 +48,11 @@ def host_splits(
 ) -> tuple[list[HostSplit], str | None]:
     """The split at each of `args.profile_batches` the engine has slots for; with
     `python_profile`, cProfile's busiest functions over the largest batch's measured steps."""
-    sizes = [b for b in args.profile_batches if b <= llm.scheduler.config.max_running_reqs]
+    sizes = [
+        b
+        for b in args.profile_batches or PROFILE_BATCHES
+        if b <= llm.scheduler.config.max_running_reqs
+    ]
     splits, stats = [], None
     for i, size in enumerate(sizes):
         profiler = cProfile.Profile() if python_profile and i == len(sizes) - 1 else None

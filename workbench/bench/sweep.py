@@ -13,7 +13,7 @@ import torch
 from ..config import KERNEL_OPTIONS
 from ..flags import parse_value
 from .printout import kernels_said, print_result
-from .throughput import check_save, run_bench
+from .throughput import check_run, run_bench
 
 
 def sweep_configs(args: argparse.Namespace) -> list[argparse.Namespace]:
@@ -25,6 +25,11 @@ def sweep_configs(args: argparse.Namespace) -> list[argparse.Namespace]:
         if not sep or not values:
             raise ValueError(f"--sweep wants KEY=V1,V2,..., got {spec!r}")
         key = key.replace("-", "_")
+        if any(axis[0][0] == key for axis in axes):
+            raise ValueError(
+                f"--sweep {key} is given twice: give its values once (a value given twice, "
+                f"--sweep {key}=A,B,A,B, runs each twice)"
+            )
         axes.append([(key, parse_value(v)) for v in values.split(",")])
     configs = []
     for combo in itertools.product(*axes):
@@ -46,7 +51,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict]:
     """Run every configuration in turn, freeing each engine before the next is built."""
     configs = sweep_configs(args)
     for run in configs:
-        check_save(run)
+        check_run(run)
     results = []
     for run in configs:
         result = run_bench(run)

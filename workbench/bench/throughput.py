@@ -24,7 +24,7 @@ from ..llm import LLM
 from .bound import workload_bound
 from .dataset import bench_workload, reuse_result
 from .goodput import slo_result
-from .host import host_splits, split_table
+from .host import PROFILE_BATCHES, host_splits, split_table
 from .online import latency_summary, poisson_arrivals, serve
 from .profile import profile_decode_steps, profile_text
 from .steps import StepTime, decode_step, prompt_steps, split_time, step_time
@@ -34,7 +34,7 @@ from .workload import Workload, prompt_vocab, random_workload
 def run_bench(args: argparse.Namespace) -> dict:
     """One run: build the engine, warm it up, time one generate of the workload; the result is
     its settings and figures, the fields `--json` prints."""
-    check_save(args)
+    check_run(args)
     llm = build_llm(args)
     work, trace = bench_workload(llm, args)
     warm_up(llm, args)
@@ -56,7 +56,9 @@ def run_bench(args: argparse.Namespace) -> dict:
         result["profile"] = "\n".join([split_table(splits), *([python] if python else [])])
         cuda = llm.engine.device.type == "cuda"
         slots = llm.scheduler.config.max_running_reqs
-        batch = max((b for b in args.profile_batches if b <= slots), default=slots)
+        batch = max(
+            (b for b in args.profile_batches or PROFILE_BATCHES if b <= slots), default=slots
+        )
         profile = profile_decode_steps(
             llm,
             batch,
@@ -267,10 +269,30 @@ class GcWatch:
         gc.callbacks.remove(self._on_gc)
 
 
-def check_save(args: argparse.Namespace) -> None:
-    """What the run's flags ask that no run can give, before any runs."""
+def check_run(args: argparse.Namespace) -> None:
+    """What the run's flags ask that no run can give, or that would be ignored, before any
+    runs (a sweep's runs each: it may vary --record)."""
     if args.num_requests < 1:
         raise ValueError(f"--num-requests must be at least 1, got {args.num_requests}")
+    needs = (
+        ("--profile-batches", args.profile_batches is not None, args.profile, "--profile"),
+        ("--profile-python", args.profile_python, args.profile, "--profile"),
+        (
+            "--max-profiled-steps",
+            args.max_profiled_steps is not None,
+            args.record == "full",
+            "--record full or --profile-when",
+        ),
+        (
+            "--profile-trace",
+            args.profile_trace is not None,
+            args.profile or args.record == "full",
+            "--profile, --record full or --profile-when",
+        ),
+    )
+    for flag, given, met, what in needs:
+        if given and not met:
+            raise ValueError(f"{flag} does nothing without {what}")
     if args.save and args.record == "off":
         raise ValueError("--save writes the run's history: it needs --record light or full")
     if args.save and Path(args.save).exists() and not Path(args.save).is_dir():

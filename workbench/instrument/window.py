@@ -62,6 +62,7 @@ _SAMPLES = (
     StepView(3, "decode", 64, 64, 0, 64, 0, 0.75),
 )
 _COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+STEP_PHASES = ("prefill", "decode", "mixed")  # StepView.phase's values
 
 
 class StepExpression:
@@ -99,10 +100,26 @@ def _check_node(node: ast.AST, text: str, name: str) -> None:
     elif isinstance(node, ast.UnaryOp):
         if not isinstance(node.op, ast.Not):
             raise ValueError(f"{name}: only `not` is allowed before a term, in {text!r}")
+    elif isinstance(node, ast.Compare):
+        terms = [node.left, *node.comparators]
+        for a, b in zip(terms, terms[1:], strict=False):
+            _check_comparison(a, b, text, name)
+            _check_comparison(b, a, text, name)
     elif not isinstance(node, allowed + _COMPARISONS):
         raise ValueError(
             f"{name}: {type(node).__name__} is not allowed in {text!r}: only the fields "
             f"{FIELDS}, constants, comparisons, and, or, not"
+        )
+
+
+def _check_comparison(field: ast.AST, constant: ast.AST, text: str, name: str) -> None:
+    """`phase` compared with a name no phase has (`phase == 'mixd'`) would choose no step,
+    silently: refused. (A comparison of the wrong types fails on the made-up steps.)"""
+    phase = isinstance(field, ast.Name) and field.id == "phase"
+    value = constant.value if isinstance(constant, ast.Constant) else None
+    if phase and isinstance(value, str) and value not in STEP_PHASES:
+        raise ValueError(
+            f"{name}: phase is one of {STEP_PHASES}, compared with {value!r} in {text!r}"
         )
 
 
