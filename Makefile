@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-all lab bench gpu-check gpu-payload lint format clean chromium
+.PHONY: demo test test-slow test-all lab bench gpu-check gpu-payload lint format clean chromium
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,14 @@ test: $(STAMP) chromium
 	# NOTE: not `--dist loadgroup`: under pytest 9.2 it no longer groups (pytest-xdist#1386)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
-test-all: $(STAMP)
-	$(PY) -m pytest -q -m ""
+# the slow tier (`pytest.mark.slow`: the same checks again on SmolLM2 or at more settings, every
+# notebook's charts in the real browser, the fuzz and hypothesis runs at full size, multi-process
+# stress); .ci/run runs it after `make test`
+test-slow: $(STAMP) chromium
+	$(PY) -m pytest -q -n 2 --dist loadfile -m slow
+
+test-all: $(STAMP) chromium
+	$(PY) -m pytest -q -n 2 --dist loadfile -m ""
 
 # On a GPU machine whose python3 already has torch with CUDA and flashinfer (the H200 image, no
 # network), run there; elsewhere set up the venv and run the CPU-sized benchmark.

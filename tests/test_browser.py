@@ -282,7 +282,13 @@ def _wait_for_charts(page, timeout_ms: float = 15_000) -> list[bool]:
 
 
 @pytest.mark.parametrize(
-    "notebook", [n.name for n in NOTEBOOKS if not n.name.startswith("01")], ids=lambda n: n[:2]
+    "notebook",
+    [
+        # notebook 04 (comparing settings) in make test; each of the others ~25-55 s: -m slow
+        pytest.param(n.name, id=n.name[:2], marks=[] if n.name[:2] == "04" else pytest.mark.slow)
+        for n in NOTEBOOKS
+        if not n.name.startswith("01")
+    ],
 )
 def test_every_chart_of_a_notebook_draws_offline(lab, notebook):
     """The charts outside the dashboard (page table, ledger lines, batch composition, the
@@ -472,6 +478,7 @@ def _settled(page, status, quiet_ms: int = 2000) -> str:
     return text
 
 
+@pytest.mark.slow  # ~50 s; the same messages without a browser: test_dashboard_sync.py
 def test_the_dashboard_follows_cells_and_buttons_in_a_real_browser(lab):
     """Dashboard open; run; reset(again=True) and run; reset(again=True) and step; step; the
     Step and Run buttons: after each, the status shows the engine's last step of its last step

@@ -79,6 +79,7 @@ def test_bad_lengths_are_refused():
         parse("--output-len", "1", "2", "3")
 
 
+@pytest.mark.slow  # a whole bench in a subprocess (~13 s); test_bench.py's covers the names
 def test_a_run_under_vllm_names_and_errors_in_the_bench_usage(tmp_path):
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "workbench", "bench", "--model-path", "tiny-qwen3"]
@@ -169,6 +170,7 @@ def test_moe_backend_flag_reaches_the_engine():
         parse("--moe-backend", "cutlass")
 
 
+@pytest.mark.slow  # serve processes loading SmolLM2 (~18 s)
 def test_serve_on_a_port_in_use_or_a_host_not_here_is_a_bad_flag():
     """Said as a bad flag (exit 2, no traceback), with the advice that fits: another port (the
     flag's spelling) where the port is taken, a host this machine has where the host is not."""
@@ -230,45 +232,42 @@ def test_a_bad_flag_value_is_refused_by_its_flag_before_a_model_loads(command, f
     assert exited.value.code == 2 and f"workbench {command}: error: " in err and said in err, err
 
 
-@pytest.mark.parametrize(
-    "flags, said",
-    [
-        # a flag the run would have ignored, refused before it
-        (["--profile-batches", "8"], "--profile-batches does nothing without --profile"),
-        (["--profile-python"], "--profile-python does nothing without --profile"),
-        (["--max-profiled-steps", "3"], "--max-profiled-steps does nothing without --record full"),
-        (["--profile-trace", "t.json"], "--profile-trace does nothing without --profile, --record"),
-        (["--dataset-name", "mooncake", "--input-len", "8"], "--input-len: the trace's requests"),
-        (["--dataset-name", "azure-conv", "--random-output-len", "4"], "--random-output-len: the"),
-        (["--dataset-name", "mooncake", "--dataset-path", "/nonexistent.jsonl"], "no such file"),
-        (["--trace-block-size", "16"], "--trace-block-size is a trace's: give its kind too"),
-        (["--dataset-path", "x.csv"], "--dataset-path is a trace's: give its kind too"),
-        (
-            ["--sweep", "page_size=1,2", "--sweep", "page_size=4"],
-            "--sweep page_size is given twice",
-        ),
-        (["--profile-when", "phase == 'mixd'"], "phase is one of ('prefill', 'decode', 'mixed')"),
-    ],
-)
-def test_a_flag_the_run_would_ignore_is_refused_before_it(flags, said, capsys):
+# a flag the run would have ignored, and what refusing it says
+IGNORED = [
+    (["--profile-batches", "8"], "--profile-batches does nothing without --profile"),
+    (["--profile-python"], "--profile-python does nothing without --profile"),
+    (["--max-profiled-steps", "3"], "--max-profiled-steps does nothing without --record full"),
+    (["--profile-trace", "t.json"], "--profile-trace does nothing without --profile, --record"),
+    (["--dataset-name", "mooncake", "--input-len", "8"], "--input-len: the trace's requests"),
+    (["--dataset-name", "azure-conv", "--random-output-len", "4"], "--random-output-len: the"),
+    (["--dataset-name", "mooncake", "--dataset-path", "/nonexistent.jsonl"], "no such file"),
+    (["--trace-block-size", "16"], "--trace-block-size is a trace's: give its kind too"),
+    (["--dataset-path", "x.csv"], "--dataset-path is a trace's: give its kind too"),
+    (
+        ["--sweep", "page_size=1,2", "--sweep", "page_size=4"],
+        "--sweep page_size is given twice",
+    ),
+    (["--profile-when", "phase == 'mixd'"], "phase is one of ('prefill', 'decode', 'mixed')"),
+]
 
-    shell = [sys.executable, "-c", SHELL, json.dumps([["bench", "--model", "no-such", *flags]])]
+
+def test_a_flag_the_run_would_ignore_is_refused_before_it():
+    """Each refused before any model loads (the model named does not exist), as a bad flag."""
+    runs = [["bench", "--model", "no-such", *flags] for flags, _ in IGNORED]
+    shell = [sys.executable, "-c", SHELL, json.dumps(runs)]
     ran = subprocess.run(shell, capture_output=True, text=True, timeout=120)
-    assert "workbench bench: error: " in ran.stderr and said in ran.stderr, ran.stderr
-    assert ran.stderr.endswith("exit 2\n--\n") and "Traceback" not in ran.stderr
+    assert "Traceback" not in ran.stderr, ran.stderr
+    for (_, said), err in zip(IGNORED, ran.stderr.split("--\n"), strict=False):
+        assert "workbench bench: error: " in err and said in err, err
+        assert err.endswith("exit 2\n"), err
 
 
-def test_json_with_a_profile_prints_json_alone(tmp_path):
+def test_json_with_a_profile_prints_json_alone(capsys):
     """`--json --profile`: stdout is one JSON document, the profile's tables inside it."""
+    from workbench.__main__ import main
+
     flags = ["--model", "tiny-fast", "--num-prompts", "4", "--input-len", "8", "--output-len", "4"]
-    flags += ["--profile", "--profile-batches", "2,4", "--json"]
-    ran = subprocess.run(
-        [sys.executable, "-m", "workbench", "bench", *flags],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(ran.stdout)
+    main(["bench", *flags, "--profile", "--profile-batches", "2,4", "--json"])
+    result = json.loads(capsys.readouterr().out)
     assert [s["batch_size"] for s in result["host_split"]] == [2, 4]
     assert "10 decode steps of 4 requests, profiled" in result["profile"]

@@ -173,6 +173,7 @@ COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 @settings(max_examples=24, derandomize=True, **COMMON)  # (400 under -m slow, below)
 @given(data=st.data())
+@pytest.mark.slow  # ~18 s of hypothesis examples; the bad-input tables stay in make test
 def test_settings_either_refused_up_front_or_served_right(data):
     check(*draw_case(data))
 

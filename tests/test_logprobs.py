@@ -93,6 +93,7 @@ def test_only_the_requests_that_ask_report_and_all_sample_alike():
             assert [len(top) for _, top in out["logprobs"]] == [n] * 6
 
 
+@pytest.mark.slow  # SmolLM2 (~13 s); EOS under overlap: test_overlap.py
 def test_a_request_that_ends_on_eos_under_overlap_reports_its_tokens_only():
     """Under overlap the batch after a request's EOS was launched before the EOS reached the
     host: the token it sampled there is dropped, and so is its log probability; every other

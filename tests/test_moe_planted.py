@@ -83,6 +83,7 @@ CPU_SETTINGS = [(16, "mixed", True), (8192, "prefill_first", False), (1, "decode
     CPU_SETTINGS,
     ids=[f"chunk{c}-{p}-{'overlap' if o else 'serial'}" for c, p, o in CPU_SETTINGS],
 )
+@pytest.mark.slow  # ~15 s; experts against HF in every policy: test_moe_models.py
 def test_the_planted_moe_model_answers_every_setting_on_the_cpu(chunk, policy, overlap):
     wb = engine("cpu")
     run_workload(wb, chunk, policy, overlap, graphs=False)

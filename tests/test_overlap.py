@@ -81,6 +81,7 @@ def _finish_step(steps, out) -> int:
     return next(s.step for s in steps if out["uid"] in s.finished)
 
 
+@pytest.mark.slow  # SmolLM2, a small pool (~20 s); overlap's tokens and EOS stay in make test
 def test_slots_and_pages_are_not_reused_while_in_flight():
     """Many short requests finishing on EOS through a small pool and few slots: a slot freed
     too early would be handed to a new request while the batch in flight still writes to it."""

@@ -1103,6 +1103,7 @@ def test_the_terminal_chat_streams_answers_and_shows_their_steps():
     assert 1 <= len(steps) <= 6  # the second answer's: its prompt, then up to five decodes
 
 
+@pytest.mark.slow  # ~17 s of load; a client leaving mid-stream stays in make test
 def test_hundreds_of_streams_some_leaving_leave_the_engine_serving_and_the_pool_whole(served):
     """300 streams at once, every third closed after its first event: the others get their
     answers, the engine serves on, nothing leaks."""
@@ -1201,6 +1202,7 @@ def test_a_step_that_fails_while_serving_ends_its_request_with_a_500_and_serves_
     )
 
 
+@pytest.mark.slow  # ~14 s
 def test_requests_sent_while_the_engine_is_in_a_long_step_all_reach_it():
     """The HTTP process sends requests faster than the engine reads them (one long step, as an
     8B model's prefill is): more bytes than the pipe holds wait in the HTTP process, nothing is

@@ -257,6 +257,7 @@ def bench(*flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
+@pytest.mark.slow  # a whole bench (~13 s); goodput's figures stay in make test
 def test_bench_slo_prints_goodput_and_the_misses_by_cause(tmp_path):
     done = bench("--slo", "ttft:1,tpot:1", "--max-extend-tokens", "16", "--save", str(tmp_path))
     assert done.returncode == 0, done.stderr

@@ -123,6 +123,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # ~17 s; a rank dying mid-run stays in make test
 def test_an_engine_that_fails_to_build_stops_its_ranks():
     """A failure after the ranks started (here: no room for one KV page) stops them, so the
     next tensor-parallel engine of the process can start."""

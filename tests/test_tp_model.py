@@ -220,6 +220,7 @@ def tp_logits(tmp_path_factory) -> dict[str, tuple[np.ndarray | None, list[np.nd
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow  # ~15 s; two ranks' tokens against HF: test_tp.py
 def test_tp2_logits_match_tp1(tp_logits, case):
     """Full logits on every rank (the padding cut off), equal across ranks, and equal to the
     one-process model's to float32 rounding (the all-reduce sums in another order)."""

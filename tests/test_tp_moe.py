@@ -26,6 +26,7 @@ def wb2():
 @pytest.mark.parametrize("overlap", [False, True], ids=["no-overlap", "overlap"])
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("max_extend_tokens", [3, 8192])
+@pytest.mark.slow  # ~24 s; two ranks against HF: test_tp.py, experts against HF: test_moe_models.py
 def test_two_ranks_of_experts_match_hf(wb2, policy, max_extend_tokens, overlap):
     layer = wb2.llm.engine.model.layers[0].mlp
     assert (layer.w13.shape[1], layer.w2.shape[2]) == (32, 16)  # this rank's half of each expert

@@ -49,6 +49,7 @@ def three_heads(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # ~12 s; two ranks' timeline: test_tp_timeline.py
 def test_three_ranks_share_one_timeline(three_heads, tmp_path):
     wb = Workbench(str(three_heads), device="cpu", tp_size=3, record="full", max_extend_tokens=12)
     try:

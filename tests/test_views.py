@@ -193,6 +193,7 @@ def test_charts_offline_and_png(run, tmp_path):
     assert "cdn.jsdelivr" not in html
 
 
+@pytest.mark.slow  # ~11 s
 def test_thousands_of_steps_are_aggregated():
     """More steps than bars (MAX_BARS) and more request points than MAX_POINTS: binned and
     thinned, under Altair's 5,000 rows."""
@@ -328,6 +329,7 @@ def test_dashboard_on_a_saved_run_has_no_engine_buttons(run):
 
 
 @pytest.mark.parametrize(("requests", "tokens"), [(40, 150), (130, 40)])
+@pytest.mark.slow  # ~7 s
 def test_many_long_requests_stay_under_the_row_limit(requests, tokens):
     """Lines of many requests over many steps are sampled and thinned, and the picked request
     is always drawn (40 x 150: few lines, long; 130 x 40: more lines than are drawn)."""
