@@ -1235,3 +1235,12 @@ def test_requests_sent_while_the_engine_is_in_a_long_step_all_reach_it():
         wb.check_integrity()
     finally:
         wb.close()
+
+
+def test_the_http_processs_command_line_holds_no_key(served):
+    """The engine's listener key reaches the HTTP process on its stdin: any user's `ps` reads a
+    command line (/proc/PID/cmdline), and with the key could send the engine requests."""
+    _, server, client = served
+    cmdline = Path(f"/proc/{server._process.pid}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[-3:] == [b"-m", b"workbench.serve.front", b""], cmdline
+    assert client.models.list().data[0].id == server.name  # and it serves

@@ -28,10 +28,13 @@ log = logging.getLogger("workbench.serve")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m workbench.serve.front SPEC``: where to connect back, the engine's `Limits`."""
+    """``python -m workbench.serve.front``, its spec (where to connect back, the key, the
+    engine's `Limits`) one JSON line on stdin (a command line's arguments are anyone's to read
+    in `ps`), or as its argument."""
     from multiprocessing.connection import Client
 
-    spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
+    args = argv if argv is not None else sys.argv[1:]
+    spec = json.loads(args[0] if args else sys.stdin.readline())
     conn = Client(_address(spec["address"]), authkey=bytes.fromhex(spec["authkey"]))
     serve(conn, Limits(**spec["limits"]))
 

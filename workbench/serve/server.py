@@ -80,10 +80,14 @@ class Server:
         spec = {"address": listener.address, "authkey": key.hex(), "limits": asdict(self.limits)}
         root = str(Path(__file__).resolve().parents[2])  # this checkout's (or install's) workbench
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        # the spec on its stdin, not its command line: the key is not for `ps` to show
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "workbench.serve.front", json.dumps(spec)],
+            [sys.executable, "-m", "workbench.serve.front"],
+            stdin=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": path},
         )
+        with self._process.stdin as stdin:
+            stdin.write(json.dumps(spec).encode() + b"\n")
         try:
             self._conn = _accept(listener, self._process)
         finally:
