@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from workbench import LLM, SamplingParams
 from workbench.__main__ import main
@@ -100,6 +101,18 @@ def test_a_sweep_of_a_kernel_option_the_device_cannot_take_says_the_runs_ran_ali
     (note,) = [line for line in out.splitlines() if "ran the same kernels" in line]
     assert note.startswith("small_gemm=False and small_gemm=True ran the same kernels here (")
     assert "small-batch GEMM off" in note and "not the option's" in note
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA graphs run there")
+def test_a_switch_swept_on_that_ran_off_says_so_under_the_table():
+    """On the CPU no step replays a CUDA graph: the cuda_graph=True row ran as the False row
+    did, and the line under the table says so (the column says what was asked)."""
+    out = _bench("--sweep", "cuda_graph=true,false")
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["True", "False"]
+    (note,) = [line for line in out.splitlines() if " ran as " in line]
+    assert note.startswith("cuda_graph=True ran as cuda_graph=False here")
+    assert "cuda_graph=False ran as" not in out
 
 
 def test_a_swept_flag_takes_true_and_false_as_a_shell_writes_them():

@@ -92,7 +92,8 @@ def sweep_table(results: list[dict]) -> str:
             cells += [f"{r['ttft_ms_p50']:.1f}", f"{r['ttft_ms_p90']:.1f}"]
             cells.append(f"{r['tpot_ms_p50']:.2f}" if "tpot_ms_p50" in r else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + _spread(results, keys) + _same_kernels(results, keys))
+    notes = _spread(results, keys) + _same_kernels(results, keys) + _ran_otherwise(results, keys)
+    return "\n".join(lines + notes)
 
 
 def _spread(results: list[dict], keys: list[str]) -> list[str]:
@@ -146,4 +147,23 @@ def _same_kernels(results: list[dict], keys: list[str]) -> list[str]:
                 f"\n{names} ran the same kernels here ({kernels_said(runs[0]['kernels'])}): "
                 "their differences are the run-to-run spread, not the option's"
             )
+    return notes
+
+
+def _ran_otherwise(results: list[dict], keys: list[str]) -> list[str]:
+    """A switch swept on that ran off (CUDA graphs on a CPU): its column says what was asked,
+    and this what ran (the result's own field, as the engine resolved it)."""
+    notes = []
+    for key in keys:
+        asked_ran = {
+            (r["varied"][key], r[key])
+            for r in results
+            if isinstance(r["varied"][key], bool) and isinstance(r.get(key), bool)
+        }
+        for asked, ran in sorted(asked_ran):
+            if asked != ran:
+                notes.append(
+                    f"\n{key}={asked!r} ran as {key}={ran!r} here (what this device takes): its "
+                    f"rows ran the same {key} as the {key}={ran!r} rows"
+                )
     return notes
