@@ -130,7 +130,11 @@ def add_schedule_arguments(
         ("--enable-prefix-caching", "radix"),
     ):
         p.add_argument(
-            flag, dest="cache", action="store_const", const=cache, help=f"--cache {cache}"
+            flag,
+            dest="cache",
+            action="store_const",
+            const=cache,
+            help=f"the same as --cache {cache}",
         )
 
 
