@@ -309,6 +309,25 @@ def _twin_runs(scale: float, label: str, requests) -> dict:
     return runs
 
 
+def test_the_table_says_what_device_means_on_a_cpu_as_the_summary_does():
+    """On the CPU the "device" of "device busy (%)" and "host-bound steps" is the forward and
+    sampling on the host's cores: the table says so under it (text and HTML), as the summary's
+    host-bound sentence does; a twin's runs stand for a GPU's and carry no such note."""
+    requests = [([1000 + i] * 12, greedy(4), 0) for i in range(3)]
+    wb = Workbench(TWIN_MODEL, record="light")
+    runs = wb.compare({"a": {}, "b": {"max_extend_tokens": 8}}, requests, progress=False)
+    wb.close()
+    table = compare_table(runs)
+    meaning = "on the CPU the device's work is the forward and sampling, run on the host's cores"
+    assert table.note == f"device busy (%) and host-bound steps: {meaning}"
+    assert repr(table).endswith("\n" + table.note)
+    assert "<small>device busy (%) and host-bound steps: on the CPU the device&#x27;s" in (
+        table._repr_html_()
+    )
+    assert any(meaning in sentence for sentence in compare_summary(runs))
+    assert compare_table(_twin_runs(1.0, "twin", requests)).note is None
+
+
 def test_a_twice_slower_twin_is_named_the_worst_of_every_figure():
     """Requests of one size, each alone on the engine: every request's latencies are the same
     within a run, so the noise is nil and a 2x gap is beyond it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from html import escape
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ from .. import validate as V
 from ..history.families import breakdown_table
 from ..history.latency import inter_token_latencies, tpot
 from ..history.slo import check_slo, slo_figures
+from ..timing import DEVICE_MEANING, device_on_host
 from .causes import run_causes
 from .common import WIDTH, altair, binned_steps, check_recorded, checked_runs, fitted_y
 from .noise import (
@@ -105,7 +107,13 @@ def compare_table(
         columns[name] = table[name] if name in table else pd.Series(None, index=table.index)
         if name in spread and spread[name].notna().any():
             columns[f"{name} ±"] = spread[name]
-    return ComparisonTable(columns, index=table.index)
+    result = ComparisonTable(columns, index=table.index)
+    if any(device_on_host(repeats_of(v)[0]) for v in runs.values()):
+        # what "device" means in its columns, as the summary's sentence says it
+        said = [n for n in ("device busy (%)", "host-bound steps") if n in result]
+        if said:
+            result.attrs["note"] = f"{' and '.join(said)}: {DEVICE_MEANING[True]}"
+    return result
 
 
 class ComparisonTable(pd.DataFrame):
@@ -129,13 +137,20 @@ class ComparisonTable(pd.DataFrame):
             ]
         return pd.DataFrame(cells, index=self.index)
 
+    @property
+    def note(self) -> str | None:
+        """What a column's figure means where it differs by machine (a CPU's "device")."""
+        return self.attrs.get("note")
+
     def _repr_html_(self) -> str:
         with pd.option_context("display.max_columns", None, "display.width", None):
-            return self.shown()._repr_html_()
+            html = self.shown()._repr_html_()
+        return html + (f"<p><small>{escape(self.note)}</small></p>" if self.note else "")
 
     def __repr__(self) -> str:
         with pd.option_context("display.max_columns", None, "display.width", None):
-            return repr(self.shown())
+            text = repr(self.shown())
+        return text + (f"\n{self.note}" if self.note else "")
 
 
 def _cell(value, noise) -> str:
