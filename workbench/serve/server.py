@@ -86,7 +86,8 @@ class Server:
             stdin=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": path},
         )
-        with self._process.stdin as stdin:
+        # (a process that died at once reads nothing: `_accept` says why it ended)
+        with contextlib.suppress(BrokenPipeError), self._process.stdin as stdin:
             stdin.write(json.dumps(spec).encode() + b"\n")
         try:
             self._conn = _accept(listener, self._process)
