@@ -36,8 +36,8 @@ test: $(STAMP) chromium
 	# NOTE: not `--dist loadgroup`: under pytest 9.2 it no longer groups (pytest-xdist#1386)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
-# the slow tier (`pytest.mark.slow`: the same checks again on SmolLM2 or at more settings, every
-# notebook's charts in the real browser, the fuzz and hypothesis runs at full size, multi-process
+# the slow tier (`pytest.mark.slow`: the same checks again on SmolLM2 or at more settings, the
+# other notebooks' charts in the real browser, the fuzz and hypothesis runs at full size, multi-process
 # stress); .ci/run runs it after `make test`
 test-slow: $(STAMP) chromium
 	$(PY) -m pytest -q -n 2 --dist loadfile -m slow
