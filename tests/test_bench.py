@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,49 @@ def test_bad_sweep_is_refused(spec):
     add_arguments(parser)
     with pytest.raises(ValueError, match="sweep"):
         sweep_configs(parser.parse_args(["--sweep", spec]))
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("request_rate=2,0", "--sweep request_rate=0: request_rate must be a finite number > 0"),
+        ("max_extend_tokens=64,0", "--sweep max_extend_tokens=0: max_extend_tokens must be an"),
+        ("num_requests=8,x", "--sweep num_requests=x: num_requests must be an integer >= 1"),
+        ("policy=mixed,mixd", "--policy is one of decode_first, mixed, prefill_first"),
+        ("overlap=true,maybe", "--overlap/--no-overlap is a switch, swept as true or false"),
+        ("dtype=half,float64", "dtype must be auto, "),
+    ],
+)
+def test_a_swept_value_is_refused_as_its_flag_refuses_it(spec, said):
+    """Before any run, naming the key, the value and what the flag allows (a swept value
+    went to the run as a Python literal: request_rate=0 or policy=mixd reached the engine)."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ValueError) as refused:
+        sweep_configs(parser.parse_args(["--sweep", spec]))
+    assert said in str(refused.value)
+
+
+def test_swept_values_are_read_as_their_flags_read_them():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = [
+        "--sweep",
+        "request_rate=inf,2",
+        "--sweep",
+        "dtype=half,auto",
+        "--sweep",
+        "fused_rope=1",
+    ]
+    varied = [run.varied for run in sweep_configs(parser.parse_args(flags))]
+    # --request-rate's inf, vLLM's dtype names; an EngineConfig field (no flag) as a literal
+    assert varied[0] == {"request_rate": math.inf, "dtype": "float16", "fused_rope": 1}
+    assert [v["dtype"] for v in varied] == ["float16", None, "float16", None]
+    assert [v["request_rate"] for v in varied] == [math.inf, math.inf, 2.0, 2.0]
 
 
 def test_saved_sweep_runs_load_and_compare(tmp_path):

@@ -135,7 +135,7 @@ def test_every_command_takes_the_engines_names_and_says_a_bad_option_as_a_bad_fl
         # what no run could give, refused before the run (a traceback after it, before)
         (["--output-file", "/nonexistent-dir/out.json"], "--output-file '/nonexistent-dir/out"),
         (["--num-prompts", "0"], "--num-prompts: num_requests must be an integer >= 1, got 0"),
-        (["--sweep", "num_requests=0,2"], "--num-requests must be at least 1, got 0"),
+        (["--sweep", "num_requests=0,2"], "--sweep num_requests=0: num_requests must be"),
         (["--step-costs", "/nonexistent.json"], "no step costs file '/nonexistent.json'"),
         (["--fused-kernels"], "fused_kernels=True runs FlashInfer's norm"),
         (["--option", "model=tiny-qwen3"], "--option model=... : model has a flag of its own"),
@@ -248,6 +248,7 @@ IGNORED = [
         "--sweep page_size is given twice",
     ),
     (["--profile-when", "phase == 'mixd'"], "phase is one of ('prefill', 'decode', 'mixed')"),
+    (["--sweep", "request_rate=4,0"], "--sweep request_rate=0: request_rate must be a finite"),
 ]
 
 

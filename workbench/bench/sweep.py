@@ -18,7 +18,9 @@ from .throughput import check_run, run_bench
 
 def sweep_configs(args: argparse.Namespace) -> list[argparse.Namespace]:
     """One namespace per combination of the `--sweep` values (the arguments alone if none);
-    each names the settings it varied in `varied`."""
+    each names the settings it varied in `varied`. A value is read as its key's own flag reads
+    it, so what the flag refuses, a sweep refuses too, before any run."""
+    flags = _bench_flags()
     axes = []
     for spec in args.sweep:
         key, sep, values = spec.partition("=")
@@ -30,7 +32,7 @@ def sweep_configs(args: argparse.Namespace) -> list[argparse.Namespace]:
                 f"--sweep {key} is given twice: give its values once (a value given twice, "
                 f"--sweep {key}=A,B,A,B, runs each twice)"
             )
-        axes.append([(key, parse_value(v)) for v in values.split(",")])
+        axes.append([(key, swept_value(key, v, flags.get(key))) for v in values.split(",")])
     configs = []
     for combo in itertools.product(*axes):
         run = argparse.Namespace(**vars(args))
@@ -45,6 +47,47 @@ def sweep_configs(args: argparse.Namespace) -> list[argparse.Namespace]:
                 run.option.append(f"{key}={value!r}")
         configs.append(run)
     return configs
+
+
+def _bench_flags() -> dict[str, argparse.Action]:
+    """`bench`'s flags by the attribute they set: the one that takes a value where several set it
+    (`--cache` beside `--disable-radix-cache`)."""
+    from .cli import add_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    flags: dict[str, argparse.Action] = {}
+    for action in parser._actions:  # (argparse has no public list of a parser's flags)
+        known = flags.get(action.dest)
+        if known is None or (known.nargs == 0 and action.nargs != 0):
+            flags[action.dest] = action
+    return flags
+
+
+def swept_value(key: str, text: str, flag: argparse.Action | None):
+    """One value of `--sweep KEY=...`: read by KEY's flag (its type and choices) where bench has
+    one; else an EngineConfig field's, a Python literal (the engine's own checks refuse it)."""
+    if flag is None:
+        return parse_value(text)
+    names = "/".join(flag.option_strings)
+    if flag.nargs == 0:  # a switch: on or off
+        value = parse_value(text)
+        if not isinstance(value, bool):
+            raise ValueError(f"--sweep {key}={text}: {names} is a switch, swept as true or false")
+        return value
+    value = text
+    if callable(flag.type):
+        try:
+            value = flag.type(text)
+        except argparse.ArgumentTypeError as exc:  # (our flags' types: they say what is allowed)
+            raise ValueError(f"--sweep {key}={text}: {exc}") from None
+        except (TypeError, ValueError):
+            kind = getattr(flag.type, "__name__", "value")
+            raise ValueError(f"--sweep {key}={text}: {names} takes a {kind}") from None
+    if flag.choices is not None and value not in flag.choices:
+        allowed = ", ".join(map(str, flag.choices))
+        raise ValueError(f"--sweep {key}={text}: {names} is one of {allowed}")
+    return value
 
 
 def run_sweep(args: argparse.Namespace) -> list[dict]:
