@@ -8,8 +8,11 @@ import torch
 from torch import nn
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+def inverse_frequencies(
+    head_dim: int, theta: float, scaling: dict | None, device: str | None = None
+) -> torch.Tensor:
+    steps = torch.arange(0, head_dim, 2, dtype=torch.float, device=device)
+    inv_freq = 1.0 / (theta ** (steps / head_dim))
     kind = (scaling or {}).get("rope_type", "default")
     if kind == "default":
         return inv_freq
@@ -31,9 +34,14 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
         super().__init__()
-        inv_freq = inverse_frequencies(head_dim, theta, scaling)
+        # NOTE: built for its shapes alone on the meta device (`decoder.full_shapes`), the table
+        # is the CPU's: meta's first arange imports torch's decompositions and sympy (about 1 s
+        # a process), and nothing reads a meta table
+        device = "cpu" if torch.get_default_device().type == "meta" else None
+        inv_freq = inverse_frequencies(head_dim, theta, scaling, device)
         # NOTE: position * inv_freq in float32, one product per entry, exactly as Hugging Face does.
-        freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq[None, :]
+        positions = torch.arange(max_positions, dtype=torch.float, device=device)
+        freqs = positions[:, None] * inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
