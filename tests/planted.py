@@ -117,3 +117,40 @@ def check_decisive(llm: LLM, prompts: list[list[int]], tokens: int = 8) -> None:
     assert [o["token_ids"] for o in out] == [pattern_continuation(p, tokens) for p in prompts]
     top = torch.cat(logits).topk(2, dim=-1).values
     assert (top[:, 0] - top[:, 1]).min() > 0.25 * top[:, 0].max()
+
+
+def eos_prompts(eos: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompts whose pattern holds the end-of-sequence token `eos`, so that the planted model's
+    greedy answer reaches it after a known number of tokens (2 to 6 here, one request with no
+    EOS within 16), and the answers up to and including it."""
+    rng = random.Random(seed)
+    prompts, answers = [], []
+    for n, period, at in ((30, 5, 1), (41, 7, 2), (25, 4, 3), (60, 9, 5), (33, 6, None)):
+        (prompt,) = pattern_prompts(rng, [n], period)
+        if at is not None:  # the pattern token that comes `at` tokens into the answer
+            target = pattern_continuation(prompt, at + 1)[at]
+            prompt = [eos if t == target else t for t in prompt]
+        answer = pattern_continuation(prompt, 16)
+        prompts.append(prompt)
+        answers.append(answer[: answer.index(eos) + 1] if eos in answer else answer)
+    return prompts, answers
+
+
+def planted_in_transformers(llm: LLM):
+    """transformers' model of `llm`'s planted weights (float32, CPU), from its own config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from workbench.models.weights import to_hf_state_dict
+
+    try:  # every weight is loaded below: drawing them first took 3.5 s (tiny-induction)
+        from transformers.initialization import no_init_weights
+    except ImportError:  # (transformers before 5)
+        from contextlib import nullcontext as no_init_weights
+
+    config = AutoConfig.from_pretrained(llm.engine.model_dir)
+    with no_init_weights():
+        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(llm.engine.model), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    hf.tie_weights()
+    return hf

@@ -10,9 +10,8 @@ import torch
 from workbench import LLM
 from workbench.models import resolve
 from workbench.models.induction import pattern_continuation, pattern_prompts
-from workbench.models.weights import to_hf_state_dict
 
-from .planted import check_decisive
+from .planted import check_decisive, planted_in_transformers
 
 
 def test_pattern_continuation_and_its_refusals():
@@ -33,8 +32,6 @@ def test_planted_model_continues_patterns_as_transformers_does():
     """float32 on the CPU: our engine and transformers (same weights) both answer the
     pattern's continuation, and their last-position logits agree; the top logit leads the
     next one by far more than bf16 could move it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     llm = LLM("dummy:qwen3-induction", device="cpu", num_pages=2048, max_extend_tokens=17)
     prompts = [
         pattern_prompts(random.Random(seed), [n], period=p)[0]
@@ -43,11 +40,7 @@ def test_planted_model_continues_patterns_as_transformers_does():
     check_decisive(llm, prompts)
     expected = [pattern_continuation(p, 8) for p in prompts]
 
-    config = AutoConfig.from_pretrained(resolve("dummy:qwen3-induction"))
-    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    missing, unexpected = hf.load_state_dict(to_hf_state_dict(llm.engine.model), strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}
-    hf.tie_weights()
+    hf = planted_in_transformers(llm)
     with torch.inference_mode():
         for prompt, want in zip(prompts, expected):
             ids = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
