@@ -25,6 +25,11 @@ chromium:
 	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# bytecode caches on (an environment may turn them off): the tests start well over a hundred
+# Python processes (workers, ranks, servers, kernels, command lines), each of which would
+# compile the package and pytest's rewritten test modules anew; about 1 s a process here
+test test-slow test-all: export PYTHONDONTWRITEBYTECODE :=
+
 test: $(STAMP) chromium
 	$(PY) -m ruff check workbench tests benchmarks
 	$(PY) -m ruff format --check workbench tests benchmarks
@@ -32,18 +37,19 @@ test: $(STAMP) chromium
 	# two processes, one per core (each test takes one thread), a module's tests in one of them:
 	# its fixtures (JupyterLab and the browser, a server, an interpreted kernel) start once; the
 	# longest modules first (tests/conftest.py), so that the last to run are short. Three
-	# processes were slower here (453 s against 442 in one run each).
+	# processes were slower here (453 s against 442 in one run each; 510 against 505 on
+	# 2026-12-07). nbmake's plugin (`pytest --nbmake notebooks`) is not loaded: 1.8 s a process
 	# NOTE: not `--dist loadgroup`: under pytest 9.2 it no longer groups (pytest-xdist#1386)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile -p no:nbmake
 
 # the slow tier (`pytest.mark.slow`: the same checks again on SmolLM2 or at more settings, the
 # other notebooks' charts in the real browser, the fuzz and hypothesis runs at full size, multi-process
 # stress); .ci/run runs it after `make test`
 test-slow: $(STAMP) chromium
-	$(PY) -m pytest -q -n 2 --dist loadfile -m slow
+	$(PY) -m pytest -q -n 2 --dist loadfile -p no:nbmake -m slow
 
 test-all: $(STAMP) chromium
-	$(PY) -m pytest -q -n 2 --dist loadfile -m ""
+	$(PY) -m pytest -q -n 2 --dist loadfile -p no:nbmake -m ""
 
 # On a GPU machine whose python3 already has torch with CUDA and flashinfer (the H200 image, no
 # network), run there; elsewhere set up the venv and run the CPU-sized benchmark.
