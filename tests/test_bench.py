@@ -162,6 +162,26 @@ def test_a_swept_value_is_refused_as_its_flag_refuses_it(spec, said):
     assert said in str(refused.value)
 
 
+def test_a_sweep_takes_a_flags_other_names_and_refuses_vllms_unlike_ours():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = ["--sweep", "chunked-prefill-size=8,64", "--sweep", "num_prompts=4"]
+    varied = [run.varied for run in sweep_configs(parser.parse_args(flags))]
+    assert varied == [
+        {"max_extend_tokens": 8, "num_requests": 4},
+        {"max_extend_tokens": 64, "num_requests": 4},
+    ]
+    twice = ["--sweep", "max_num_batched_tokens=8", "--sweep", "max_extend_tokens=64"]
+    with pytest.raises(ValueError, match="--sweep max_extend_tokens is given twice"):
+        sweep_configs(parser.parse_args(twice))
+    with pytest.raises(ValueError, match="--sweep chunked_prefill_size=0: max_extend_tokens must"):
+        sweep_configs(parser.parse_args(["--sweep", "chunked_prefill_size=0"]))
+    with pytest.raises(ValueError, match="--sweep gpu_memory_utilization: .*memory_ratio"):
+        sweep_configs(parser.parse_args(["--sweep", "gpu_memory_utilization=0.9"]))
+
+
 def test_swept_values_are_read_as_their_flags_read_them():
     import argparse
 

@@ -26,13 +26,17 @@ def sweep_configs(args: argparse.Namespace) -> list[argparse.Namespace]:
         key, sep, values = spec.partition("=")
         if not sep or not values:
             raise ValueError(f"--sweep wants KEY=V1,V2,..., got {spec!r}")
-        key = key.replace("-", "_")
+        said = key.replace("-", "_")
+        flag = flags.get(said)
+        if flag is not None and flag.dest == argparse.SUPPRESS:  # vLLM's flag, unlike ours
+            raise ValueError(f"--sweep {said}: {flag.instead}")
+        key = flag.dest if flag is not None else said  # (another name of the flag: ours)
         if any(axis[0][0] == key for axis in axes):
             raise ValueError(
                 f"--sweep {key} is given twice: give its values once (a value given twice, "
                 f"--sweep {key}=A,B,A,B, runs each twice)"
             )
-        axes.append([(key, swept_value(key, v, flags.get(key))) for v in values.split(",")])
+        axes.append([(key, swept_value(said, v, flag)) for v in values.split(",")])
     configs = []
     for combo in itertools.product(*axes):
         run = argparse.Namespace(**vars(args))
@@ -50,8 +54,9 @@ def sweep_configs(args: argparse.Namespace) -> list[argparse.Namespace]:
 
 
 def _bench_flags() -> dict[str, argparse.Action]:
-    """`bench`'s flags by the attribute they set: the one that takes a value where several set it
-    (`--cache` beside `--disable-radix-cache`)."""
+    """`bench`'s flags by the attribute they set (the one that takes a value where several set
+    it: `--cache` beside `--disable-radix-cache`), and by the other names of those that take a
+    value (SGLang's `chunked_prefill_size`, vLLM's `num_prompts`)."""
     from .cli import add_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
@@ -61,6 +66,10 @@ def _bench_flags() -> dict[str, argparse.Action]:
         known = flags.get(action.dest)
         if known is None or (known.nargs == 0 and action.nargs != 0):
             flags[action.dest] = action
+    for action in parser._actions:
+        if action.nargs != 0:
+            for name in action.option_strings:
+                flags.setdefault(name.lstrip("-").replace("-", "_"), action)
     return flags
 
 
