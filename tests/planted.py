@@ -144,7 +144,7 @@ def planted_in_transformers(llm: LLM):
 
     try:  # every weight is loaded below: drawing them first took 3.5 s (tiny-induction)
         from transformers.initialization import no_init_weights
-    except ImportError:  # (transformers before 5)
+    except ImportError:  # (a transformers without it: the weights drawn, then replaced)
         from contextlib import nullcontext as no_init_weights
 
     config = AutoConfig.from_pretrained(llm.engine.model_dir)

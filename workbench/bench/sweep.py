@@ -11,7 +11,7 @@ import json
 import torch
 
 from ..config import KERNEL_OPTIONS
-from ..flags import parse_value
+from ..flags import Unlike, parse_value
 from .printout import kernels_said, print_result
 from .throughput import check_run, run_bench
 
@@ -28,7 +28,7 @@ def sweep_configs(args: argparse.Namespace) -> list[argparse.Namespace]:
             raise ValueError(f"--sweep wants KEY=V1,V2,..., got {spec!r}")
         said = key.replace("-", "_")
         flag = flags.get(said)
-        if flag is not None and flag.dest == argparse.SUPPRESS:  # vLLM's flag, unlike ours
+        if isinstance(flag, Unlike):  # vLLM's or SGLang's flag, meaning something else here
             raise ValueError(f"--sweep {said}: {flag.instead}")
         key = flag.dest if flag is not None else said  # (another name of the flag: ours)
         if any(axis[0][0] == key for axis in axes):
