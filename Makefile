@@ -98,10 +98,13 @@ gpu-check:
 	@case "$(PART)" in all|tests|tests-a|tests-b|tests-c|notebooks|notebooks-a|notebooks-b) ;; \
 		*) echo "PART must be all, tests, tests-a, tests-b, tests-c, notebooks, notebooks-a or" \
 			"notebooks-b, got '$(PART)'"; exit 2;; esac
-	@# once a machine (a second install would print a warning for every file it finds there)
-	@if [ -d .gpupayload/wheels ] && [ ! -f $(PAYLOAD_SITE)/.installed ]; then \
-		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --target $(PAYLOAD_SITE) \
-		.gpupayload/wheels/*.whl && touch $(PAYLOAD_SITE)/.installed; fi
+	@# the wheels this machine has not installed yet: .installed lists those it has, so a machine
+	@# whose first call carried fewer (the openai client left out to fit a call) gets the rest
+	@if [ -d .gpupayload/wheels ]; then mkdir -p $(PAYLOAD_SITE) && touch $(PAYLOAD_SITE)/.installed; \
+		new=$$(ls .gpupayload/wheels | grep '\.whl$$' | grep -vxF -f $(PAYLOAD_SITE)/.installed); \
+		if [ -n "$$new" ]; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --upgrade \
+			--target $(PAYLOAD_SITE) $$(printf '.gpupayload/wheels/%s ' $$new) && \
+			echo "$$new" >> $(PAYLOAD_SITE)/.installed || exit 1; fi; fi
 	@if [ -f .gpupayload/cache.tar.xz ] && [ ! -d .gpupayload/cache ]; then \
 		tar -C .gpupayload -xJf .gpupayload/cache.tar.xz; fi
 	@mkdir -p out/gpu-check; fail=0; start=$$(date +%s); \
