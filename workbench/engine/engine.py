@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import traceback
 from dataclasses import dataclass
@@ -113,8 +114,7 @@ class Engine:
                 for _ in range(4)
             ]
         self._build_graphs(config)
-        # NOTE: start-up objects made long-lived now, so no full collection falls inside a run
-        gc.collect()
+        collect_start_up()
 
     def _build_memory(self, config: EngineConfig, model_cfg: ModelConfig) -> None:
         # NOTE: every rank must have the same slots: rank 0 allocates them for all
@@ -353,6 +353,16 @@ class Engine:
             raise AssertionError(
                 f"tensor-parallel ranks {differ} hold a request table unlike rank 0's"
             )
+
+
+@functools.cache
+def collect_start_up() -> None:
+    """A full collection at a process's first engine: its start-up objects (the imports, the
+    first model) made long-lived at once, so that no full collection of them falls inside a run.
+    Once: a later engine adds few such objects, and a full collection costs 0.2-0.4 s where a
+    process holds many (a notebook, the tests; 8% of a test module's time when every engine
+    collected)."""
+    gc.collect()
 
 
 def give_back(exc: BaseException, device: torch.device) -> None:
