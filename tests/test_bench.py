@@ -292,6 +292,20 @@ def test_bench_with_a_request_rate_reports_latencies():
     assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p90"] <= r["ttft_ms_p99"] < r["e2e_ms_p99"]
 
 
+def test_a_run_whose_requests_arrive_late_says_how_long_it_waits(monkeypatch, capsys):
+    """A rate far lower than meant (`--request-rate 1e-9`) would wait silently for ages."""
+    from workbench.bench import throughput
+    from workbench.bench.online import poisson_arrivals
+
+    _bench("--request-rate", "50")
+    assert "arrives" not in capsys.readouterr().err  # within the minute: nothing to say
+    monkeypatch.setattr(throughput, "LONG_ARRIVALS_S", 0.0)
+    _bench("--request-rate", "50")
+    last = poisson_arrivals(4, 50.0, 0)[-1]
+    said = f"bench: the last of 4 requests arrives {last:,.1f} s after the start at "
+    assert said + "--request-rate 50.0/s; the run waits for it" in capsys.readouterr().err
+
+
 def test_bench_splits_the_hosts_time_per_step():
     r = json.loads(_bench("--json"))
     # on the CPU the forward runs inside launch: nothing is left to wait for at collect

@@ -105,6 +105,10 @@ class TimedRun(NamedTuple):
     idle: list[tuple[float, float]]  # spans waiting for a request to arrive, nothing to step
 
 
+# a run whose requests arrive over more than this says so before it waits for them
+LONG_ARRIVALS_S = 60.0
+
+
 def timed_run(llm: LLM, work: Workload, args: argparse.Namespace) -> TimedRun:
     """The workload's generate (with --request-rate, its requests served as they arrive) between
     device syncs, recording each step's time and the garbage collector's passes."""
@@ -166,6 +170,20 @@ def _generate(
         return sum(o["completion_tokens"] for o in outputs), {}, cached
     if arrivals is None:
         arrivals = poisson_arrivals(len(work.prompts), args.request_rate, args.seed)
+    if (
+        arrivals and arrivals[-1] > LONG_ARRIVALS_S and llm.step_costs is None
+    ):  # (a twin's: no wait)
+        # a rate far lower than meant otherwise looks like a run that hangs
+        said = (
+            f"--request-rate {args.request_rate}/s"
+            if work.arrivals is None
+            else "the trace's times"
+        )
+        print(
+            f"bench: the last of {len(arrivals)} requests arrives {arrivals[-1]:,.1f} s after the "
+            f"start at {said}; the run waits for it",
+            file=sys.stderr,
+        )
     timings = serve(llm, work.prompts, params, arrivals, on_step=on_step, idle=idle)
     cached = [t.cached_tokens for t in timings]
     return sum(t.output_tokens for t in timings), latency_summary(timings), cached
