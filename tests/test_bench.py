@@ -306,6 +306,14 @@ def test_a_run_whose_requests_arrive_late_says_how_long_it_waits(monkeypatch, ca
     assert said + "--request-rate 50.0/s; the run waits for it" in capsys.readouterr().err
 
 
+def test_the_printout_counts_each_phases_steps():
+    r = json.loads(_bench("--json"))
+    line = next(x for x in _bench().splitlines() if x.startswith("time by phase: "))
+    assert 1 in r["phase_steps"].values()  # (its four prompts in one step)
+    for phase, n in r["phase_steps"].items():
+        assert f"{phase} {n} {'step' if n == 1 else 'steps'} " in line, line
+
+
 def test_bench_splits_the_hosts_time_per_step():
     r = json.loads(_bench("--json"))
     # on the CPU the forward runs inside launch: nothing is left to wait for at collect

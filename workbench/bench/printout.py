@@ -97,12 +97,12 @@ def kernels_said(k: dict | None) -> str:
 
 def _print_time_split(r: dict) -> None:
     phases = ", ".join(
-        f"{p} {r['phase_steps'][p]} steps {t:.2f} s" for p, t in r["phase_seconds"].items()
+        f"{p} {_steps(r['phase_steps'][p])} {t:.2f} s" for p, t in r["phase_seconds"].items()
     )
     idle = r.get("idle_seconds") or 0.0
     waiting = f"; waiting for requests to arrive {idle:.2f} s" if idle else ""
     print(f"time by phase: {phases}{waiting}")
-    buckets = ", ".join(f"{k} {n} steps {t:.2f} s" for k, (n, t) in r["decode_by_batch"].items())
+    buckets = ", ".join(f"{k} {_steps(n)} {t:.2f} s" for k, (n, t) in r["decode_by_batch"].items())
     print(
         f"decode by batch size: {buckets}; garbage collections during the run: "
         f"{r['gc_collections']}, {r['gc_full_collections']} of them full, "
@@ -166,3 +166,7 @@ def _print_decode_step(r: dict) -> None:
             f"{r['prompt_step_tokens']:,.0f} tokens, host forward stage {forward:.2f} ms, device "
             f"{device:.2f} ms{why}"
         )
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
