@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 
@@ -105,6 +106,27 @@ def test_a_run_under_vllm_names_and_errors_in_the_bench_usage(tmp_path):
         "--max-num-batched-tokens: max_extend_tokens must be an integer >= 1, got -3"
     )
     assert bad.stderr.strip().splitlines()[-1] == expected
+
+
+def test_ctrl_c_in_a_run_waiting_for_its_requests_ends_it_without_a_traceback():
+    """A rate far lower than meant says how long the run would wait; Ctrl-C then ends it as a
+    shell expects (status 130), not with a KeyboardInterrupt traceback."""
+    cmd = [sys.executable, "-m", "workbench", "bench", "--model", "tiny-llama"]
+    cmd += ["--num-prompts", "2", "--request-rate", "1e-9"]
+    said = "bench: the last of 2 requests arrives "
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = iter(run.stderr.readline, "")
+        line = next((x for x in lines if x.startswith(said)), "")  # (after any warning)
+        assert line.rstrip().endswith(
+            "s after the start at --request-rate 1e-09/s; the run waits for it"
+        ), line
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130, err
+    assert err.strip().endswith("workbench bench: interrupted") and "Traceback" not in err
 
 
 # each run as from a shell (`main()` reads sys.argv: its errors are said as a bad flag's), in one

@@ -65,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         # is allowed) is said as argparse says a bad flag, without the traceback
         command = commands[args.command]
         command.exit(2, f"{command.prog}: error: {exc}\n")
+    except KeyboardInterrupt:  # Ctrl-C in a run (serve and chat end on it themselves)
+        if argv is not None:
+            raise
+        print(f"\n{commands[args.command].prog}: interrupted", file=sys.stderr)
+        return 130  # as a shell reports a process ended by SIGINT
     return 0
 
 
