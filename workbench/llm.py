@@ -226,11 +226,15 @@ class LLM:
             return
         self.stop_serving()
         self.scheduler.abort_all()
+        self.scheduler.close()
+        cuda = self.engine.device.type == "cuda"
         self.engine.close()
         self.engine = self.scheduler = None
-        gc.collect()
-        if torch.cuda.is_available():
+        if cuda:  # graphs and their memory pools in cycles; then the allocator's cache given back
+            gc.collect()
             torch.cuda.empty_cache()
+        # NOTE: on the CPU what the engine held is freed as it is dropped (a test checks): a full
+        # collection cost 0.4 s a close where a process holds many objects (the tests: 57 s)
 
     def check_open(self) -> LLM:
         """This LLM, or a RuntimeError when it was closed."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,7 +115,8 @@ class TorchGraphs:
     capturable = False
 
     def __init__(self, backend: TorchBackend) -> None:
-        self.backend = backend
+        # (a proxy, not a cycle: a closed engine's KV pool is freed without a garbage collection)
+        self.backend = weakref.proxy(backend)
         self._metadata: dict[object, PaddedMetadata] = {}  # shape -> its metadata
 
     def paged_lens(self, kv_lens: np.ndarray, indptr: np.ndarray, last_page_len: np.ndarray):

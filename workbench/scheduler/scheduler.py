@@ -414,6 +414,11 @@ class Scheduler:
         if self.probe is not None:
             self.probe.restart()
 
+    def close(self) -> None:
+        """After `abort_all`, before the engine closes: the cache's callback into this scheduler
+        dropped, so that what they hold is freed as they are dropped, with no cycle to collect."""
+        self.cache.on_evict = self.watch = None
+
     def check_integrity(self) -> None:
         """Assert every KV page is free, cached, or used by exactly one live request."""
         holders = {id(r): r for r in self.live_reqs}
