@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -115,6 +116,8 @@ def test_ctrl_c_in_a_run_waiting_for_its_requests_ends_it_without_a_traceback():
     cmd += ["--num-prompts", "2", "--request-rate", "1e-9"]
     said = "bench: the last of 2 requests arrives "
     run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(120, run.kill)  # a run that never says it would wait ends anyway
+    guard.start()
     try:
         lines = iter(run.stderr.readline, "")
         line = next((x for x in lines if x.startswith(said)), "")  # (after any warning)
@@ -124,6 +127,7 @@ def test_ctrl_c_in_a_run_waiting_for_its_requests_ends_it_without_a_traceback():
         run.send_signal(signal.SIGINT)
         _, err = run.communicate(timeout=60)
     finally:
+        guard.cancel()
         run.kill()
     assert run.returncode == 130, err
     assert err.strip().endswith("workbench bench: interrupted") and "Traceback" not in err
