@@ -7,6 +7,7 @@ predicate is refused, naming it, before anything is built."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -179,6 +180,29 @@ def test_each_profiled_step_says_what_the_profiler_added_to_its_host_time(tmp_pa
     run = load_run(wb.save(tmp_path / "run.parquet"))
     assert run.steps.profiler_ms.tolist() == pytest.approx(steps.profiler_ms.tolist(), nan_ok=True)
     assert compare_table({"a": run}, full=True).loc["a", "profiler ms per profiled step"] > 0
+
+
+def test_an_event_cost_read_as_zero_is_measured_again_at_the_next_session(monkeypatch):
+    """Two timings of one add, before and after the profiler starts, can meet when the machine's
+    speed changes between them: 0 is no measurement (profiler_ms would say the profiler added
+    nothing), so the next session measures again."""
+    import time
+
+    from workbench.profiling import cost
+    from workbench.profiling.session import ProfilerSession
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(cost, "_EVENT_COST_US", {})  # as in a process before its first session
+    with monkeypatch.context() as timed:
+        timed.setattr(cost, "_call_us", lambda device, rounds=15: 3.0)  # the two timings met
+        session = ProfilerSession(time.perf_counter, cpu)
+        session.start()
+        session.stop()
+    assert math.isnan(event_cost_us(cpu))
+    session = ProfilerSession(time.perf_counter, cpu)
+    session.start()
+    session.stop()
+    assert event_cost_us(cpu) > 0
 
 
 def test_a_predicate_that_raises_mid_run_is_raised_after_its_step():

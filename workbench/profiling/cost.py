@@ -31,7 +31,8 @@ def _call_us(device: torch.device, calls: int = 200, rounds: int = 15) -> float:
 
 @contextlib.contextmanager
 def measure_event_cost(device: torch.device):
-    """Around enabling the profiler: time an add before and after, once per device type."""
+    """Around enabling the profiler: time an add before and after, once per device type (again
+    at the next session where it came out 0 or less: the machine's speed changed in between)."""
     if device.type in _EVENT_COST_US:
         yield
         return
@@ -42,4 +43,9 @@ def measure_event_cost(device: torch.device):
     _call_us(device, rounds=2)
     unprofiled = _call_us(device)
     yield
-    _EVENT_COST_US[device.type] = max(0.0, _call_us(device) - unprofiled)
+    cost = _call_us(device) - unprofiled
+    # NOTE: an operator recorded always costs something. On two vCPUs that share a core, the
+    # other's load changing between the two timings read the cost as 0 in one make test of
+    # 2026-12-07 even so: such a reading is no measurement
+    if cost > 0:
+        _EVENT_COST_US[device.type] = cost
