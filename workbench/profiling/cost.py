@@ -32,7 +32,7 @@ def _call_us(device: torch.device, calls: int = 200, rounds: int = 15) -> float:
 @contextlib.contextmanager
 def measure_event_cost(device: torch.device):
     """Around enabling the profiler: time an add before and after, once per device type (again
-    at the next session where it came out 0 or less: the machine's speed changed in between)."""
+    at the next session where it came out 0 or less)."""
     if device.type in _EVENT_COST_US:
         yield
         return
@@ -44,8 +44,8 @@ def measure_event_cost(device: torch.device):
     unprofiled = _call_us(device)
     yield
     cost = _call_us(device) - unprofiled
-    # NOTE: an operator recorded always costs something. On two vCPUs that share a core, the
-    # other's load changing between the two timings read the cost as 0 in one make test of
-    # 2026-12-07 even so: such a reading is no measurement
+    # NOTE: an operator recorded always costs something (2 us an add on this 2-core machine,
+    # idle), yet one make test of 2026-12-07 read 0 even so, its other worker busy: the machine's
+    # speed differed between the two timings (why, not found). Such a reading is no measurement
     if cost > 0:
         _EVENT_COST_US[device.type] = cost
