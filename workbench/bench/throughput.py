@@ -171,17 +171,18 @@ def _generate(
     if arrivals is None:
         arrivals = poisson_arrivals(len(work.prompts), args.request_rate, args.seed)
     if llm.step_costs is None:  # (a twin's clock jumps to an arrival: no wait)
-        say_a_long_wait(arrivals, "the trace's times" if work.arrivals else args.request_rate)
+        at = "the trace's times" if work.arrivals else f"--request-rate {args.request_rate}/s"
+        say_a_long_wait(arrivals, at)
     timings = serve(llm, work.prompts, params, arrivals, on_step=on_step, idle=idle)
     cached = [t.cached_tokens for t in timings]
     return sum(t.output_tokens for t in timings), latency_summary(timings), cached
 
 
-def say_a_long_wait(arrivals: list[float], rate: float | str) -> None:
-    """On stderr, where the last request arrives later than `LONG_ARRIVALS_S`: a rate far lower
-    than meant (`--request-rate 1e-9`) would otherwise look like a run that hangs."""
+def say_a_long_wait(arrivals: list[float], at: str) -> None:
+    """On stderr, where the last request arrives later than `LONG_ARRIVALS_S` (`at`: what set
+    the times): a rate far lower than meant (`--request-rate 1e-9`) would otherwise look like a
+    run that hangs."""
     if arrivals and arrivals[-1] > LONG_ARRIVALS_S:
-        at = rate if isinstance(rate, str) else f"--request-rate {rate}/s"
         print(
             f"bench: the last of {len(arrivals)} requests arrives {arrivals[-1]:,.1f} s after the "
             f"start at {at}; the run waits for it",
