@@ -244,6 +244,20 @@ def test_paused_steps_are_the_prefill_steps_that_left_a_running_request_out():
     assert run_causes(history).paused_steps == len(paused), (paused, history.steps)
 
 
+def test_the_summary_counts_one_pause_as_one_time():
+    """The inter-token sentence says "1 time", "7 times" (it said "1 times")."""
+    from workbench.viz.causes import Causes
+    from workbench.viz.compare_summary import _itl_why
+
+    def causes(paused: int) -> Causes:
+        return Causes(8, 5.0, {}, paused + 1, paused, 64, 0.5, 0.9, 0, True, 1.0, 0, 4, 1.0)
+
+    said = _itl_why({"a": causes(1), "b": causes(7)}, "a", "b")
+    assert "paused the running decodes 1 time with a, 7 with b" in said, said
+    said = _itl_why({"a": causes(7), "b": causes(1)}, "a", "b")
+    assert "paused the running decodes 7 times with a, 1 with b" in said, said
+
+
 def test_a_latency_sentence_quotes_every_setting_it_names_and_what_p99_says():
     """Each setting a sentence names comes with its own figure from the table; a latency's
     sentence also gives its p99 verdict (winners beyond the noise, or within it)."""

@@ -231,8 +231,8 @@ def _itl_why(causes: dict[str, Causes], a: str, b: str) -> str:
         )
         if x.paused_steps or y.paused_steps:
             said += (
-                f"; prefill steps paused the running decodes {number(x.paused_steps)} times with "
-                f"{a}, {number(y.paused_steps)} with {b}"
+                f"; prefill steps paused the running decodes {counted(x.paused_steps, 'time')} "
+                f"with {a}, {number(y.paused_steps)} with {b}"
             )
         parts.append(said)
     if _differ(x.mean_step_ms, y.mean_step_ms, 0.05):
