@@ -233,8 +233,8 @@ class LLM:
         if cuda:  # graphs and their memory pools in cycles; then the allocator's cache given back
             gc.collect()
             torch.cuda.empty_cache()
-        # NOTE: on the CPU what the engine held is freed as it is dropped (a test checks): a full
-        # collection cost 0.4 s a close where a process holds many objects (the tests: 57 s)
+        # NOTE: on the CPU what the engine held is freed as it is dropped (a test checks), with no
+        # full collection, slow where a process holds many objects (docs/performance.md)
 
     def check_open(self) -> LLM:
         """This LLM, or a RuntimeError when it was closed."""

@@ -359,9 +359,8 @@ class Engine:
 def collect_start_up() -> None:
     """A full collection at a process's first engine: its start-up objects (the imports, the
     first model) made long-lived at once, so that no full collection of them falls inside a run.
-    Once: a later engine adds few such objects, and a full collection costs 0.2-0.4 s where a
-    process holds many (a notebook, the tests: 7.6 s of three test modules' 113 s when every
-    engine collected)."""
+    Once: a later engine adds few such objects, and a full collection is slow where a process
+    holds many (a notebook, the tests; docs/performance.md)."""
     gc.collect()
 
 

@@ -44,8 +44,7 @@ def measure_event_cost(device: torch.device):
     unprofiled = _call_us(device)
     yield
     cost = _call_us(device) - unprofiled
-    # NOTE: an operator recorded always costs something (2 us an add on this 2-core machine,
-    # idle), yet one make test of 2026-12-07 read 0 even so, its other worker busy: the machine's
-    # speed differed between the two timings (why, not found). Such a reading is no measurement
+    # NOTE: an operator recorded always costs something, yet a busy machine has read 0 (its speed
+    # differed between the two timings; docs/performance.md): such a reading is no measurement
     if cost > 0:
         _EVENT_COST_US[device.type] = cost
