@@ -117,3 +117,33 @@ def test_an_answer_is_cut_at_the_context_and_a_longer_conversation_is_not_sent()
     )
     assert reset == "(a new conversation)\n"  # the system message stays: still no room for 50
     assert after.endswith(f"(cut at the context's end, {context} tokens: /reset starts over)\n")
+
+
+def test_each_answer_s_prompt_step_says_what_the_prefix_cache_gave_it():
+    from workbench import Workbench
+
+    said = _chat(["/steps", "Hello", "And then?"], max_tokens=4)
+    first, second = _answers(said)[1:3]
+
+    def prompt_step(answer: str) -> str:
+        return next(line for line in answer.splitlines() if ": prefill, 1 request, " in line)
+
+    assert "prefix cache" not in prompt_step(first)  # nothing cached before the first turn
+    line = prompt_step(second)
+    computed = int(line.split("1 request, ")[1].split(" tokens")[0])
+    cached = int(line.split(" tokens (")[1].split(" more from the prefix cache)")[0])
+    # the two add up to the whole conversation as the chat sends it (the first answer's text
+    # re-encoded by the template), and the cache held at most the first turn's tokens and answer
+    cut = " (cut at 4 tokens: --max-tokens allows more)"
+    answer = first.split("\n  step ")[0].removesuffix(cut)
+    messages = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And then?"},
+    ]
+    with Workbench(MODEL) as wb:
+        encoded = wb.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        asked = wb.tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True)
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    first_ids = asked["input_ids"] if hasattr(asked, "keys") else asked
+    assert 0 < cached <= len(first_ids) + 4 and computed + cached == len(ids)

@@ -155,7 +155,14 @@ def _interrupts():
 def _steps(records) -> str:
     lines = [
         f"  step {r.step}: {r.phase}, {r.size} request{'s' * (r.size != 1)}, "
-        f"{r.num_tokens} token{'s' * (r.num_tokens != 1)}, {r.wall_ms:.1f} ms"
+        f"{r.num_tokens} token{'s' * (r.num_tokens != 1)}{_cached(r)}, {r.wall_ms:.1f} ms"
         for r in records
     ]
     return "\n".join(lines) + "\n"
+
+
+def _cached(record) -> str:
+    """What the prefix cache gave the prompts this step admitted: a conversation's earlier turns
+    are cached, so each answer's prompt step computes only the new message."""
+    cached = sum(a.cached_len for a in record.admissions if a.admitted)
+    return f" ({cached} more from the prefix cache)" if cached else ""
