@@ -202,6 +202,7 @@ def test_a_fitted_cost_model_recovers_a_known_cost_function_and_the_twin_reprodu
     assert np.allclose(history.steps.device_ms, expected, rtol=0, atol=1e-6)  # (rounded to ns)
     assert np.allclose(history.steps.host_ms, expected_host, rtol=0, atol=1e-5)
     assert "prefill" in str(fitted) and "decode" in fitted.summary()
+    assert f"steps of 2 runs: {'; '.join(runs)}" in " ".join(fitted.summary().split())
 
 
 def test_a_captured_shape_keeps_its_own_factor_on_the_fit(tmp_path):
@@ -555,6 +556,7 @@ def test_runs_say_their_kernels_and_a_twin_predicts_only_its_runs_kernels(tmp_pa
     assert mine.meta["kernels"] == kernels
     costs = fit_step_costs(mine)
     assert costs.meta["kernels"] == kernels
+    assert " steps of 1 run: " in " ".join(costs.summary().split())
     assert "kernels of its runs: attention torch, decode_attention torch," in costs.summary()
     assert "kernels of its runs: not recorded" in synthetic_costs().summary()
     # a run of other kernels (its meta as a GPU run's would say them)

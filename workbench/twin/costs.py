@@ -130,9 +130,10 @@ class StepCosts:
     def summary(self) -> str:
         """What the costs say: per path, the ms one unit of each feature costs."""
         m = self.meta
+        runs = len(m["runs"])
         lines = _wrapped(
             f"step costs of {m['model']} on {m['device_name']} ({m['dtype']}, tp {m['tp_size']}), "
-            f"fitted on {m['steps']} steps of {len(m['runs'])} runs: {'; '.join(m['runs'])}"
+            f"fitted on {m['steps']} steps of {runs} run{'s' * (runs != 1)}: {'; '.join(m['runs'])}"
         )
         kernels = m.get("kernels")
         said = ", ".join(f"{k} {v}" for k, v in (kernels or {}).items() if v is not None)
