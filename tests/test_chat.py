@@ -147,3 +147,22 @@ def test_each_answer_s_prompt_step_says_what_the_prefix_cache_gave_it():
     ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
     first_ids = asked["input_ids"] if hasattr(asked, "keys") else asked
     assert 0 < cached <= len(first_ids) + 4 and computed + cached == len(ids)
+
+
+def test_a_chunked_prompt_says_what_the_prefix_cache_gave_it_once():
+    from workbench import SamplingParams, Workbench
+
+    with Workbench(MODEL, max_extend_tokens=16) as wb:
+        first = list(range(100, 160))
+        wb.add_request(first, SamplingParams(max_tokens=2))
+        wb.run()
+        wb.add_request(first + list(range(300, 340)), SamplingParams(max_tokens=2))
+        records = []
+        while (record := wb.step()) is not None:
+            records.append(record)
+        cached = wb.history.requests.cached_tokens.iloc[-1]
+    lines = chat._steps(records).splitlines()
+    chunks = [line for line in lines if ": prefill, 1 request, " in line]
+    assert len(chunks) > 1 and 0 < cached <= len(first)  # the new part in chunks, past a hit
+    assert f"({cached} more from the prefix cache)" in chunks[0]
+    assert not any("prefix cache" in line for line in lines if line != chunks[0])

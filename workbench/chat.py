@@ -162,7 +162,12 @@ def _steps(records) -> str:
 
 
 def _cached(record) -> str:
-    """What the prefix cache gave the prompts this step admitted: a conversation's earlier turns
-    are cached, so each answer's prompt step computes only the new message."""
-    cached = sum(a.cached_len for a in record.admissions if a.admitted)
+    """What the prefix cache gave the prompts this step began: a conversation's earlier turns are
+    cached, so each answer's prompt step computes only the new message. NOTE: a prompt's later
+    chunks start past what its own earlier chunks computed, which the cache did not give."""
+    cached = sum(
+        row.cached_tokens
+        for row in record.rows
+        if row.kind != "decode" and row.cached_len - row.extend_len == row.cached_tokens
+    )
     return f" ({cached} more from the prefix cache)" if cached else ""
