@@ -13,6 +13,7 @@ pytest.importorskip("triton", reason="the sampling kernel needs triton (pip inst
 from .interpreted import run_interpreted  # noqa: E402
 
 VOCAB, BLOCK, SEGMENT = 3000, 256, 1024  # three segments, the last ragged
+DRAWS = 200
 
 CHILD = """
 import sys
@@ -40,11 +41,12 @@ def _cases() -> dict:
     for row in (3, 4):  # each sampled row alone
         row_case = (logits[row : row + 1], temperatures[row : row + 1], keys[row:], SEGMENT)
         cases[f"row {row}"] = row_case
-    # one row of three likely tokens, sampled under 400 keys: their shares follow the softmax
-    # (one segment of one block a row: the interpreter's time is per program and block)
+    # one row of three likely tokens, sampled under 200 keys: their shares follow the softmax
+    # (one segment of one block a row: the interpreter takes about 36 ms a program here, whatever
+    # the block, so the draws are most of this module's time)
     flat = torch.full((BLOCK,), -30.0)
     flat[[10, 120, 250]] = torch.tensor([1.0, 0.0, -1.0])
-    cases["draws"] = (flat.repeat(400, 1), torch.ones(400), torch.arange(400) * 7 + 1, BLOCK)
+    cases["draws"] = (flat.repeat(DRAWS, 1), torch.ones(DRAWS), torch.arange(DRAWS) * 7 + 1, BLOCK)
     return cases
 
 
@@ -74,5 +76,6 @@ def test_sampled_tokens_follow_the_softmax(interpreted):
     assert set(draws) <= {10, 120, 250}
     shares = [draws.count(t) / len(draws) for t in (10, 120, 250)]
     expected = torch.softmax(torch.tensor([1.0, 0.0, -1.0]), 0).tolist()  # 0.665, 0.245, 0.090
-    # 400 draws: a share's standard error is at most 0.025; 0.08 is more than three of them
-    assert shares == pytest.approx(expected, abs=0.08)
+    # 200 draws: a share's standard error is at most 0.034; 0.1 is three of them, and still
+    # tells the softmax from one at twice or half the temperature (0.16 and 0.20 off on a share)
+    assert shares == pytest.approx(expected, abs=0.1)
