@@ -58,26 +58,28 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 # `make test` hands whole modules to two workers in collection order (`--dist loadfile`): the
 # longest go first, so that what runs last while the other worker idles is short (longest first
-# by their summed durations in make test's tier, pytest --durations=0, 2026-12-07: about 100 s
-# for the browser, 86 to 22 s for the rest; every module not named keeps its place after them)
+# by their summed durations in make test's tier, pytest --durations=0, 2026-12-07 evening: 73 s
+# for the server's, 67 to 14 s for the rest; every module not named keeps its place after them)
 LONGEST_FIRST = (
-    "test_browser.py",
-    "test_bench.py",
     "test_serve.py",
-    "test_compare.py",
+    "test_bench.py",
+    "test_browser.py",
+    "test_penalties.py",
     "test_hf_equality.py",
+    "test_step_failure.py",
+    "test_tp.py",
+    "test_compare.py",
+    "test_moe_models.py",
     "test_profiling.py",
     "test_views.py",
-    "test_tp.py",
-    "test_penalties.py",
-    "test_step_failure.py",
     "test_policies.py",
-    "test_twin.py",
-    "test_moe_models.py",
-    "test_traces.py",
-    "test_induction.py",
+    "test_cli_names.py",
     "test_profile_window.py",
-    "test_bad_input.py",
+    "test_padded_steps.py",
+    "test_small_gemm.py",
+    "test_twin.py",
+    "test_race_sampling.py",
+    "test_induction.py",
 )
 
 
