@@ -199,10 +199,19 @@ def test_an_event_cost_read_as_zero_is_measured_again_at_the_next_session(monkey
         session.start()
         session.stop()
     assert math.isnan(event_cost_us(cpu))
+    # the next session times the add again (warming, before, after: 2 us more with the profiler);
+    # NOTE: timings given, not taken: a real pair met again in one make test on this busy 2-core
+    # machine (2026-12-07), and what is checked here is that the next session measures at all
+    readings = iter([3.0, 3.0, 5.0])
+    monkeypatch.setattr(cost, "_call_us", lambda device, rounds=15: next(readings))
     session = ProfilerSession(time.perf_counter, cpu)
     session.start()
     session.stop()
-    assert event_cost_us(cpu) > 0
+    assert event_cost_us(cpu) == 2.0
+    session = ProfilerSession(time.perf_counter, cpu)  # measured: not again
+    session.start()
+    session.stop()
+    assert event_cost_us(cpu) == 2.0
 
 
 def test_a_predicate_that_raises_mid_run_is_raised_after_its_step():
