@@ -158,6 +158,20 @@ def test_step_axes_start_at_zero_with_whole_steps_and_colours_have_legends(run):
     assert len({row["x"] for row in values}) == 2  # one step still spans [0, 1]: an area
 
 
+def test_a_one_step_run_is_counted_as_one_step_in_every_view():
+    """The step-time chart's title, the dashboard's status line and the summary count steps
+    alike: "1 step", not "1 steps"."""
+    with Workbench("tiny-llama", record="light") as one:
+        one.add_request(PROMPTS[0], greedy(2))
+        one.step()
+        title = json.dumps(viz.step_times(one.history).to_dict())
+        assert re.search(r"host-bound in \d+ of 1 step\b", title), title
+        status = Dashboard(one).status.value
+        assert re.search(r"host-bound: .+; \d+ of 1 step in the run", status), status
+        assert "1 request · " in status
+        assert re.search(r"\d+ of 1 step host-bound", describe("one", run_causes(one.history)))
+
+
 def test_step_times_stack_the_host_stages_against_the_device(run):
     from workbench.clocks import HOST_STAGES
     from workbench.runs import RunHistory

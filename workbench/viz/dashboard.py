@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..timing import device_on_host
 from . import charts
+from .causes import counted, number
 from .common import empty_chart, vega_offline
 
 # During a run the views redraw only after the engine has stepped for REDRAW_RATIO times what
@@ -137,7 +138,9 @@ class Dashboard(w.VBox):
             first, n = self._progress_of
             done = self.workbench.step_index - first
             self._progress = (
-                f"running: {done} of {n} steps · " if n else f"running: {done} steps · "
+                f"running: {number(done)} of {counted(n, 'step')} · "
+                if n
+                else f"running: {counted(done, 'step')} · "
             )
         wait = max(REDRAW_MIN_S, REDRAW_RATIO * self._redraw_s)
         if final or time.monotonic() - self._last_refresh >= wait:
@@ -269,7 +272,8 @@ class Dashboard(w.VBox):
         )
         return (
             f"<b>step {step}</b> of {int(self.slider.max)} · {row.phase} · "
-            f"{_count(int(row.batch_size), 'request')} · {_count(int(row.num_tokens), 'token')} · "
+            f"{counted(int(row.batch_size), 'request')} · "
+            f"{counted(int(row.num_tokens), 'token')} · "
             f"queue {int(row.queue_len)} · running {int(row.running)} · "
             f"KV free {int(row.kv_free)}/{int(row.kv_total)}{waiting} · "
             f"{_experts(row)}"
@@ -331,8 +335,4 @@ def _host_bound(row, steps) -> str:
         return ""
     here = "<b>this step</b>" if bool(row.host_bound) else "not this step"
     count = int(steps.host_bound.fillna(False).astype(bool).sum())
-    return f" · host-bound: {here}; {count} of {len(steps)} steps in the run"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    return f" · host-bound: {here}; {number(count)} of {counted(len(steps), 'step')} in the run"

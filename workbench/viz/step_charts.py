@@ -17,6 +17,7 @@ from ..palette import (
     STAGE_COLORS,
 )
 from ..timing import DEVICE_STAGES, add_timing_columns, device_on_host
+from .causes import counted, number
 from .common import (
     MAX_BARS,
     NO_STEPS,
@@ -159,7 +160,7 @@ def step_times(history, highlight_step: int | None = None):
     # NOTE: short lines: a title wider than the chart widens it (the dashboard is narrow)
     title = [
         "Host's own work by stage, the device's in black",
-        f"host-bound in {bound} of {len(steps)} steps",
+        f"host-bound in {number(bound)} of {counted(len(steps), 'step')}",
     ]
     if on_host:
         title.append("on the CPU the device's work is the forward and sampling")
@@ -264,7 +265,7 @@ def step_breakdown(history, highlight_step: int | None = None):
     if device_on_host(history):
         title.append("on the CPU the kernels are the forward's operators")
     if len(unprofiled):
-        title.append(f"{len(profiled)} of {len(steps)} steps profiled")
+        title.append(f"{number(len(profiled))} of {counted(len(steps), 'step')} profiled")
     if bound is not None:
         # NOTE: one level segment per bar (x to x2), so the line follows the bars also where
         # only some steps were profiled
