@@ -28,18 +28,20 @@ def describe(record: StepRecord) -> str:
     waiting = sorted({a.reason for a in record.rejected})
     wait = f"  (waiting: {', '.join(waiting)})" if waiting else ""
     done = "".join(f"  done #{r.uid} ({r.finish})" for r in rows if r.finish)
-    head = f"step {record.step:3d}  {record.phase:<7} {_count(record.size, 'request', 2)}"
-    return f"{head} {_count(record.num_tokens, 'token', 4)} | {work}{done}{wait}"
+    head = f"step {record.step:3d}  {record.phase:<7} {_column(record.size, 'request', 2)}"
+    return f"{head} {_column(record.num_tokens, 'token', 4)} | {work}{done}{wait}"
 
 
-def _count(n: int, noun: str, width: int = 0) -> str:
-    """ "1 token", "16 tokens"; in a column `width` digits wide, the noun padded to its plural's
-    width ("1 request " lines up with "4 requests")."""
+def _column(n: int, noun: str, width: int) -> str:
+    """A count `width` digits wide and its noun padded to the plural's width: "1 request " lines
+    up with "4 requests"."""
     word = noun if n == 1 else f"{noun}s"
-    return f"{n:{width}d} {word:<{len(noun) + 1}}" if width else f"{n:,} {word}"
+    return f"{n:{width}d} {word:<{len(noun) + 1}}"
 
 
 def run_demo(args: Namespace) -> None:
+    from .viz.causes import counted
+
     spec = json.loads((DATA_DIR / "prompts" / "demo.json").read_text())
     out = Path(args.out)
     t0 = time.perf_counter()
@@ -47,7 +49,7 @@ def run_demo(args: Namespace) -> None:
     engine = wb.engine
     print(
         f"model {args.model} on {engine.device} ({engine.dtype}), {engine.num_pages:,} KV pages of "
-        f"{_count(wb.config.page_size, 'token')}, token budget {wb.config.max_extend_tokens}, "
+        f"{counted(wb.config.page_size, 'token')}, token budget {wb.config.max_extend_tokens}, "
         f"{wb.config.max_running_reqs} request slots, {wb.config.cache} cache, {wb.config.policy}; "
         f"loaded in {time.perf_counter() - t0:.1f}s"
     )
@@ -71,7 +73,7 @@ def run_demo(args: Namespace) -> None:
     for item, output in zip(questions, outputs):
         print(f"#{output['uid']} Q: {item['q']}")
         answer = output["text"].strip()
-        made = _count(output["completion_tokens"], "token")
+        made = counted(output["completion_tokens"], "token")
         print(f"   A: {answer}  [{made}, {output['finish_reason']}]")
     tokens = sum(o["completion_tokens"] for o in outputs)
     cached = sum(o["cached_tokens"] for o in outputs)
